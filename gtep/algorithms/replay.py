@@ -1,0 +1,19 @@
+"""Replay: fine-tuning on the current task plus the exemplar memory (the GTEP paper's naive baseline)."""
+from __future__ import annotations
+
+from gtep.algorithms.base import ALGORITHMS, CommonParams, IncrementalLearner
+
+
+@ALGORITHMS.register("replay")
+class Replay(IncrementalLearner):
+    """Cross-entropy on new data and herded exemplars of old classes; nothing else."""
+
+    Params = CommonParams
+
+
+@ALGORITHMS.register("finetune")
+class Finetune(IncrementalLearner):
+    """Plain fine-tuning with no memory: the lower bound every method must beat on old classes."""
+
+    Params = CommonParams
+    uses_memory = False

@@ -1,0 +1,278 @@
+"""Dataset sources. Every source loads to an ImageSet of uint8 NHWC RGB arrays with integer labels.
+
+A dataset is named by a string: a registered name ("omniglot-small", "synthetic") or a scheme with a
+path ("npz:/data/tinyimagenet200_32.npz", "cifar100:/data/cifar", "imagefolder:/data/imagenet100").
+Nothing here downloads: a missing file or root is a DatasetError naming the dataset and the path.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from gtep.registry import Registry
+
+BUNDLED = Path(__file__).parent / "bundled"
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be found or read, with the path and the fix."""
+
+
+@dataclass
+class ImageSet:
+    """Decoded images of one dataset: x_* uint8 (N, H, W, 3), y_* int64 class ids in [0, num_classes)."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    class_names: list[str]
+    class_groups: list[str] | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def subset(self, classes: list[int]) -> "ImageSet":
+        """Only the images of the given classes; labels stay the dataset's own class ids."""
+        keep = np.asarray(sorted(classes))
+        train, test = np.isin(self.y_train, keep), np.isin(self.y_test, keep)
+        return ImageSet(self.name, self.x_train[train], self.y_train[train], self.x_test[test],
+                        self.y_test[test], self.class_names, self.class_groups)
+
+
+@dataclass
+class DatasetSource:
+    """What a dataset name resolves to: cheap metadata for validation, and a loader for the arrays."""
+
+    name: str
+    path: Path | None
+    loader: Callable[["DatasetSource"], ImageSet]
+    metadata: Callable[["DatasetSource"], tuple[list[str], list[str] | None]]
+    options: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.path is not None and not self.path.exists():
+            raise DatasetError(f"dataset {self.name!r}: {self.path} does not exist; check the path (nothing is downloaded)")
+
+    @cached_property
+    def class_names(self) -> list[str]:
+        self.check()
+        return self.metadata(self)[0]
+
+    @cached_property
+    def class_groups(self) -> list[str] | None:
+        self.check()
+        return self.metadata(self)[1]
+
+    @property
+    def identity(self) -> str:
+        """Two phases using the same identity draw from the same class pool (their classes must not overlap)."""
+        return f"{self.name.split(':')[0]}:{self.path.resolve()}" if self.path else self.name
+
+    def load(self) -> ImageSet:
+        self.check()
+        return self.loader(self)
+
+
+DATASETS: Registry[Callable[[str], DatasetSource]] = Registry("dataset")
+
+
+def resolve_dataset(name: str) -> DatasetSource:
+    """'omniglot-small' | 'synthetic[:classes]' | 'npz:PATH' | 'cifar100:ROOT' | 'imagefolder:ROOT[?classes=FILE]'."""
+    scheme, _, rest = name.partition(":")
+    try:
+        factory = DATASETS.get(scheme)
+    except KeyError as err:
+        raise DatasetError(f"{err.args[0]} (or a scheme with a path, e.g. 'npz:/path/file.npz')") from None
+    return factory(rest)
+
+
+# ---------------------------------------------------------------- npz files (and the bundled Omniglot)
+
+def _to_rgb(x: np.ndarray, invert: bool) -> np.ndarray:
+    if invert:  # Omniglot is dark strokes on white; bright strokes on black suits zero padding and crops
+        x = 255 - x
+    if x.ndim == 3:
+        x = np.repeat(x[..., None], 3, axis=-1)
+    return np.ascontiguousarray(x, dtype=np.uint8)
+
+
+def _npz_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
+    with np.load(source.path) as data:
+        if "class_names" in data.files:
+            names = [str(n) for n in data["class_names"]]
+        else:
+            names = [str(i) for i in range(int(data["y_train"].max()) + 1)]
+        groups = None
+        for key in ("class_alphabet", "class_groups"):
+            if key in data.files:
+                groups = [str(g) for g in data[key]]
+    return names, groups
+
+
+def _load_npz(source: DatasetSource) -> ImageSet:
+    names, groups = _npz_metadata(source)
+    with np.load(source.path) as data:
+        missing = {"x_train", "y_train", "x_test", "y_test"} - set(data.files)
+        if missing:
+            raise DatasetError(f"dataset {source.name!r}: {source.path} lacks arrays {sorted(missing)}")
+        invert = bool(source.options.get("invert", False))
+        return ImageSet(source.name, _to_rgb(data["x_train"], invert), data["y_train"].astype(np.int64),
+                        _to_rgb(data["x_test"], invert), data["y_test"].astype(np.int64), names, groups)
+
+
+@DATASETS.register("npz")
+def npz_dataset(path: str) -> DatasetSource:
+    if not path:
+        raise DatasetError("dataset 'npz:' needs a path, e.g. 'npz:../shared/data/tinyimagenet200_32.npz'")
+    p = Path(os.path.expanduser(path))
+    # Greyscale files shaped like omniglot_small_32.npz have white backgrounds; invert them like the bundled set.
+    return DatasetSource(f"npz:{path}", p, _load_npz, _npz_metadata, {"invert": "omniglot" in p.name})
+
+
+@DATASETS.register("omniglot-small")
+def omniglot_small(_: str = "") -> DatasetSource:
+    """Bundled: 242 Omniglot characters of 8 alphabets, 15 train / 5 test each, 32x32 (MIT, Lake et al.)."""
+    return DatasetSource("omniglot-small", BUNDLED / "omniglot_small_32.npz", _load_npz, _npz_metadata, {"invert": True})
+
+
+# ---------------------------------------------------------------- synthetic (unit tests)
+
+def _synthetic_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
+    n = source.options["classes"]
+    return [f"class{i}" for i in range(n)], [f"group{i % 4}" for i in range(n)]
+
+
+def _load_synthetic(source: DatasetSource) -> ImageSet:
+    """Each class is a fixed random 8x8 colour pattern, upsampled to 16x16, plus per-image noise: learnable
+    by a small CNN in a few epochs, so tests can check learning and forgetting quickly."""
+    o = source.options
+    rng = np.random.default_rng(o["seed"])
+    n, size = o["classes"], o["size"]
+    protos = rng.uniform(0, 255, size=(n, 8, 8, 3))
+    protos = np.repeat(np.repeat(protos, size // 8, axis=1), size // 8, axis=2)
+
+    def draw(per_class: int) -> tuple[np.ndarray, np.ndarray]:
+        y = np.repeat(np.arange(n), per_class)
+        x = protos[y] + rng.normal(0, o["noise"], size=(len(y), size, size, 3))
+        return np.clip(x, 0, 255).astype(np.uint8), y.astype(np.int64)
+
+    x_train, y_train = draw(o["train"])
+    x_test, y_test = draw(o["test"])
+    names, groups = _synthetic_metadata(source)
+    return ImageSet(source.name, x_train, y_train, x_test, y_test, names, groups)
+
+
+@DATASETS.register("synthetic")
+def synthetic(spec: str = "") -> DatasetSource:
+    """'synthetic' or 'synthetic:classes=20,train=30,test=10,size=16,noise=40,seed=0'."""
+    options = {"classes": 20, "train": 30, "test": 10, "size": 16, "noise": 40.0, "seed": 0}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition("=")
+        if key not in options:
+            raise DatasetError(f"synthetic dataset option {key!r} is unknown; choose from {sorted(options)}")
+        options[key] = type(options[key])(value)
+    return DatasetSource(f"synthetic:{spec}" if spec else "synthetic", None, _load_synthetic, _synthetic_metadata, options)
+
+
+# ---------------------------------------------------------------- CIFAR-100 from a local torchvision root
+
+def _cifar_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
+    import pickle
+
+    meta = source.path / "cifar-100-python" / "meta"
+    if not meta.exists():
+        raise DatasetError(f"dataset {source.name!r}: {meta} is missing; extract cifar-100-python.tar.gz into {source.path}")
+    with open(meta, "rb") as fh:  # torchvision's own format; a trusted local file, as torchvision reads it
+        return list(pickle.load(fh, encoding="latin1")["fine_label_names"]), None
+
+
+def _load_cifar(source: DatasetSource) -> ImageSet:
+    from torchvision.datasets import CIFAR100
+
+    names, _ = _cifar_metadata(source)
+    train = CIFAR100(str(source.path), train=True, download=False)
+    test = CIFAR100(str(source.path), train=False, download=False)
+    return ImageSet(source.name, train.data, np.asarray(train.targets, dtype=np.int64),
+                    test.data, np.asarray(test.targets, dtype=np.int64), names)
+
+
+@DATASETS.register("cifar100")
+def cifar100(root: str) -> DatasetSource:
+    if not root:
+        raise DatasetError("dataset 'cifar100:' needs the torchvision root folder, e.g. 'cifar100:~/data'")
+    return DatasetSource(f"cifar100:{root}", Path(os.path.expanduser(root)), _load_cifar, _cifar_metadata)
+
+
+# ---------------------------------------------------------------- ImageFolder trees
+
+def _imagefolder_split_dir(root: Path, names: tuple[str, ...]) -> Path:
+    for name in names:
+        if (root / name).is_dir():
+            return root / name
+    raise DatasetError(f"imagefolder {root}: expected a sub-folder named one of {list(names)}")
+
+
+def _imagefolder_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
+    train_dir = _imagefolder_split_dir(source.path, ("train",))
+    present = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
+    class_file = source.options.get("classes")
+    if class_file:
+        listed = [line.split()[0] for line in Path(class_file).read_text().splitlines() if line.strip()]
+        missing = sorted(set(listed) - set(present))
+        if missing:
+            raise DatasetError(f"dataset {source.name!r}: classes {missing[:5]} of {class_file} are not folders of {train_dir}")
+        return listed, None
+    return present, None
+
+
+def _load_imagefolder(source: DatasetSource) -> ImageSet:
+    from PIL import Image
+
+    names, _ = _imagefolder_metadata(source)
+    size = int(source.options.get("size", 32))
+    index = {n: i for i, n in enumerate(names)}
+
+    def read(split_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+        xs, ys = [], []
+        for name in names:
+            folder = split_dir / name
+            if not folder.is_dir():
+                continue
+            for f in sorted(folder.iterdir()):
+                if f.suffix.lower() in {".jpg", ".jpeg", ".png", ".bmp", ".webp"}:
+                    with Image.open(f) as im:
+                        xs.append(np.asarray(im.convert("RGB").resize((size, size), Image.BILINEAR)))
+                    ys.append(index[name])
+        if not xs:
+            raise DatasetError(f"dataset {source.name!r}: no images under {split_dir}")
+        return np.stack(xs), np.asarray(ys, dtype=np.int64)
+
+    x_train, y_train = read(_imagefolder_split_dir(source.path, ("train",)))
+    x_test, y_test = read(_imagefolder_split_dir(source.path, ("val", "test")))
+    return ImageSet(source.name, x_train, y_train, x_test, y_test, names)
+
+
+@DATASETS.register("imagefolder")
+def imagefolder(spec: str) -> DatasetSource:
+    """'imagefolder:ROOT' with ROOT/train/<class>/*.jpg and ROOT/val (or test)/<class>/*.jpg;
+    options after '?': classes=FILE (one folder name per line, e.g. the -1/-2 halves), size=PIXELS."""
+    root, _, query = spec.partition("?")
+    if not root:
+        raise DatasetError("dataset 'imagefolder:' needs a root folder, e.g. 'imagefolder:~/data/imagenet100'")
+    options: dict = {}
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        if key not in ("classes", "size"):
+            raise DatasetError(f"imagefolder option {key!r} is unknown; use classes=FILE or size=PIXELS")
+        options[key] = os.path.expanduser(value) if key == "classes" else int(value)
+    if "classes" in options and not Path(options["classes"]).exists():
+        raise DatasetError(f"dataset 'imagefolder:{spec}': class-list file {options['classes']} does not exist")
+    return DatasetSource(f"imagefolder:{spec}", Path(os.path.expanduser(root)), _load_imagefolder, _imagefolder_metadata, options)

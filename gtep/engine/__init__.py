@@ -1,0 +1,4 @@
+"""The one training loop: run a scenario for one (hyperparameters, ordering). Devices live here."""
+from gtep.engine.runner import FirstTaskSpec, OrderingJob, OrderingOutcome, run_ordering
+
+__all__ = ["FirstTaskSpec", "OrderingJob", "OrderingOutcome", "run_ordering"]

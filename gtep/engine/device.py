@@ -1,0 +1,12 @@
+"""Device choice: the only place that decides between CPU and CUDA."""
+from __future__ import annotations
+
+import torch
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"device {name!r} was asked for but CUDA is not available; use 'cpu' or 'auto'")
+    return torch.device(name)

@@ -1,0 +1,91 @@
+"""The training loop every algorithm's stages go through: optimiser, schedule, batches, augmentation.
+
+No host synchronisation inside the batch loop: the loss is summed on the device and checked once per
+epoch, so a non-finite loss ends the run (DivergedError) within one epoch of appearing.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gtep.algorithms.base import FitRecipe
+
+
+class DivergedError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def make_optimizer(params: list[nn.Parameter], recipe: FitRecipe) -> torch.optim.Optimizer:
+    if recipe.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=recipe.lr, momentum=recipe.momentum, weight_decay=recipe.weight_decay)
+    if recipe.optimizer == "adam":
+        return torch.optim.Adam(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    if recipe.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=recipe.lr, weight_decay=recipe.weight_decay)
+    raise ValueError(f"unknown optimizer {recipe.optimizer!r}; choose sgd, adam or adamw")
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, recipe: FitRecipe) -> torch.optim.lr_scheduler.LRScheduler:
+    if recipe.scheduler == "steplr":
+        return torch.optim.lr_scheduler.MultiStepLR(optimizer, list(recipe.milestones), gamma=recipe.lr_decay)
+    if recipe.scheduler == "cosine":
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(recipe.epochs, 1))
+    if recipe.scheduler == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    raise ValueError(f"unknown scheduler {recipe.scheduler!r}; choose steplr, cosine or constant")
+
+
+def augment_batch(x: Tensor, generator: torch.Generator, pad: int = 4) -> Tensor:
+    """Random crop with zero padding and horizontal flip, for a whole batch at once (no per-image Python)."""
+    n, _, h, w = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad))
+    dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator, device=generator.device).to(x.device)
+    dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator, device=generator.device).to(x.device)
+    rows = (dy[:, None] + torch.arange(h, device=x.device)[None, :])  # (n, h)
+    cols = (dx[:, None] + torch.arange(w, device=x.device)[None, :])  # (n, w)
+    batch = torch.arange(n, device=x.device)[:, None, None]
+    cropped = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    flip = (torch.rand(n, generator=generator, device=generator.device) < 0.5).to(x.device)
+    return torch.where(flip[:, None, None, None], cropped.flip(3), cropped).contiguous()
+
+
+class Trainer:
+    """Holds the run's device and RNG; `fit` is what learners call for every training stage."""
+
+    def __init__(self, device: torch.device, seed: int, augment: bool = True) -> None:
+        self.device = device
+        self.augment = augment
+        self.generator = torch.Generator(device="cpu").manual_seed(seed)
+
+    def fit(self, parameters: Iterable[nn.Parameter], loss_fn: Callable[[Tensor, Tensor], Tensor],
+            x: Tensor, y: Tensor, recipe: FitRecipe, *, augment: bool = True,
+            modules: Iterable[nn.Module] = ()) -> None:
+        params = [p for p in parameters if p.requires_grad]
+        if not params or len(x) == 0 or recipe.epochs < 1:
+            return
+        for module in modules:
+            module.train()
+        optimizer = make_optimizer(params, recipe)
+        scheduler = make_scheduler(optimizer, recipe)
+        n, batch = len(x), max(1, recipe.batch_size)
+        for epoch in range(recipe.epochs):
+            order = torch.randperm(n, generator=self.generator).to(x.device)
+            epoch_loss = torch.zeros((), device=x.device)
+            for start in range(0, n, batch):
+                idx = order[start : start + batch]
+                if len(idx) < 2 and n >= 2:  # BatchNorm cannot train on a single image
+                    continue
+                xb, yb = x[idx], y[idx]
+                if augment and self.augment:
+                    xb = augment_batch(xb, self.generator)
+                loss = loss_fn(xb, yb)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                epoch_loss = epoch_loss + loss.detach()
+            if not bool(torch.isfinite(epoch_loss)):
+                raise DivergedError(f"non-finite training loss in epoch {epoch + 1}")
+            scheduler.step()

@@ -1,0 +1,111 @@
+"""Backbones for class-incremental learning, registered by name.
+
+Every backbone maps images (N, 3, H, W) to {"fmaps": [stage outputs], "features": (N, out_dim)} and
+exposes `out_dim`. The stage maps are what PODNet distils; the flat features feed the heads.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gtep.registry import Registry
+
+BACKBONES: Registry[Callable[..., nn.Module]] = Registry("backbone")
+
+
+def create_backbone(name: str, **kwargs) -> nn.Module:
+    return BACKBONES.get(name)(**kwargs)
+
+
+class _BasicBlock(nn.Module):
+    """The CIFAR ResNet block of He et al. 2016 (option A: the shortcut pads channels, no extra weights)."""
+
+    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.pad = planes - in_planes
+        self.stride = stride
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = x
+        if self.stride != 1 or self.pad:
+            shortcut = F.pad(x[:, :, :: self.stride, :: self.stride], (0, 0, 0, 0, self.pad // 2, self.pad - self.pad // 2))
+        return F.relu(out + shortcut)
+
+
+class CifarResNet(nn.Module):
+    """ResNet-(6n+2) for 32x32 inputs (He et al. 2016, section 4.2): 16/32/64 channels, 64-d features.
+    ResNet-32 (n=5) is the backbone PyCIL uses for CIFAR-100."""
+
+    def __init__(self, blocks_per_stage: int, width: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, 1, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        stages, in_planes = [], width
+        for i, planes in enumerate((width, 2 * width, 4 * width)):
+            layers = []
+            for b in range(blocks_per_stage):
+                layers.append(_BasicBlock(in_planes, planes, 2 if (b == 0 and i > 0) else 1))
+                in_planes = planes
+            stages.append(nn.Sequential(*layers))
+        self.stages = nn.ModuleList(stages)
+        self.out_dim = in_planes
+
+    def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
+        x = self.stem(x)
+        fmaps = []
+        for stage in self.stages:
+            x = stage(x)
+            fmaps.append(x)
+        return {"fmaps": fmaps, "features": torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)}
+
+
+class SmallResNet18(nn.Module):
+    """torchvision's ResNet-18 adapted to small inputs as PyCIL does for CIFAR: a 3x3 stride-1 stem and no
+    max-pool, so 32x32 images keep spatial detail through the four stages (512-d features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torchvision.models import resnet18
+
+        net = resnet18(weights=None)
+        net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        self.stem = nn.Sequential(net.conv1, net.bn1, net.relu)
+        self.stages = nn.ModuleList([net.layer1, net.layer2, net.layer3, net.layer4])
+        self.out_dim = 512
+
+    def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
+        x = self.stem(x)
+        fmaps = []
+        for stage in self.stages:
+            x = stage(x)
+            fmaps.append(x)
+        return {"fmaps": fmaps, "features": torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)}
+
+
+@BACKBONES.register("resnet32")
+def resnet32() -> nn.Module:
+    return CifarResNet(5)
+
+
+@BACKBONES.register("resnet20")
+def resnet20() -> nn.Module:
+    return CifarResNet(3)
+
+
+@BACKBONES.register("resnet8")
+def resnet8() -> nn.Module:
+    """The smallest member of the family (1 block per stage): smoke runs and unit tests on a CPU."""
+    return CifarResNet(1)
+
+
+@BACKBONES.register("resnet18")
+def resnet18() -> nn.Module:
+    return SmallResNet18()

@@ -1,0 +1,54 @@
+"""Heads that grow with the classes, and the plain incremental network (backbone + linear head)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class LinearHead(nn.Module):
+    """A linear classifier whose output grows when classes arrive; old rows are copied, never reset."""
+
+    def __init__(self, in_dim: int, out_dim: int = 0) -> None:
+        super().__init__()
+        self.in_dim = in_dim
+        self.weight = nn.Parameter(torch.empty(0, in_dim))
+        self.bias = nn.Parameter(torch.empty(0))
+        if out_dim:
+            self.expand(out_dim)
+
+    @property
+    def out_dim(self) -> int:
+        return self.weight.shape[0]
+
+    def expand(self, total: int) -> None:
+        old = self.out_dim
+        if total <= old:
+            return
+        fresh = nn.Linear(self.in_dim, total - old).to(self.weight.device)  # PyTorch's default init
+        with torch.no_grad():
+            self.weight = nn.Parameter(torch.cat([self.weight.data, fresh.weight.data]))
+            self.bias = nn.Parameter(torch.cat([self.bias.data, fresh.bias.data]))
+
+    def forward(self, features: Tensor) -> Tensor:
+        return features @ self.weight.t() + self.bias
+
+
+class IncrementalNet(nn.Module):
+    """A backbone and one growing head: the network of Replay, iCaRL, BiC and WA."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = LinearHead(backbone.out_dim)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.backbone.out_dim
+
+    def expand(self, total_classes: int) -> None:
+        self.head.expand(total_classes)
+
+    def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
+        out = self.backbone(x)
+        out["logits"] = self.head(out["features"])
+        return out

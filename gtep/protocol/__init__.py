@@ -1,0 +1,1 @@
+"""The protocol core: scenarios, sampling, metrics and selection. Pure: stdlib and numpy only."""

@@ -1,0 +1,111 @@
+"""Search-space files: `search_spaces/<algorithm>.yaml` holds the paper's predefined sets (Tables 4-5) and
+named presets such as `original` (the values the algorithm's authors reported, appendix A).
+
+    algorithm: replay
+    space:                 # sampled: each value drawn uniformly from its list
+      epochs: [30, 70, 120, 160, 200]
+      ...
+    presets:
+      original: {epochs: 70, lr: 0.1, ...}
+
+Every name must be a hyperparameter of the algorithm's Params, every value of the field's type.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gtep.algorithms import ALGORITHMS, CommonParams
+from gtep.protocol.sampling import SearchSpace
+
+
+class SearchSpaceError(ValueError):
+    """A search-space file that cannot be used, naming the file, the field and the fix."""
+
+
+def spaces_dir() -> Path:
+    """`search_spaces/` at the repository root, or where GTEP_SEARCH_SPACES points (installed images)."""
+    env = os.environ.get("GTEP_SEARCH_SPACES")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "search_spaces"
+
+
+def default_space_file(algorithm: str) -> Path:
+    return spaces_dir() / f"{algorithm}.yaml"
+
+
+@dataclass(frozen=True)
+class AlgorithmSpace:
+    algorithm: str
+    path: Path
+    space: SearchSpace
+    presets: dict[str, dict[str, Any]]
+
+
+def _field_types(params_cls: type[CommonParams]) -> dict[str, Any]:
+    hints = typing.get_type_hints(params_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(params_cls)}
+
+
+def _check_value(path: Path, name: str, value: Any, hint: Any) -> None:
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        if value not in typing.get_args(hint):
+            raise SearchSpaceError(f"{path}: {name}={value!r} is not one of {list(typing.get_args(hint))}")
+        return
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif hint is str:
+        ok = isinstance(value, str)
+    else:  # tuples (explicit milestones) and unions: accept lists of ints or null
+        ok = value is None or isinstance(value, (list, tuple))
+    if not ok:
+        raise SearchSpaceError(f"{path}: {name}={value!r} should be of type {getattr(hint, '__name__', hint)}")
+
+
+def validate_values(path: Path, algorithm: str, values: dict[str, Any]) -> None:
+    """Every name is a hyperparameter of the algorithm and every value fits its type."""
+    params_cls = ALGORITHMS.get(algorithm).Params
+    types = _field_types(params_cls)
+    for name, value in values.items():
+        if name not in types:
+            raise SearchSpaceError(
+                f"{path}: {name!r} is not a hyperparameter of {algorithm}; it has {sorted(types)}"
+            )
+        _check_value(path, name, value, types[name])
+
+
+def load_space(algorithm: str, path: Path | None = None) -> AlgorithmSpace:
+    path = Path(path) if path else default_space_file(algorithm)
+    if not path.exists():
+        raise SearchSpaceError(f"search space file {path} does not exist; set search.space or add {path.name}")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SearchSpaceError(f"{path}: not valid YAML ({err.__class__.__name__}); fix the syntax") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("space"), dict) or not doc["space"]:
+        raise SearchSpaceError(f"{path}: the search space is empty; give a non-empty mapping 'space: {{name: [values]}}'")
+    if doc.get("algorithm", algorithm) != algorithm:
+        raise SearchSpaceError(f"{path}: written for algorithm {doc['algorithm']!r}, not {algorithm!r}")
+    sets: dict[str, tuple] = {}
+    for name, values in doc["space"].items():
+        if not isinstance(values, list) or not values:
+            raise SearchSpaceError(f"{path}: space.{name} must be a non-empty list of values, got {values!r}")
+        for value in values:
+            validate_values(path, algorithm, {name: value})
+        sets[name] = tuple(values)
+    presets = doc.get("presets") or {}
+    for preset, values in presets.items():
+        if not isinstance(values, dict):
+            raise SearchSpaceError(f"{path}: presets.{preset} must be a mapping of hyperparameter values")
+        validate_values(path, algorithm, values)
+    return AlgorithmSpace(algorithm, path, SearchSpace(sets), presets)

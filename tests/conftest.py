@@ -1,0 +1,12 @@
+import os
+
+# Test environment (../shared/INSTALL.md): no Ray token auth, no MLflow job runners, no hub downloads.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+import torch  # noqa: E402
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
