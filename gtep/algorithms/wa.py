@@ -1,0 +1,60 @@
+"""WA (Zhao et al., "Maintaining Discrimination and Fairness in Class Incremental Learning", CVPR 2020).
+
+Training keeps discrimination among old classes by distilling the old model's logits (PyCIL's loss:
+(1 - lambda) * CE + lambda * KD with lambda = n_old / n_total; as in the GTEP reference code, a positive
+`lambda_kd` replaces that adaptive rule by CE + lambda_kd * KD). After each incremental task, Weight
+Aligning restores fairness between old and new classes: the new classes' head weight vectors are rescaled
+by gamma = mean(||w_old||) / mean(||w_new||) (paper eq. 6-8), which removes the bias towards new classes
+that the imbalanced training data puts into their norms. Biases of the head are left as they are (PyCIL).
+
+The paper also clips the head weights to be non-negative during training; PyCIL does not, nor do we.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gtep.algorithms.base import ALGORITHMS, CommonParams, IncrementalLearner, TaskData, distillation_loss
+from gtep.models.heads import LinearHead
+
+
+@dataclass(frozen=True)
+class WAParams(CommonParams):
+    T: float = 2.0  # distillation temperature
+    lambda_kd: float = 0.0  # weight of the distillation term; 0 selects the adaptive n_old / n_total
+
+
+@torch.no_grad()
+def align_weights(head: LinearHead, known: int) -> Tensor:
+    """Rescale rows [known, end) so their mean L2 norm equals that of rows [0, known); returns gamma."""
+    norms = head.weight.norm(dim=1)
+    gamma = norms[:known].mean() / norms[known:].mean()
+    head.weight[known:] *= gamma
+    return gamma
+
+
+@ALGORITHMS.register("wa")
+class WA(IncrementalLearner):
+    Params = WAParams
+    params: WAParams
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        logits = self.net(x)["logits"]
+        ce = F.cross_entropy(logits, y)
+        if self.old_net is None:
+            return ce
+        with torch.no_grad():
+            old_logits = self.old_net(x)["logits"]
+        kd = distillation_loss(logits[:, : self.known], old_logits[:, : self.known], self.params.T)
+        if self.params.lambda_kd == 0:
+            share = self.known / self.total
+            return (1 - share) * ce + share * kd
+        return ce + self.params.lambda_kd * kd
+
+    def end_task(self, task: TaskData) -> None:
+        self.update_memory(task)  # herding uses features only, so the order with aligning does not matter
+        if task.known > 0:  # the first task has no old classes to align to
+            align_weights(self.net.head, task.known)

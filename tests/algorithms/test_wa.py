@@ -1,0 +1,107 @@
+"""WA: after each incremental task the new classes' head rows are rescaled to the old rows' mean norm,
+and WA keeps more of the old classes than fine-tuning with no memory."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from gtep.algorithms import ALGORITHMS
+from gtep.algorithms.wa import align_weights
+from gtep.engine import runner
+from gtep.models.heads import LinearHead
+from gtep.spaces import load_space
+from tests.helpers import run_small
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two threads on the shared 2-core machine run ~8x slower than one when other jobs are busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def finetune():
+    return run_small("finetune")
+
+
+@pytest.fixture(scope="module")
+def wa_run():
+    """One run_small of WA (at the original lr 0.1) through the real runner, with the head around end_task."""
+    heads = []
+
+    class Spy(ALGORITHMS.get("wa")):
+        def end_task(self, task):
+            before = (self.net.head.weight.detach().clone(), self.net.head.bias.detach().clone())
+            super().end_task(task)
+            after = (self.net.head.weight.detach().clone(), self.net.head.bias.detach().clone())
+            heads.append((task.known, before, after))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "ALGORITHMS", SimpleNamespace(get=lambda name: Spy))
+        out = run_small("wa", {"lr": 0.1})
+    return out, heads
+
+
+def mean_norms(weight, known):
+    norms = weight.norm(dim=1)
+    return norms[:known].mean().item(), norms[known:].mean().item()
+
+
+def test_end_task_aligns_new_row_norms_to_old(wa_run):
+    _, heads = wa_run
+    assert len(heads) == 3
+    known, before, after = heads[0]
+    assert known == 0 and torch.equal(before[0], after[0])  # nothing to align on the first task
+    for known, (w0, b0), (w1, b1) in heads[1:]:
+        old0, new0 = mean_norms(w0, known)
+        old1, new1 = mean_norms(w1, known)
+        assert abs(old0 - new0) / old0 > 0.02  # training left the norms unequal
+        assert old1 == pytest.approx(new1, rel=1e-5)  # aligning made them equal
+        assert torch.equal(w1[:known], w0[:known]) and torch.equal(b1, b0)  # old rows and biases untouched
+        gamma = old0 / new0
+        assert torch.allclose(w1[known:], w0[known:] * gamma, rtol=1e-5)  # one common factor for new rows
+
+
+def test_align_weights_uses_the_ratio_of_mean_norms():
+    head = LinearHead(2, 4)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[3.0, 4.0], [0.0, 1.0], [0.0, 6.0], [8.0, 6.0]]))
+    gamma = align_weights(head, known=2)
+    assert gamma.item() == pytest.approx(3 / 8)  # mean old norm (5 + 1) / 2 over mean new (6 + 10) / 2
+    assert torch.allclose(head.weight[2:], torch.tensor([[0.0, 2.25], [3.0, 2.25]]))
+
+
+def test_keeps_more_old_classes_than_finetuning(wa_run, finetune):
+    out, _ = wa_run
+    assert out.status == "finished"
+    assert out.metrics["acc_t"][0] > 0.6
+    assert out.metrics["old_acc"] > finetune.metrics["old_acc"] + 0.3
+    assert out.metrics["acc"] > finetune.metrics["acc"]
+
+
+def test_adaptive_weight_is_known_over_total():
+    params = ALGORITHMS.get("wa").Params(T=2.0, lambda_kd=0.0)
+    learner = ALGORITHMS.get("wa")(params, "resnet8", 0, torch.device("cpu"))
+    learner.known, learner.total = 3, 5
+    learner.net.expand(3)
+    learner.old_net = learner.frozen_copy(learner.net)
+    learner.net.expand(5)
+    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1, 2, 3, 4, 4])
+    learner.net.eval()
+    logits, old = learner.net(x)["logits"], learner.old_net(x)["logits"]
+    ce = torch.nn.functional.cross_entropy(logits, y)
+    kd = -(torch.softmax(old / 2, 1) * torch.log_softmax(logits[:, :3] / 2, 1)).sum(1).mean()
+    assert torch.allclose(learner.loss(x, y), 0.4 * ce + 0.6 * kd)
+    learner.params = ALGORITHMS.get("wa").Params(T=2.0, lambda_kd=2.0)
+    assert torch.allclose(learner.loss(x, y), ce + 2.0 * kd)
+
+
+def test_search_space_and_original_preset():
+    space = load_space("wa")
+    assert set(space.space.sets) >= {"T", "lambda_kd", "epochs", "lr", "batch_size", "weight_decay"}
+    params = ALGORITHMS.get("wa").Params.from_mapping(space.presets["original"])
+    assert (params.epochs, params.milestone_num, params.T, params.lambda_kd) == (170, 3, 2, 0)
+    assert params.milestones == (60, 100, 140)
