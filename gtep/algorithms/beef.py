@@ -1,0 +1,219 @@
+"""BEEF (Wang et al., "BEEF: Bi-Compatible Class-Incremental Learning via Energy-Based Expansion and Fusion",
+ICLR 2023), as PyCIL's BEEFISO runs it (the variant the GTEP paper evaluates; PyCIL has no compression).
+
+* Expansion. Each task adds a backbone initialised from the first one; the old backbones and the old head
+  are frozen. On the new backbone's features alone a head is trained over one "backward prototype" per old
+  task plus the new classes (old samples are labelled with their task), the old-task logits divided by
+  logits_alignment. Forward compatibility comes from an energy term (energy_weight): out-of-distribution
+  samples are synthesised from the batch (rotated 180 degrees, then a few SGLD steps that drain their
+  probability from the energy classes) and must be classified into an extra "energy" class per seen class.
+  The first task trains its one backbone with the same energy term.
+* Fusion. The two models' classifiers are merged bi-compatibly: an old class's logit is the old head's plus
+  its task's backward prototype on the new features, rescaled by a learnt (1 + alpha_t, beta_t) per old task.
+  Only those alignments are trained, on a class-balanced set (the memory and as many random samples of each
+  new class), for fusion_epochs at PyCIL's fixed fusion lr. The merged classifier becomes one linear head
+  over all backbones' concatenated features, so the model grows by one backbone per task, as DER does.
+
+The paper reports NaN training losses on some seeds (the synthesis amplifies the features without bound);
+nothing here masks them: a NaN reaches the training loop, which ends the ordering as diverged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gtep.algorithms._expansion import BackboneStack, freeze
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
+from gtep.models.heads import LinearHead
+from gtep.protocol.sampling import steplr_milestones
+
+
+@dataclass(frozen=True)
+class BEEFParams(CommonParams):
+    fusion_epochs: int = 60
+    energy_weight: float = 0.01
+    logits_alignment: float = 1.7  # divides the old tasks' logits while expanding
+    # PyCIL's fixed values, not tuned by the paper: the fusion stage's lr and the sample synthesis.
+    fusion_lr: float = 0.05
+    sgld_steps: int = 3
+    sgld_lr: float = 0.01
+    sgld_noise: float = 0.001
+
+
+class BeefNet(nn.Module):
+    """Backbones (old ones frozen) with the merged head of the old model and, while a task is learnt, the
+    new model's heads on the newest backbone: new classes, backward prototypes, forward (energy) prototypes."""
+
+    def __init__(self, backbone: str) -> None:
+        super().__init__()
+        self.stack = BackboneStack(backbone)
+        self.stack.grow()
+        self.old_head: LinearHead | None = None  # over the old backbones' features, old classes
+        self.new_head: LinearHead | None = None
+        self.backward: LinearHead | None = None
+        self.energy_head: LinearHead | None = None
+        self.alpha = nn.Parameter(torch.zeros(0), requires_grad=False)
+        self.beta = nn.Parameter(torch.zeros(0), requires_grad=False)
+        self.register_buffer("class_task", torch.zeros(0, dtype=torch.long))  # task of each old class
+
+    def expand(self, known: int, total: int, class_task: Tensor) -> None:
+        """PyCIL's update_fc_before: a new backbone copied from the first, fresh heads and alignments."""
+        if known:
+            self.stack.grow(init_from=0)
+        device, d, tasks = class_task.device, self.stack.out_dim, int(class_task.max()) + 1 if known else 0
+        self.class_task = class_task
+        self.new_head = LinearHead(d, total - known).to(device)
+        self.energy_head = LinearHead(d, total).to(device)
+        self.backward = LinearHead(d, tasks).to(device) if tasks else None
+        self.alpha = nn.Parameter(torch.zeros(tasks, device=device), requires_grad=False)
+        self.beta = nn.Parameter(torch.zeros(tasks, device=device), requires_grad=False)
+
+    def branch(self, new_features: Tensor) -> tuple[Tensor, Tensor]:
+        """The new model alone: logits over [old tasks' backward prototypes, new classes], energy logits."""
+        new = self.new_head(new_features)
+        train = new if self.backward is None else torch.cat([self.backward(new_features), new], dim=1)
+        return train, self.energy_head(new_features)
+
+    def forward(self, x: Tensor) -> dict[str, Tensor]:
+        features = self.stack(x)
+        if self.new_head is None:  # merged: one head over every backbone
+            return {"features": features, "logits": self.old_head(features)}
+        d = self.stack.out_dim
+        train, energy = self.branch(features[:, -d:])
+        if self.old_head is None:
+            logits = train
+        else:
+            tasks = len(self.alpha)
+            aligned = train[:, :tasks] * (1 + self.alpha) + self.beta
+            # PyCIL's training forward drops the old head's bias ("fc_bias=+new_fc_bias"); its merge keeps
+            # it. We keep it in both, so training, evaluation and the merged head agree.
+            old = self.old_head(features[:, :-d]) + aligned[:, self.class_task]
+            logits = torch.cat([old, train[:, tasks:]], dim=1)
+        return {"features": features, "logits": logits, "train_logits": train, "energy_logits": energy}
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """PyCIL's update_fc_after: fold the bi-compatible logits into one frozen linear head."""
+        d, new = self.stack.out_dim, self.new_head
+        if self.old_head is None:
+            merged = new
+        else:
+            known, tasks = self.old_head.out_dim, len(self.alpha)
+            scale = (1 + self.alpha)[self.class_task]
+            merged = LinearHead(self.stack.feature_dim, known + new.out_dim).to(new.weight.device)
+            merged.weight.zero_()
+            merged.weight[:known, :-d] = self.old_head.weight
+            merged.weight[:known, -d:] = self.backward.weight[self.class_task] * scale[:, None]
+            merged.weight[known:, -d:] = new.weight
+            merged.bias[:known] = self.old_head.bias + self.backward.bias[self.class_task] * scale + self.beta[self.class_task]
+            merged.bias[known:] = new.bias
+            assert tasks == self.backward.out_dim
+        self.old_head = freeze(merged)
+        self.new_head = self.backward = self.energy_head = None
+        self.alpha = nn.Parameter(torch.zeros(0, device=new.weight.device), requires_grad=False)
+        self.beta = nn.Parameter(torch.zeros(0, device=new.weight.device), requires_grad=False)
+
+
+@ALGORITHMS.register("beef")
+class BEEF(IncrementalLearner):
+    Params = BEEFParams
+    params: BEEFParams
+    net: BeefNet
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.task_sizes: list[int] = []
+
+    def build_network(self) -> nn.Module:
+        return BeefNet(self.backbone_name)
+
+    def begin_task(self, task: TaskData) -> None:
+        self.known, self.total = task.known, task.total
+        sizes = torch.tensor(self.task_sizes, dtype=torch.long)
+        class_task = torch.repeat_interleave(torch.arange(len(self.task_sizes)), sizes).to(self.device)
+        self.net.expand(task.known, task.total, class_task)
+        self.net.to(self.device)
+        self.task_sizes.append(task.total - task.known)
+
+    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+        x, y = self.training_data(task)
+        fit(self.net.parameters(), self.loss, x, y, task.recipe, modules=[self.net])
+        if task.known:
+            self.fuse(task, fit)
+
+    def end_task(self, task: TaskData) -> None:
+        self.net.merge()
+        self.update_memory(task)
+
+    # ---- expansion -------------------------------------------------------------------------------
+    def pseudo_targets(self, y: Tensor) -> Tensor:
+        """Old samples are labelled with their task (its backward prototype), new ones after those."""
+        if self.known == 0:
+            return y
+        tasks = len(self.net.alpha)
+        return torch.where(y < self.known, self.net.class_task[y.clamp(max=self.known - 1)], y - self.known + tasks)
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        # Only the newest backbone matters while expanding: the old ones are frozen and not in this loss.
+        train, _ = self.net.branch(self.net.stack.newest(x))
+        pseudo = self.pseudo_targets(y)
+        tasks = len(self.net.alpha)
+        if tasks:
+            train = torch.cat([train[:, :tasks] / self.params.logits_alignment, train[:, tasks:]], dim=1)
+        clf = F.cross_entropy(train, pseudo)
+        return clf + self.params.energy_weight * self.energy_loss(x, y, pseudo)
+
+    def energy_loss(self, x: Tensor, y: Tensor, pseudo: Tensor) -> Tensor:
+        """Synthesised samples must fall into the energy class of their source's class (PyCIL's
+        get_energy_loss), with the real-class logits of the batch's labels masked to a constant."""
+        train, energy = self.net.branch(self.net.stack.newest(self.synthesise(x)))
+        logits = torch.cat([train, energy], dim=1).index_fill(1, pseudo, 1e-9)
+        return F.cross_entropy(logits, y + train.shape[1])
+
+    def synthesise(self, x: Tensor) -> Tensor:
+        """PyCIL's sample_q: rotate the batch by 180 degrees, then take SGLD steps (gradient + Gaussian
+        noise) that lower the log of the total energy-class probability, with the model in eval mode."""
+        was_training = self.net.training
+        self.net.eval()
+        xk = torch.rot90(x, 2, (2, 3)).detach()
+        for _ in range(self.params.sgld_steps):
+            xk.requires_grad_(True)
+            with torch.enable_grad():
+                train, energy = self.net.branch(self.net.stack.newest(xk))
+                mass = F.softmax(torch.cat([train, energy], dim=1), dim=1)[:, train.shape[1]:].sum()
+                (grad,) = torch.autograd.grad(torch.log(mass), xk)
+            xk = (xk - self.params.sgld_lr * grad + self.params.sgld_noise * torch.randn_like(xk)).detach()
+        self.net.train(was_training)
+        return xk
+
+    # ---- fusion ----------------------------------------------------------------------------------
+    def balanced_set(self, task: TaskData) -> tuple[Tensor, Tensor]:
+        """The memory plus, per new class, as many random samples as an old class keeps (PyCIL's val split)."""
+        quota = self.memory.per_class(task.known)
+        perm = torch.randperm(len(task.y), device=task.y.device)
+        order = perm[torch.argsort(task.y[perm], stable=True)]
+        ys = task.y[order]
+        counts = torch.bincount(ys, minlength=task.total)
+        rank = torch.arange(len(ys), device=ys.device) - (torch.cumsum(counts, 0) - counts)[ys]
+        keep = order[rank < quota]
+        mx, my = self.memory.tensors()
+        if len(my) == 0:
+            return task.x[keep], task.y[keep]
+        return torch.cat([task.x[keep], mx]), torch.cat([task.y[keep], my])
+
+    def fuse(self, task: TaskData, fit: FitFn) -> None:
+        net = self.net
+        for module in (net.stack.backbones[-1], net.new_head, net.backward, net.energy_head):
+            freeze(module)
+        net.alpha.requires_grad_(True)
+        net.beta.requires_grad_(True)
+        x, y = self.balanced_set(task)
+        epochs = task.scaled_epochs(self.params.fusion_epochs)
+        recipe = task.recipe.replace(epochs=epochs, lr=self.params.fusion_lr,
+                                     milestones=tuple(steplr_milestones(epochs, self.params.milestone_num)))
+        # The newest backbone is frozen but, as in PyCIL, in train mode: its BatchNorm statistics follow
+        # the balanced set.
+        fit([net.alpha, net.beta], lambda xb, yb: F.cross_entropy(net(xb)["logits"], yb), x, y, recipe, modules=[net])

@@ -1,0 +1,287 @@
+"""The gtep command line: parse, validate everything, then call one function.
+
+gtep run | tune | evaluate    the protocol's phases on Ray Tune, tracked in MLflow
+gtep ui                      the MLflow UI over the study's store, on 127.0.0.1
+gtep algorithms | spaces | presets   what is registered
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gtep.config import ConfigError, ExperimentConfig, ResolvedExperiment, load_config, load_preset, preset_names, preset_text, resolve
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="GTEP: tune continual-learning hyperparameters on one scenario, evaluate them on a disjoint one.")
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="experiment YAML file")
+PresetOpt = typer.Option(None, "--preset", help="a scenario shipped with gtep (gtep presets); default: 'default'")
+OutputOpt = typer.Option(None, "--output", help="folder for studies and the default MLflow store [./gtep-runs]")
+UriOpt = typer.Option(None, "--tracking-uri", help="MLflow tracking URI [sqlite:///<output>/mlflow.db]")
+AddressOpt = typer.Option(None, "--address", help="an existing Ray cluster (host:port, ray://host:10001, auto)")
+TrialsOpt = typer.Option(None, "--trials", help="R: hyperparameter sets to sample")
+OrderingsOpt = typer.Option(None, "--orderings", help="S: class orderings")
+SeedOpt = typer.Option(None, "--seed", help="the study seed (orderings, samples, initialisation)")
+AlgorithmOpt = typer.Option(None, "--algorithm", help="override the config's algorithm (gtep algorithms)")
+ConcurrentOpt = typer.Option(None, "--max-concurrent", help="trials running at once")
+
+
+def fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any) -> ExperimentConfig:
+    if config and preset:
+        raise ConfigError("--preset", "give either --config or --preset, not both")
+    cfg = load_config(config) if config else load_preset(preset or "default")
+    mapped = {"tracking.output": overrides.get("output"), "tracking.tracking_uri": overrides.get("tracking_uri"),
+              "compute.ray_address": overrides.get("address"), "search.trials": overrides.get("trials"),
+              "search.orderings": overrides.get("orderings"), "seed": overrides.get("seed"),
+              "algorithm": overrides.get("algorithm"), "compute.max_concurrent": overrides.get("max_concurrent")}
+    for field, value in (("--trials", overrides.get("trials")), ("--orderings", overrides.get("orderings"))):
+        if value is not None and value < 1:
+            raise ConfigError(field, f"must be >= 1, got {value}")
+    return cfg.with_overrides(**mapped)
+
+
+def prepare(config, preset, **overrides) -> ResolvedExperiment:
+    """All validation that needs no compute: the file, the names, the data, the search space, the address."""
+    from gtep.orchestration.phases import check_address
+
+    resolved = resolve(build_config(config, preset, **overrides))
+    check_address(resolved.config.compute.ray_address)
+    return resolved
+
+
+def load_best_file(resolved: ResolvedExperiment, best: Optional[Path], tuning_run: Optional[str],
+                   hparams: Optional[str]) -> dict[str, Any] | None:
+    from gtep.orchestration.study import read_best
+    from gtep.spaces import SearchSpaceError, load_space, validate_values
+
+    given = [x for x in (best, tuning_run, hparams) if x]
+    if len(given) > 1:
+        raise ConfigError("--best", "give one of --best, --tuning-run or --hparams")
+    algorithm = resolved.config.algorithm
+    if hparams:
+        presets = load_space(algorithm, resolved.space_path).presets
+        if hparams not in presets:
+            raise ConfigError("--hparams", f"{algorithm} has no preset {hparams!r}; choose from {sorted(presets)}")
+        return {"algorithm": algorithm, "set_index": -1, "hparams": presets[hparams], "source": f"preset:{hparams}"}
+    if best:
+        if not best.exists():
+            raise ConfigError("--best", f"{best} does not exist; give the best.yaml that gtep tune wrote")
+        try:
+            data = read_best(best)
+        except ValueError as err:
+            raise ConfigError("--best", str(err)) from None
+        if data["algorithm"] != algorithm:
+            raise ConfigError("--best", f"{best} holds H* of {data['algorithm']!r} but the config runs {algorithm!r}; "
+                              "pass the matching best.yaml or --algorithm")
+        try:
+            validate_values(best, algorithm, data["hparams"])
+        except SearchSpaceError as err:
+            raise ConfigError("--best", str(err)) from None
+        return data
+    return None
+
+
+def _run_guarded(fn):
+    from gtep.data import DatasetError
+    from gtep.protocol.selection import AllSetsDivergedError
+    from gtep.spaces import SearchSpaceError
+
+    try:
+        return fn()
+    except (ConfigError, DatasetError, SearchSpaceError, AllSetsDivergedError) as err:
+        fail(str(err))
+
+
+def _print_tune(outcome, resolved: ResolvedExperiment) -> None:
+    from gtep.report.tables import hparams_table, phase_summary
+
+    console.print(phase_summary(outcome.summary, resolved.tuning.dataset, f"H* on the tuning phase (set {outcome.set_index})"))
+    console.print(hparams_table(outcome.hparams, "H*"))
+    console.print(f"best.yaml: {outcome.paths.best}\nmanifest:  {outcome.paths.manifest}\ntuning run: {outcome.run_id}")
+
+
+def _print_store(resolved: ResolvedExperiment) -> None:
+    cfg = resolved.config
+    console.print(f"MLflow store: {cfg.tracking_uri}")
+    if cfg.tracking.tracking_uri is None:
+        console.print(f"Browse it with: [bold]gtep ui --output {cfg.tracking.output}[/]")
+
+
+@app.command()
+def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
+         tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
+         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
+         max_concurrent: Optional[int] = ConcurrentOpt) -> None:
+    """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml)."""
+    def go():
+        from gtep.orchestration.phases import ray_session, tune_phase
+
+        resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address, trials=trials,
+                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent)
+        with ray_session(resolved.config.compute.ray_address):
+            outcome = tune_phase(resolved, console)
+        _print_tune(outcome, resolved)
+        _print_store(resolved)
+    _run_guarded(go)
+
+
+@app.command()
+def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt,
+             best: Optional[Path] = typer.Option(None, "--best", help="best.yaml written by gtep tune"),
+             tuning_run: Optional[str] = typer.Option(None, "--tuning-run", help="MLflow run id of a tuning phase"),
+             hparams: Optional[str] = typer.Option(None, "--hparams", help="a named preset instead of H* (e.g. original)"),
+             output: Optional[Path] = OutputOpt, tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt,
+             orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt,
+             algorithm: Optional[str] = AlgorithmOpt, max_concurrent: Optional[int] = ConcurrentOpt) -> None:
+    """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std."""
+    def go():
+        from gtep.orchestration.phases import best_from_run, evaluate_phase, ray_session
+        from gtep.report.tables import phase_summary
+
+        resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address,
+                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent)
+        chosen = load_best_file(resolved, best, tuning_run, hparams)
+        if chosen is None and not tuning_run:
+            default = resolved.config.study_dir / "best.yaml"
+            if not default.exists():
+                raise ConfigError("--best", f"no H* given and {default} does not exist; run gtep tune first, "
+                                  "or pass --best, --tuning-run or --hparams")
+            chosen = load_best_file(resolved, default, None, None)
+        if tuning_run:
+            chosen = best_from_run(resolved, tuning_run)
+            load_best_file(resolved, None, None, None)
+            if chosen["algorithm"] != resolved.config.algorithm:
+                raise ConfigError("--tuning-run", f"run {tuning_run} tuned {chosen['algorithm']!r}, not {resolved.config.algorithm!r}")
+        with ray_session(resolved.config.compute.ray_address):
+            outcome = evaluate_phase(resolved, chosen, console)
+        console.print(phase_summary(outcome.summary, resolved.evaluation.dataset, "Evaluation phase"))
+        _print_store(resolved)
+    _run_guarded(go)
+
+
+@app.command()
+def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
+        tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
+        orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
+        max_concurrent: Optional[int] = ConcurrentOpt) -> None:
+    """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side. No options: the embedded default."""
+    def go():
+        from gtep.orchestration.phases import evaluate_phase, ray_session, tune_phase
+        from gtep.orchestration.study import read_best
+        from gtep.report.tables import hparams_table, phase_comparison
+
+        start = time.perf_counter()
+        resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address, trials=trials,
+                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent)
+        cfg = resolved.config
+        console.print(f"[bold]gtep run[/] study={cfg.study} algorithm={cfg.algorithm} backbone={cfg.backbone} "
+                      f"scenario={cfg.scenario.increments} R={cfg.search.trials} S={cfg.search.orderings}")
+        with ray_session(cfg.compute.ray_address):
+            tuned = tune_phase(resolved, console)
+            evaluated = evaluate_phase(resolved, read_best(tuned.paths.best), console)
+        console.print(hparams_table(tuned.hparams, f"H* (set {tuned.set_index} of {cfg.search.trials})"))
+        console.print(phase_comparison(tuned.summary, evaluated.summary, resolved.tuning.dataset,
+                                       resolved.evaluation.dataset, f"GTEP: {cfg.algorithm} on {cfg.scenario.increments}"))
+        console.print(f"study folder: {tuned.paths.root}  (best.yaml, manifest.json, *_results.csv)")
+        _print_store(resolved)
+        console.print(f"wall time: {time.perf_counter() - start:.0f} s")
+    _run_guarded(go)
+
+
+@app.command()
+def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", help="the --output folder of the runs"),
+       tracking_uri: Optional[str] = UriOpt, host: str = typer.Option("127.0.0.1", help="bind address"),
+       port: int = typer.Option(5000, help="port")) -> None:
+    """The MLflow UI over the store the runs went to (127.0.0.1 unless --host says otherwise)."""
+    uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        fail(f"--output: no MLflow store at {uri[len('sqlite:///'):]}; run gtep run first or pass --output")
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    console.print(f"MLflow UI on http://{host}:{port} over {uri} (Ctrl-C stops it)")
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    raise typer.Exit(subprocess.call(cmd, env=env))
+
+
+@app.command()
+def algorithms() -> None:
+    """Registered algorithms with their tuned hyperparameter counts (paper Figure 10)."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.spaces import SearchSpaceError, load_space
+
+    table = Table(title="algorithms")
+    for column in ("name", "method", "tuned hyperparameters", "presets"):
+        table.add_column(column)
+    for name in ALGORITHMS.names():
+        cls = ALGORITHMS.get(name)
+        try:
+            space = load_space(name)
+            tuned, presets = str(len(space.space.names)), ", ".join(space.presets)
+        except SearchSpaceError:
+            tuned, presets = "-", "(no search space)"
+        table.add_row(name, (cls.__doc__ or "").strip().splitlines()[0], tuned, presets)
+    console.print(table)
+
+
+@app.command()
+def spaces(algorithm: Optional[str] = typer.Argument(None, help="an algorithm; all if omitted")) -> None:
+    """A search space with its value sets and presets."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.spaces import SearchSpaceError, load_space
+
+    names = [algorithm] if algorithm else ALGORITHMS.names()
+    for name in names:
+        try:
+            space = load_space(name) if name in ALGORITHMS else fail(
+                f"algorithm: unknown algorithm {name!r}; choose from {ALGORITHMS.names()}")
+        except SearchSpaceError as err:
+            if algorithm:
+                fail(str(err))
+            continue
+        table = Table(title=f"{name}  ({space.path}, {space.space.size():,} combinations)")
+        table.add_column("hyperparameter")
+        table.add_column("values")
+        for preset in space.presets:
+            table.add_column(f"preset: {preset}")
+        for key, values in space.space.sets.items():
+            table.add_row(key, ", ".join(map(str, values)), *[str(p.get(key, "")) for p in space.presets.values()])
+        console.print(table)
+
+
+@app.command()
+def presets() -> None:
+    """Scenarios shipped with gtep (use with --preset NAME)."""
+    import yaml
+
+    table = Table(title="presets")
+    for column in ("name", "algorithm", "scenario", "datasets", "R x S", "description"):
+        table.add_column(column)
+    for name in preset_names():
+        text = preset_text(name)
+        doc = yaml.safe_load(text)
+        comment = " ".join(line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#"))
+        data = doc["datasets"]
+        datasets = data["split"]["dataset"] + " (split)" if "split" in data else \
+            f"{data['tuning']['dataset']} -> {data['evaluation']['dataset']}"
+        search = doc.get("search", {})
+        table.add_row(name, doc["algorithm"], str(doc["scenario"]["increments"]), datasets,
+                      f"{search.get('trials', 30)} x {search.get('orderings', 5)}", comment[:120])
+    console.print(table)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,335 @@
+"""The experiment file: one YAML validated by pydantic, then resolved against the registries and the data.
+
+Validation happens in two steps, both before any compute: `load_config` checks the file's shape and
+types; `resolve` checks the names (algorithm, backbone, datasets, search space) and the protocol's
+constraints (increments sum to each phase's classes; the phases share no class). Every failure is one
+ConfigError naming the field and the fix.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gtep.protocol.scenarios import parse_increments, shared_classes, split_classes_in_two, split_groups_in_two
+
+
+class ConfigError(ValueError):
+    """One bad field: `field: what is wrong; how to fix it`."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ScenarioSpec(_Strict):
+    increments: str | list[int] = Field(description="classes per task: '10x10', 'C50xT1+C10xT5' or a list")
+
+    @field_validator("increments")
+    @classmethod
+    def _parse(cls, value: str | list[int]) -> str | list[int]:
+        parse_increments(value)
+        return value
+
+    @property
+    def increment_list(self) -> list[int]:
+        return parse_increments(self.increments)
+
+
+class PhaseDataset(_Strict):
+    """Low similarity: each phase names its own dataset, optionally restricted to some of its classes."""
+
+    dataset: str
+    classes: list[int] | None = None
+
+
+class SplitSpec(_Strict):
+    """High similarity: one dataset's classes cut into two disjoint sets with a seed."""
+
+    dataset: str
+    by: Literal["class", "group"] = "class"
+    seed: int = 0
+    classes: list[int] | None = None  # restrict the pool before splitting
+    classes_per_phase: int | None = Field(None, ge=1)  # default: half the pool each
+    tuning_groups: list[str] | None = None  # by=group: which groups (e.g. alphabets) go to tuning
+
+
+class DatasetsSpec(_Strict):
+    split: SplitSpec | None = None
+    tuning: PhaseDataset | None = None
+    evaluation: PhaseDataset | None = None
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> "DatasetsSpec":
+        if self.split is not None and (self.tuning or self.evaluation):
+            raise ValueError("give either 'split' (one dataset, high similarity) or 'tuning' + 'evaluation', not both")
+        if self.split is None and not (self.tuning and self.evaluation):
+            raise ValueError("give 'split' (one dataset) or both 'tuning' and 'evaluation' datasets")
+        return self
+
+
+class SearchSpec(_Strict):
+    trials: int = Field(30, ge=1, description="R: sampled hyperparameter sets")
+    orderings: int = Field(5, ge=1, description="S: class orderings per set and in evaluation")
+    space: Path | None = None  # default: search_spaces/<algorithm>.yaml
+    searcher: Literal["random", "optuna-tpe", "optuna-random"] = "random"
+    selection: Literal["hmean_of_means", "mean_of_hmeans"] = "hmean_of_means"
+
+
+class FirstTaskConfig(_Strict):
+    """The paper's Table 3: the first task's fixed recipe."""
+
+    epochs: int = Field(200, ge=1)
+    lr: float = Field(0.1, gt=0)
+    milestones: list[int] = [60, 120, 170]
+    lr_decay: float = 0.1
+    weight_decay: float = 5e-4
+    batch_size: int = Field(128, ge=1)  # Table 3 gives none; PyCIL uses its batch size
+    scheduler: Literal["sampled", "steplr", "cosine", "constant"] = "sampled"
+
+
+class TrainingSpec(_Strict):
+    memory_size: int = Field(1000, ge=0, description="exemplars in total, spread evenly over seen classes")
+    epoch_scale: float = Field(1.0, gt=0, le=1, description="multiplies every epoch count (smoke runs); 1 = the paper")
+    augment: bool = True
+    device: str = "auto"
+
+
+class ComputeSpec(_Strict):
+    cpus_per_trial: float = Field(1, gt=0)
+    gpus_per_trial: float = Field(0, ge=0)
+    max_concurrent: int | None = Field(None, ge=1)
+    ray_address: str | None = None  # None: start Ray locally
+
+
+class TrackingSpec(_Strict):
+    output: Path = Path("gtep-runs")
+    tracking_uri: str | None = None  # default sqlite:///<output>/mlflow.db
+
+
+class ExperimentConfig(_Strict):
+    study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    algorithm: str
+    backbone: str = "resnet32"
+    scenario: ScenarioSpec
+    datasets: DatasetsSpec
+    search: SearchSpec = SearchSpec()
+    first_task: FirstTaskConfig = FirstTaskConfig()
+    training: TrainingSpec = TrainingSpec()
+    compute: ComputeSpec = ComputeSpec()
+    tracking: TrackingSpec = TrackingSpec()
+    seed: int = 0
+
+    @property
+    def study_dir(self) -> Path:
+        return self.tracking.output / self.study
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.tracking.tracking_uri or f"sqlite:///{self.tracking.output.resolve()}/mlflow.db"
+
+    def with_overrides(self, **overrides: Any) -> "ExperimentConfig":
+        """Apply CLI options given as dotted paths (None means 'not given')."""
+        data = self.model_dump(mode="python")
+        for dotted, value in overrides.items():
+            if value is None:
+                continue
+            node = data
+            *parents, leaf = dotted.split(".")
+            for key in parents:
+                node = node[key]
+            node[leaf] = value
+        return _validate(data, "command line")
+
+
+# ---------------------------------------------------------------- loading
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand_env(value: Any, where: str) -> Any:
+    """${VAR} in strings becomes the variable's value (presets name data roots this way); never evaluated."""
+    if isinstance(value, dict):
+        return {k: _expand_env(v, f"{where}.{k}" if where else k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, where) for v in value]
+    if isinstance(value, str):
+        def sub(match: re.Match) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(where, f"uses ${{{name}}} but the environment variable {name} is not set; export it")
+            return os.environ[name]
+        return _ENV.sub(sub, value)
+    return value
+
+
+def _validate(data: dict[str, Any], source: str) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-")) or "config"
+        message = first["msg"]
+        if first["type"] == "extra_forbidden":
+            message = "is not a known field; remove it or check its spelling"
+        elif first["type"] == "missing":
+            message = "is required; add it to the experiment file"
+        raise ConfigError(field, f"{message} (in {source})") from None
+
+
+def load_config(path: Path) -> ExperimentConfig:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError("--config", f"{path} does not exist; give the path of an experiment YAML file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError("--config", f"{path} is not valid YAML ({err.__class__.__name__}); fix its syntax") from None
+    if not isinstance(data, dict):
+        raise ConfigError("--config", f"{path} must be a YAML mapping of fields (study, algorithm, scenario, ...)")
+    return _validate(_expand_env(data, ""), str(path))
+
+
+def preset_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("gtep.presets").iterdir() if p.name.endswith(".yaml"))
+
+
+def preset_text(name: str) -> str:
+    if name not in preset_names():
+        raise ConfigError("--preset", f"unknown preset {name!r}; choose from {preset_names()} (gtep presets)")
+    return resources.files("gtep.presets").joinpath(f"{name}.yaml").read_text()
+
+
+def load_preset(name: str) -> ExperimentConfig:
+    data = yaml.safe_load(preset_text(name))
+    return _validate(_expand_env(data, ""), f"preset {name}")
+
+
+# ---------------------------------------------------------------- resolving against registries and data
+
+@dataclass(frozen=True)
+class PhaseSpec:
+    """The dataset and the class ids (in that dataset) a phase uses."""
+
+    phase: str  # "tune" | "evaluate"
+    dataset: str
+    classes: tuple[int, ...]
+    class_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ResolvedExperiment:
+    config: ExperimentConfig
+    increments: tuple[int, ...]
+    tuning: PhaseSpec
+    evaluation: PhaseSpec
+    space_path: Path
+
+    def phase(self, name: str) -> PhaseSpec:
+        return self.tuning if name == "tune" else self.evaluation
+
+
+def _check_classes(field: str, classes: list[int], available: int) -> None:
+    bad = [c for c in classes if not 0 <= c < available]
+    if bad:
+        raise ConfigError(field, f"class ids {bad[:5]} are outside 0..{available - 1}; use ids of the dataset")
+    if len(set(classes)) != len(classes):
+        raise ConfigError(field, "lists a class twice; give each class id once")
+
+
+def _source(field: str, name: str):
+    from gtep.data import DatasetError, resolve_dataset
+
+    try:
+        source = resolve_dataset(name)
+        source.class_names  # reads metadata: proves the file or root is there and readable
+        return source
+    except DatasetError as err:
+        raise ConfigError(field, str(err)) from None
+
+
+def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
+    spec = cfg.datasets
+    if spec.split is not None:
+        split = spec.split
+        source = _source("datasets.split.dataset", split.dataset)
+        names = source.class_names
+        pool = split.classes if split.classes is not None else list(range(len(names)))
+        _check_classes("datasets.split.classes", pool, len(names))
+        if split.by == "group":
+            groups = source.class_groups
+            if groups is None:
+                raise ConfigError("datasets.split.by", f"{split.dataset} has no class groups; use by: class")
+            try:
+                t_idx, e_idx = split_groups_in_two([groups[c] for c in pool], split.seed, split.tuning_groups)
+            except ValueError as err:
+                raise ConfigError("datasets.split.tuning_groups", str(err)) from None
+            tuning, evaluation = [pool[i] for i in t_idx], [pool[i] for i in e_idx]
+            if split.classes_per_phase:
+                n = split.classes_per_phase
+                if min(len(tuning), len(evaluation)) < n:
+                    raise ConfigError("datasets.split.classes_per_phase",
+                                      f"{n} classes per phase, but the groups give {len(tuning)} and {len(evaluation)}")
+                tuning, evaluation = sorted(tuning)[:n], sorted(evaluation)[:n]
+        else:
+            n = split.classes_per_phase or len(pool) // 2
+            if 2 * n > len(pool):
+                raise ConfigError("datasets.split.classes_per_phase",
+                                  f"2 x {n} classes do not fit in the pool of {len(pool)}; lower it")
+            tuning, evaluation = split_classes_in_two(pool, split.seed, n, n)
+        t = PhaseSpec("tune", source.name, tuple(sorted(tuning)), tuple(names[c] for c in sorted(tuning)))
+        e = PhaseSpec("evaluate", source.name, tuple(sorted(evaluation)), tuple(names[c] for c in sorted(evaluation)))
+        return t, e
+    phases = []
+    sources = []
+    for phase, field in (("tune", "tuning"), ("evaluate", "evaluation")):
+        ref: PhaseDataset = getattr(spec, field)
+        source = _source(f"datasets.{field}.dataset", ref.dataset)
+        names = source.class_names
+        classes = ref.classes if ref.classes is not None else list(range(len(names)))
+        _check_classes(f"datasets.{field}.classes", classes, len(names))
+        phases.append(PhaseSpec(phase, source.name, tuple(sorted(classes)), tuple(names[c] for c in sorted(classes))))
+        sources.append(source)
+    if sources[0].identity == sources[1].identity:
+        shared = shared_classes(phases[0].classes, phases[1].classes)
+        if shared:
+            raise ConfigError("datasets.evaluation.classes",
+                              f"shares {len(shared)} classes with datasets.tuning (e.g. {shared[:5]}); "
+                              "GTEP needs disjoint phases: give disjoint class lists or use datasets.split")
+    return phases[0], phases[1]
+
+
+def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
+    """Check every name and constraint; touches only metadata, never trains or writes anything."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.models import BACKBONES
+    from gtep.spaces import SearchSpaceError, default_space_file, load_space
+
+    if cfg.algorithm not in ALGORITHMS:
+        raise ConfigError("algorithm", f"unknown algorithm {cfg.algorithm!r}; choose from {ALGORITHMS.names()} (gtep algorithms)")
+    if cfg.backbone not in BACKBONES:
+        raise ConfigError("backbone", f"unknown backbone {cfg.backbone!r}; choose from {BACKBONES.names()}")
+    increments = tuple(cfg.scenario.increment_list)
+    tuning, evaluation = _phase_classes(cfg)
+    for phase in (tuning, evaluation):
+        if sum(increments) != len(phase.classes):
+            field = "datasets.split" if cfg.datasets.split else f"datasets.{'tuning' if phase.phase == 'tune' else 'evaluation'}"
+            raise ConfigError("scenario.increments",
+                              f"sum to {sum(increments)} classes but the {phase.phase} phase has {len(phase.classes)} "
+                              f"({phase.dataset}); change the increments or restrict the classes in {field}")
+    space_path = cfg.search.space or default_space_file(cfg.algorithm)
+    try:
+        load_space(cfg.algorithm, space_path)
+    except SearchSpaceError as err:
+        raise ConfigError("search.space", str(err)) from None
+    return ResolvedExperiment(cfg, increments, tuning, evaluation, Path(space_path))

@@ -1,0 +1,1 @@
+"""The edge of the system: the only package that imports Ray and MLflow."""

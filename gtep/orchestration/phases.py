@@ -1,0 +1,341 @@
+"""The two phases of GTEP on Ray Tune (paper Algorithms 1-3), tracked in MLflow.
+
+tune_phase:     draw R sets (manifest first), train each over S orderings of D^HT, select H*.
+evaluate_phase: train H* over S orderings of D^E (one Ray trial per ordering), report mean and std.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import urlparse
+
+import pandas as pd
+import ray
+from mlflow.tracking import MlflowClient
+from ray import tune
+from ray.tune.search.basic_variant import BasicVariantGenerator
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gtep.config import ConfigError, ResolvedExperiment
+from gtep.data import resolve_dataset
+from gtep.orchestration.study import Manifest, StudyPaths, read_best, write_best
+from gtep.orchestration.tracking import MlflowWriter, ensure_experiment, log_file, log_json, summarize_units
+from gtep.orchestration.trainable import train_set
+from gtep.protocol.sampling import effective_hyperparameters, sample_sets
+from gtep.protocol.selection import OrderingResult, select_best
+from gtep.spaces import load_space
+
+
+@dataclass
+class PhaseOutcome:
+    phase: str
+    run_id: str
+    set_index: int
+    hparams: dict[str, Any]
+    summary: dict[str, float]
+    paths: StudyPaths
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- Ray and MLflow sessions
+
+def check_address(address: str | None) -> None:
+    """An address that answers nothing is a clear error before Ray tries for minutes."""
+    if not address or address == "auto":
+        return
+    parsed = urlparse(address if "://" in address else f"ray://{address}")
+    host, port = parsed.hostname, parsed.port
+    if not host or not port:
+        raise ConfigError("--address", f"{address!r} is not host:port, ray://host:port or 'auto'")
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            pass
+    except OSError as err:
+        raise ConfigError("--address", f"no Ray cluster answers at {address} ({err.strerror or err}); "
+                          "start one (ray start --head) or leave --address out to run locally") from None
+
+
+@contextmanager
+def ray_session(address: str | None) -> Iterator[None]:
+    """Join the given cluster, or start Ray on this machine bound to 127.0.0.1; always shut down after."""
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # trials keep the driver's working directory
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # MLflow is the record; no CSV/TensorBoard copies
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the terminal shows only gtep's progress
+    started = False
+    if not ray.is_initialized():
+        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                                      configure_logging=True)
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(_node_ip_address="127.0.0.1", **kwargs)
+        started = True
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def check_resources(resolved: ResolvedExperiment) -> None:
+    """A trial that can never be placed is an error, not a hang (ray-project/ray#18332)."""
+    compute = resolved.config.compute
+    available = ray.cluster_resources()
+    for key, asked in (("CPU", compute.cpus_per_trial), ("GPU", compute.gpus_per_trial)):
+        if asked > available.get(key, 0):
+            field = "compute.cpus_per_trial" if key == "CPU" else "compute.gpus_per_trial"
+            raise ConfigError(field, f"asks {asked} {key} per trial but the Ray cluster has {available.get(key, 0)}; lower it")
+
+
+def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
+    cfg = resolved.config
+    uri = cfg.tracking_uri
+    artifact_root = None
+    if uri.startswith("sqlite:///"):
+        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        artifact_root = cfg.tracking.output.resolve() / "mlartifacts"
+    client = MlflowClient(tracking_uri=uri)
+    return client, ensure_experiment(client, cfg.study, artifact_root)
+
+
+# ---------------------------------------------------------------- shared pieces
+
+def job_spec(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
+    cfg = resolved.config
+    device = cfg.training.device
+    if device == "auto":
+        device = "cuda" if cfg.compute.gpus_per_trial > 0 else "cpu"
+    return {
+        "algorithm": cfg.algorithm, "backbone": cfg.backbone, "increments": list(resolved.increments),
+        "classes": list(resolved.phase(phase).classes), "seed": cfg.seed, "memory_size": cfg.training.memory_size,
+        "first_task": {**cfg.first_task.model_dump(), "milestones": tuple(cfg.first_task.milestones)},
+        "epoch_scale": cfg.training.epoch_scale, "augment": cfg.training.augment, "device": device,
+        "threads": max(1, int(cfg.compute.cpus_per_trial)),
+    }
+
+
+def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
+    cfg = resolved.config
+    spec = resolved.phase(phase)
+    return {"gtep.algorithm": cfg.algorithm, "gtep.backbone": cfg.backbone, "gtep.dataset": spec.dataset,
+            "gtep.increments": "+".join(map(str, resolved.increments)), "gtep.seed": cfg.seed,
+            "gtep.memory_size": cfg.training.memory_size, "gtep.epoch_scale": cfg.training.epoch_scale}
+
+
+def trainable_for(resolved: ResolvedExperiment, phase: str):
+    spec = resolved.phase(phase)
+    data = resolve_dataset(spec.dataset).load().subset(list(spec.classes))
+    compute = resolved.config.compute
+    # with_parameters puts the decoded arrays in Ray's object store once; trials on a node share them
+    trainable = tune.with_parameters(train_set, phase_data=data, job=job_spec(resolved, phase))
+    return tune.with_resources(trainable, {"cpu": compute.cpus_per_trial, "gpu": compute.gpus_per_trial})
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console, transient=False)
+
+
+class ProgressCallback(tune.Callback):
+    def __init__(self, progress: Progress, task_id: Any) -> None:
+        self.progress, self.task_id = progress, task_id
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # the live progress bar stays on the driver when Ray pickles its run config
+
+    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
+        if "ordering" in result:
+            status = f"last: acc {result.get('acc', float('nan')):.3f} ({result['status']})"
+            self.progress.update(self.task_id, advance=1, status=status)
+
+
+def open_study(resolved: ResolvedExperiment, fresh: bool) -> tuple[StudyPaths, Manifest]:
+    cfg = resolved.config
+    paths = StudyPaths(cfg.study_dir.resolve())
+    if fresh and paths.ray_storage.exists():
+        shutil.rmtree(paths.ray_storage)  # a new study run replaces Ray's storage; MLflow keeps the history
+    if not fresh and paths.manifest.exists():
+        return paths, Manifest.load(paths.manifest)
+    header = {"study": cfg.study, "algorithm": cfg.algorithm, "seed": cfg.seed,
+              "config": json.loads(cfg.model_dump_json()), "space": str(resolved.space_path)}
+    return paths, Manifest.create(paths.manifest, header)
+
+
+def write_results_csv(path: Path, units: list[dict[str, Any]], hparams_of) -> None:
+    rows = []
+    for u in units:
+        row = {k: u.get(k) for k in ("set_index", "ordering", "status", "acc", "avg_acc", "hmean", "forgetting",
+                                      "old_acc", "new_acc", "params_total", "params_trainable", "train_seconds")}
+        row.update({f"h.{k}": v for k, v in hparams_of(u["set_index"]).items()})
+        rows.append(row)
+    pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def start_phase_run(client: MlflowClient, experiment_id: str, resolved: ResolvedExperiment, phase: str,
+                    tags: dict[str, str]) -> str:
+    cfg = resolved.config
+    spec = resolved.phase(phase)
+    run = client.create_run(experiment_id, run_name=f"{cfg.study}-{phase}",
+                            tags={"gtep.phase": phase, "gtep.level": "phase", "gtep.study": cfg.study, **tags})
+    run_id = run.info.run_id
+    for key, value in {**common_params(resolved, phase), "gtep.trials": cfg.search.trials,
+                       "gtep.orderings": cfg.search.orderings, "gtep.searcher": cfg.search.searcher,
+                       "gtep.selection": cfg.search.selection}.items():
+        client.log_param(run_id, key, str(value))
+    log_json(client, run_id, "classes.json", {"phase": phase, "dataset": spec.dataset, "classes": list(spec.classes),
+                                              "class_names": list(spec.class_names)})
+    return run_id
+
+
+# ---------------------------------------------------------------- phase 1: tuning
+
+def tune_phase(resolved: ResolvedExperiment, console: Console) -> PhaseOutcome:
+    cfg = resolved.config
+    R, S = cfg.search.trials, cfg.search.orderings
+    space = load_space(cfg.algorithm, resolved.space_path).space
+    check_resources(resolved)
+    paths, manifest = open_study(resolved, fresh=True)
+    if cfg.search.searcher == "random":
+        manifest.set_sets(sample_sets(space, R, cfg.seed))  # the R sets exist on disk before any training
+    client, experiment_id = mlflow_client(resolved)
+    run_id = start_phase_run(client, experiment_id, resolved, "tune", {})
+    manifest.set_phase("tune", mlflow_run_id=run_id, status="running", dataset=resolved.tuning.dataset,
+                       classes=list(resolved.tuning.classes))
+
+    trial_index: dict[str, int] = {}
+
+    def set_index_of(trial) -> int:
+        if "trial" in trial.config:
+            return int(trial.config["trial"]["set_index"])
+        if trial.trial_id not in trial_index:  # adaptive searchers: sets are recorded as they are suggested
+            trial_index[trial.trial_id] = manifest.add_set(dict(trial.config["hparams"]))
+        return trial_index[trial.trial_id]
+
+    writer = MlflowWriter(client, experiment_id, run_id, "tune", S, manifest, set_index_of,
+                          manifest.hparams, common_params(resolved, "tune"))
+    if cfg.search.searcher == "random":
+        param_space = {"trial": tune.grid_search([{"set_index": s["index"], "hparams": s["hparams"]}
+                                                  for s in manifest.data["sets"]]),
+                       "orderings": list(range(S))}
+        search_alg, num_samples = BasicVariantGenerator(random_state=cfg.seed), 1
+    else:
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        sampler = (optuna.samplers.TPESampler(seed=cfg.seed) if cfg.search.searcher == "optuna-tpe"
+                   else optuna.samplers.RandomSampler(seed=cfg.seed))
+        param_space = {"hparams": {k: tune.choice(list(v)) for k, v in space.sets.items()}, "orderings": list(range(S))}
+        search_alg, num_samples = OptunaSearch(metric="score", mode="max", sampler=sampler), R
+
+    with progress_bar(console) as progress:
+        bar = progress.add_task(f"tune {cfg.algorithm}", total=R * S, status="")
+        tuner = tune.Tuner(
+            trainable_for(resolved, "tune"),
+            param_space=param_space,
+            tune_config=tune.TuneConfig(num_samples=num_samples, search_alg=search_alg,
+                                        max_concurrent_trials=cfg.compute.max_concurrent),
+            run_config=tune.RunConfig(name="tune", storage_path=str(paths.ray_storage), verbose=0,
+                                      callbacks=[writer, ProgressCallback(progress, bar)],
+                                      failure_config=tune.FailureConfig(max_failures=0)),
+        )
+        tuner.fit()
+
+    units = manifest.units("tune")
+    results = [OrderingResult(u["set_index"], u["ordering"], float(u["acc"]), float(u["avg_acc"]),
+                              u["status"] == "diverged") for u in units]
+    try:
+        selection = select_best(results, cfg.search.selection)
+    except Exception:
+        client.set_terminated(run_id, "FAILED")
+        manifest.set_phase("tune", status="failed")
+        raise
+    best_index = selection.best_index
+    hparams = manifest.hparams(best_index)
+    summary = summarize_units([u for u in units if u["set_index"] == best_index])
+    best = {"study": cfg.study, "algorithm": cfg.algorithm, "backbone": cfg.backbone, "set_index": best_index,
+            "selection": cfg.search.selection, "score": float(selection.best.score(cfg.search.selection)),
+            "acc": summary["acc"], "avg_acc": summary["avg_acc"], "tuning_run_id": run_id,
+            "hparams": hparams, "effective": effective_hyperparameters(hparams)}
+    write_best(paths.best, best)
+    write_results_csv(paths.results("tune"), units, manifest.hparams)
+    scores = [{"set_index": s.set_index, "hmean_of_means": s.hmean_of_means, "mean_of_hmeans": s.mean_of_hmeans,
+               "acc": s.acc_mean, "avg_acc": s.avg_acc_mean, "diverged_orderings": s.diverged_orderings}
+              for s in selection.scores]
+    manifest.set_phase("tune", status="finished", best_set_index=best_index, scores=scores)
+    for key, value in (("best_hmean", best["score"]), ("best_acc", summary["acc"]), ("best_avg_acc", summary["avg_acc"]),
+                       ("best_acc_std", summary["acc_std"]), ("best_avg_acc_std", summary["avg_acc_std"]),
+                       ("best_set_index", best_index)):
+        client.log_metric(run_id, key, float(value))
+    client.set_tag(run_id, "gtep.best_set_index", str(best_index))
+    client.set_tag(run_id, "gtep.best_trial_run_id", writer.trial_runs.get(best_index, ""))
+    for path in (paths.manifest, paths.best, paths.results("tune")):
+        log_file(client, run_id, path)
+    client.set_terminated(run_id, "FINISHED")
+    return PhaseOutcome("tune", run_id, best_index, hparams, summary, paths,
+                        {"diverged_sets": sum(1 for s in selection.scores if not s.usable), "trials": len(selection.scores)})
+
+
+# ---------------------------------------------------------------- phase 2: evaluation
+
+def best_from_run(resolved: ResolvedExperiment, tuning_run_id: str) -> dict[str, Any]:
+    """H* from the best.yaml artifact of a tuning phase run in the tracking store."""
+    client = MlflowClient(tracking_uri=resolved.config.tracking_uri)
+    try:
+        client.get_run(tuning_run_id)
+        local = client.download_artifacts(tuning_run_id, "best.yaml", str(resolved.config.study_dir.resolve()))
+    except Exception as err:  # noqa: BLE001 - MLflow raises several types for a missing run or artifact
+        raise ConfigError("--tuning-run", f"cannot read best.yaml of run {tuning_run_id} in "
+                          f"{resolved.config.tracking_uri} ({err.__class__.__name__}); check the run id") from None
+    return read_best(Path(local))
+
+
+def evaluate_phase(resolved: ResolvedExperiment, best: dict[str, Any], console: Console) -> PhaseOutcome:
+    cfg = resolved.config
+    S = cfg.search.orderings
+    check_resources(resolved)
+    paths, manifest = open_study(resolved, fresh=False)
+    if (paths.ray_storage / "evaluate").exists():
+        shutil.rmtree(paths.ray_storage / "evaluate")
+    client, experiment_id = mlflow_client(resolved)
+    tags = {"gtep.tuning_run_id": str(best.get("tuning_run_id") or ""), "gtep.hparams_source": best.get("source", "tuning")}
+    run_id = start_phase_run(client, experiment_id, resolved, "evaluate", tags)
+    set_index = int(best.get("set_index", -1))
+    hparams = dict(best["hparams"])
+    manifest.set_phase("evaluate", mlflow_run_id=run_id, status="running", dataset=resolved.evaluation.dataset,
+                       classes=list(resolved.evaluation.classes), set_index=set_index, hparams=hparams,
+                       tuning_run_id=tags["gtep.tuning_run_id"])
+    writer = MlflowWriter(client, experiment_id, run_id, "evaluate", S, manifest, lambda t: set_index,
+                          lambda _: hparams, common_params(resolved, "evaluate"))
+    with progress_bar(console) as progress:
+        bar = progress.add_task(f"evaluate {cfg.algorithm}", total=S, status="")
+        tuner = tune.Tuner(
+            trainable_for(resolved, "evaluate"),
+            param_space={"trial": {"set_index": set_index, "hparams": hparams},
+                         "orderings": tune.grid_search([[s] for s in range(S)])},
+            tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=cfg.compute.max_concurrent),
+            run_config=tune.RunConfig(name="evaluate", storage_path=str(paths.ray_storage), verbose=0,
+                                      callbacks=[writer, ProgressCallback(progress, bar)],
+                                      failure_config=tune.FailureConfig(max_failures=0)),
+        )
+        tuner.fit()
+    units = manifest.units("evaluate")
+    summary = summarize_units(units)
+    write_results_csv(paths.results("evaluate"), units, lambda _: hparams)
+    manifest.set_phase("evaluate", status="finished", summary=summary)
+    for key in ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "diverged"):
+        if pd.notna(summary[key]):
+            client.log_metric(run_id, key, float(summary[key]))
+    for path in (paths.manifest, paths.results("evaluate")):
+        log_file(client, run_id, path)
+    if paths.best.exists():
+        log_file(client, run_id, paths.best)
+    client.set_terminated(run_id, "FINISHED" if not summary["diverged"] else "FAILED")
+    return PhaseOutcome("evaluate", run_id, set_index, hparams, summary, paths)

@@ -1,0 +1,101 @@
+"""The study folder and its manifest: what was drawn and what finished, independent of Ray's internals.
+
+<output>/<study>/manifest.json   the R sets (written before any training), phase runs, finished units
+<output>/<study>/best.yaml       H* with its score and the tuning run it came from
+<output>/<study>/<phase>_results.csv   one row per (set, ordering)
+<output>/<study>/ray/            Ray Tune's own storage
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a crash never leaves a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+
+
+@dataclass
+class StudyPaths:
+    root: Path
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def best(self) -> Path:
+        return self.root / "best.yaml"
+
+    def results(self, phase: str) -> Path:
+        return self.root / f"{phase}_results.csv"
+
+    @property
+    def ray_storage(self) -> Path:
+        return self.root / "ray"
+
+
+class Manifest:
+    """A JSON document kept on disk after every change (one writer: the driver)."""
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path, self.data = path, data
+
+    @classmethod
+    def create(cls, path: Path, header: dict[str, Any]) -> "Manifest":
+        manifest = cls(path, {**header, "sets": [], "phases": {}, "units": {}})
+        manifest.save()
+        return manifest
+
+    @classmethod
+    def load(cls, path: Path) -> "Manifest":
+        return cls(path, json.loads(path.read_text()))
+
+    def save(self) -> None:
+        write_atomic(self.path, json.dumps(self.data, indent=2, default=str))
+
+    def set_sets(self, sets: list[dict[str, Any]]) -> None:
+        self.data["sets"] = [{"index": i, "hparams": h} for i, h in enumerate(sets)]
+        self.save()
+
+    def add_set(self, hparams: dict[str, Any]) -> int:
+        index = len(self.data["sets"])
+        self.data["sets"].append({"index": index, "hparams": hparams})
+        self.save()
+        return index
+
+    def hparams(self, index: int) -> dict[str, Any]:
+        return self.data["sets"][index]["hparams"]
+
+    def set_phase(self, phase: str, **info: Any) -> None:
+        self.data["phases"].setdefault(phase, {}).update(info)
+        self.save()
+
+    def record_unit(self, phase: str, set_index: int, ordering: int, record: dict[str, Any]) -> None:
+        self.data["units"][f"{phase}/{set_index}/{ordering}"] = record
+        self.save()
+
+    def units(self, phase: str) -> list[dict[str, Any]]:
+        return [u for key, u in sorted(self.data["units"].items()) if key.startswith(f"{phase}/")]
+
+
+def write_best(path: Path, best: dict[str, Any]) -> None:
+    write_atomic(path, yaml.safe_dump(best, sort_keys=False))
+
+
+def read_best(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict) or "hparams" not in data or "algorithm" not in data:
+        raise ValueError(f"{path} is not a gtep best.yaml (it needs 'algorithm' and 'hparams')")
+    return data

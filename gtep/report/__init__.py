@@ -1,0 +1,1 @@
+"""Tables and plots from tracked results."""
