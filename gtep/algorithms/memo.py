@@ -49,7 +49,8 @@ class SpecializedBlock(nn.Module):
 def split_backbone(backbone: nn.Module) -> tuple[nn.Module, SpecializedBlock]:
     """(generalized blocks, specialized block) of a backbone with a `stem` and a `stages` ModuleList."""
     if not hasattr(backbone, "stem") or not hasattr(backbone, "stages"):
-        raise ValueError(f"MEMO needs a backbone with `stem` and `stages` (a ResNet), not {type(backbone).__name__}")
+        name = type(backbone).__name__
+        raise ValueError(f"MEMO needs a backbone with `stem` and `stages` (a ResNet), not {name}")
     generalized = nn.Sequential(backbone.stem, *backbone.stages[:-1])
     return generalized, SpecializedBlock(backbone.stages[-1], backbone.out_dim)
 

@@ -73,7 +73,8 @@ def test_grows_one_frozen_backbone_per_task_and_aligns_weights():
     assert len(net.extractors) == 2
     assert not any(p.requires_grad for p in net.extractors[0].parameters())
     assert all(p.requires_grad for p in net.extractors[1].parameters())
-    assert all(torch.equal(v, first[k]) for k, v in net.extractors[1].state_dict().items())  # starts as the old one
+    new_state = net.extractors[1].state_dict()
+    assert all(torch.equal(new_state[k], v) for k, v in first.items())  # starts as the old one
     assert net.head.weight.shape == (7, 2 * d)
     assert torch.equal(net.head.weight[:4, :d], old_weight) and torch.equal(net.head.bias[:4], old_bias)
     assert net.aux_head.out_dim == 3 + 1 and net.aux_head.in_dim == d
