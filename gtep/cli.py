@@ -225,7 +225,7 @@ def algorithms() -> None:
 
     table = Table(title="algorithms")
     for column in ("name", "method", "tuned hyperparameters", "presets"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "name")
     for name in ALGORITHMS.names():
         cls = ALGORITHMS.get(name)
         try:
@@ -233,7 +233,9 @@ def algorithms() -> None:
             tuned, presets = str(len(space.space.names)), ", ".join(space.presets)
         except SearchSpaceError:
             tuned, presets = "-", "(no search space)"
-        table.add_row(name, (cls.__doc__ or "").strip().splitlines()[0], tuned, presets)
+        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip()
+        summary = " ".join(doc.split()).split(":")[0].split(". ")[0]  # "BiC (Wu et al., CVPR 2019)"
+        table.add_row(name, summary[:70], tuned, presets)
     console.print(table)
 
 
@@ -269,7 +271,7 @@ def presets() -> None:
 
     table = Table(title="presets")
     for column in ("name", "algorithm", "scenario", "datasets", "R x S", "description"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "name")
     for name in preset_names():
         text = preset_text(name)
         doc = yaml.safe_load(text)

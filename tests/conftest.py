@@ -9,4 +9,5 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import torch  # noqa: E402
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One thread: the tests' models are tiny, and on a 2-core machine a second thread mostly adds contention.
+torch.set_num_threads(1)

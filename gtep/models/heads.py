@@ -24,10 +24,13 @@ class LinearHead(nn.Module):
         old = self.out_dim
         if total <= old:
             return
-        fresh = nn.Linear(self.in_dim, total - old).to(self.weight.device)  # PyTorch's default init
+        # PyCIL's SimpleLinear init: Kaiming-uniform rows with linear gain, zero bias. The scale of new rows
+        # matters to methods that compare row norms (WA, DER's aligning) or correct logits (BiC).
+        fresh = torch.empty(total - old, self.in_dim, device=self.weight.device)
+        nn.init.kaiming_uniform_(fresh, nonlinearity="linear")
         with torch.no_grad():
-            self.weight = nn.Parameter(torch.cat([self.weight.data, fresh.weight.data]))
-            self.bias = nn.Parameter(torch.cat([self.bias.data, fresh.bias.data]))
+            self.weight = nn.Parameter(torch.cat([self.weight.data, fresh]))
+            self.bias = nn.Parameter(torch.cat([self.bias.data, torch.zeros(total - old, device=self.bias.device)]))
 
     def forward(self, features: Tensor) -> Tensor:
         return features @ self.weight.t() + self.bias

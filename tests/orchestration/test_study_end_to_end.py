@@ -1,0 +1,115 @@
+"""A tiny `gtep run` through real Ray Tune and a real sqlite MLflow store, then the store read back."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from gtep.cli import app
+
+R, S, TASKS = 3, 2, 2
+
+CONFIG = {
+    "study": "tiny",
+    "algorithm": "replay",
+    "backbone": "resnet8",
+    "scenario": {"increments": "3x2"},
+    "datasets": {"split": {"dataset": "synthetic:classes=14,train=20,test=8", "classes_per_phase": 6, "seed": 1}},
+    "search": {"trials": R, "orderings": S},
+    "first_task": {"epochs": 3, "milestones": [2], "batch_size": 16},
+    "training": {"memory_size": 12, "epoch_scale": 0.02},
+    "compute": {"cpus_per_trial": 1, "max_concurrent": 2},
+    "seed": 3,
+}
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    root = tmp_path_factory.mktemp("e2e")
+    config = root / "exp.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    result = CliRunner().invoke(app, ["run", "--config", str(config), "--output", str(root / "out")])
+    assert result.exit_code == 0, result.output + str(result.exception)
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'out' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("gtep/tiny")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    return {"root": root, "out": root / "out", "client": client, "runs": runs, "output": result.output}
+
+
+def runs_where(runs, **tags):
+    return [r for r in runs if all(r.data.tags.get(f"gtep.{k}") == v for k, v in tags.items())]
+
+
+def test_run_tree(study):
+    runs = study["runs"]
+    tune_phase, = runs_where(runs, level="phase", phase="tune")
+    eval_phase, = runs_where(runs, level="phase", phase="evaluate")
+    trials = runs_where(runs, level="trial", phase="tune")
+    assert len(trials) == R
+    assert all(t.data.tags["mlflow.parentRunId"] == tune_phase.info.run_id for t in trials)
+    for trial in trials:
+        children = [r for r in runs_where(runs, level="ordering") if r.data.tags["mlflow.parentRunId"] == trial.info.run_id]
+        assert sorted(int(c.data.tags["gtep.ordering"]) for c in children) == list(range(S))
+        for child in children:
+            assert {"acc", "avg_acc", "hmean"} <= set(child.data.metrics)
+            history = study["client"].get_metric_history(child.info.run_id, "acc_t")
+            assert sorted(m.step for m in history) == list(range(1, TASKS + 1))
+            assert child.data.params["epochs"] == trial.data.params["epochs"]
+    eval_trials = runs_where(runs, level="trial", phase="evaluate")
+    assert len(eval_trials) == 1 and eval_trials[0].data.tags["mlflow.parentRunId"] == eval_phase.info.run_id
+    assert len(runs_where(runs, level="ordering", phase="evaluate")) == S
+    assert eval_phase.data.tags["gtep.tuning_run_id"] == tune_phase.info.run_id
+    artifacts = {a.path for a in study["client"].list_artifacts(tune_phase.info.run_id)}
+    assert {"classes.json", "manifest.json", "best.yaml", "tune_results.csv"} <= artifacts
+
+
+def test_best_has_the_highest_harmonic_mean(study):
+    trials = runs_where(study["runs"], level="trial", phase="tune")
+    best = yaml.safe_load((study["out"] / "tiny" / "best.yaml").read_text())
+    scores = {int(t.data.tags["gtep.set_index"]): t.data.metrics["hmean"] for t in trials}
+    assert best["set_index"] == max(scores, key=lambda i: (scores[i], -i))
+    assert best["score"] == pytest.approx(max(scores.values()))
+
+
+def test_evaluation_used_h_star_and_only_its_classes(study):
+    client, runs = study["client"], study["runs"]
+    best = yaml.safe_load((study["out"] / "tiny" / "best.yaml").read_text())
+    tune_phase, = runs_where(runs, level="phase", phase="tune")
+    eval_phase, = runs_where(runs, level="phase", phase="evaluate")
+    tune_classes = json.loads(client.download_artifacts(tune_phase.info.run_id, "classes.json", str(study["root"])) and
+                              Path(study["root"], "classes.json").read_text())["classes"]
+    eval_classes = json.loads(Path(client.download_artifacts(eval_phase.info.run_id, "classes.json",
+                                                             str(study["root"] / "ev"))).read_text())["classes"]
+    assert len(eval_classes) == 6 and not set(tune_classes) & set(eval_classes)
+    for run in runs_where(runs, level="ordering", phase="evaluate"):
+        for key, value in best["hparams"].items():
+            assert run.data.params[key] == str(value)
+        acc = json.loads(Path(client.download_artifacts(run.info.run_id, "accuracy.json", str(study["root"] / run.info.run_id))).read_text())
+        assert set(acc["class_order"]) == set(eval_classes)
+
+
+def test_manifest_csv_and_table(study):
+    folder = study["out"] / "tiny"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert len(manifest["sets"]) == R
+    assert len([k for k in manifest["units"] if k.startswith("tune/")]) == R * S
+    frame = pd.read_csv(folder / "tune_results.csv")
+    assert len(frame) == R * S and {"acc", "avg_acc", "h.lr"} <= set(frame.columns)
+    assert "gap" in study["output"] and "gtep ui" in study["output"]
+
+
+def test_same_seed_same_sets_and_metrics(study, tmp_path):
+    """Same config and seed: same drawn sets, same orderings, same metrics (CPU)."""
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "search": {"trials": R, "orderings": S}}))
+    result = CliRunner().invoke(app, ["tune", "--config", str(config), "--output", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    first = json.loads((study["out"] / "tiny" / "manifest.json").read_text())
+    second = json.loads((tmp_path / "out" / "tiny" / "manifest.json").read_text())
+    assert first["sets"] == second["sets"]
+    for key, unit in first["units"].items():
+        if key.startswith("tune/"):
+            assert second["units"][key]["acc_t"] == unit["acc_t"]
