@@ -65,7 +65,10 @@ def check_address(address: str | None) -> None:
 
 @contextmanager
 def ray_session(address: str | None) -> Iterator[None]:
-    """Join the given cluster, or start Ray on this machine bound to 127.0.0.1; always shut down after."""
+    """Join the given cluster, or start Ray on this machine; always shut down what we started.
+
+    A local Ray keeps its default token authentication (Ray >= 2.5x), which guards its ports; tests and CI
+    set RAY_AUTH_MODE=disabled as ../shared/INSTALL.md advises."""
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # trials keep the driver's working directory
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # MLflow is the record; no CSV/TensorBoard copies
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the terminal shows only gtep's progress
@@ -73,10 +76,7 @@ def ray_session(address: str | None) -> Iterator[None]:
     if not ray.is_initialized():
         kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                                       configure_logging=True)
-        if address:
-            ray.init(address=address, **kwargs)
-        else:
-            ray.init(_node_ip_address="127.0.0.1", **kwargs)
+        ray.init(address=address, **kwargs)
         started = True
     try:
         yield

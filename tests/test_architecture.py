@@ -1,0 +1,58 @@
+"""House rules that keep the protocol pure and every algorithm complete (../shared/DESIGN.md)."""
+import ast
+from pathlib import Path
+
+import pytest
+
+import gtep
+from gtep.algorithms import ALGORITHMS
+from gtep.spaces import load_space, spaces_dir
+
+PACKAGE = Path(gtep.__file__).parent
+BASELINES = {"finetune"}  # reference learners without a search space of their own
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("layer", ["protocol", "algorithms", "engine", "models", "data"])
+def test_only_orchestration_imports_ray_and_mlflow(layer):
+    for path in (PACKAGE / layer).rglob("*.py"):
+        assert not imports_of(path) & {"ray", "mlflow"}, f"{path} imports Ray or MLflow"
+
+
+def test_protocol_is_pure():
+    for path in (PACKAGE / "protocol").rglob("*.py"):
+        assert imports_of(path) <= {"__future__", "dataclasses", "typing", "re", "math", "numpy", "gtep"}, path
+
+
+def test_no_unsafe_loading_or_eval():
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        assert "eval(" not in text.replace(".eval(", "").replace("_eval(", ""), path
+        if "torch.load(" in text:
+            assert "weights_only=True" in text, path
+
+
+@pytest.mark.parametrize("name", [n for n in ALGORITHMS.names() if n not in BASELINES])
+def test_every_algorithm_has_a_search_space_with_original(name):
+    space = load_space(name)
+    assert space.space.names, name
+    assert "original" in space.presets, name
+    params = ALGORITHMS.get(name).Params
+    params.from_mapping(space.presets["original"])
+    assert set(space.space.names) <= set(params.tunable()), name
+
+
+@pytest.mark.parametrize("path", sorted(spaces_dir().glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_space_file_names_a_registered_algorithm(path):
+    assert path.stem in ALGORITHMS
+    load_space(path.stem, path)
