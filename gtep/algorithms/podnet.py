@@ -104,13 +104,19 @@ def nca_loss(logits: Tensor, y: Tensor, margin: float, scale: float) -> Tensor:
     return F.relu(torch.logsumexp(others, dim=1) - scale * (target - margin)).mean()
 
 
+def pool_width_height(fmap: Tensor) -> Tensor:
+    """Squared activations summed along the width and along the height, concatenated, L2-normalised."""
+    squared = fmap.pow(2)
+    pooled = torch.cat([squared.sum(dim=3).flatten(1), squared.sum(dim=2).flatten(1)], dim=1)
+    return F.normalize(pooled, dim=1)
+
+
 def pod_spatial_loss(fmaps: list[Tensor], old_fmaps: list[Tensor]) -> Tensor:
-    """POD-spatial (eq. 2): per stage, squared activations summed over height and over width,
-    concatenated, L2-normalised, and the per-image Euclidean distance averaged; mean over stages."""
+    """POD-spatial (eq. 2): per stage, the Euclidean (Frobenius) distance between the width- and
+    height-pooled maps of the new and old models, averaged over images; then over stages."""
     loss = fmaps[0].new_zeros(())
     for new, old in zip(fmaps, old_fmaps):
-        pooled = [torch.cat([m.pow(2).sum(dim=3).flatten(1), m.pow(2).sum(dim=2).flatten(1)], dim=1) for m in (new, old)]
-        loss = loss + (F.normalize(pooled[0], dim=1) - F.normalize(pooled[1], dim=1)).norm(dim=1).mean()
+        loss = loss + (pool_width_height(new) - pool_width_height(old)).norm(dim=1).mean()
     return loss / len(fmaps)
 
 
