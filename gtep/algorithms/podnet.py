@@ -93,7 +93,7 @@ class PODNetNet(nn.Module):
 
 
 def nca_loss(logits: Tensor, y: Tensor, margin: float, scale: float) -> Tensor:
-    """NCA with margin (PODNet eq. 7): [LSE_{i != y}(s * l_i) - s * (l_y - margin)]_+, averaged.
+    """NCA with margin (PODNet section 3.2): [LSE_{i != y}(s * l_i) - s * (l_y - margin)]_+, averaged.
 
     The margin is subtracted from the true class only, as the paper defines it; PyCIL's nca subtracts it
     from every logit, where it cancels out. The positive is excluded from the denominator, so the hinge
@@ -112,7 +112,7 @@ def pool_width_height(fmap: Tensor) -> Tensor:
 
 
 def pod_spatial_loss(fmaps: list[Tensor], old_fmaps: list[Tensor]) -> Tensor:
-    """POD-spatial (eq. 2): per stage, the Euclidean (Frobenius) distance between the width- and
+    """POD-spatial (PODNet section 3.1): per stage, the Euclidean (Frobenius) distance between the width- and
     height-pooled maps of the new and old models, averaged over images; then over stages."""
     loss = fmaps[0].new_zeros(())
     for new, old in zip(fmaps, old_fmaps):
