@@ -45,7 +45,7 @@ class BEEFParams(CommonParams):
 
 class BeefNet(nn.Module):
     """Backbones (old ones frozen) with the merged head of the old model and, while a task is learnt, the
-    new model's heads on the newest backbone: new classes, backward prototypes, forward (energy) prototypes."""
+    new model's heads on the newest backbone: new classes, backward and forward (energy) prototypes."""
 
     def __init__(self, backbone: str) -> None:
         super().__init__()
@@ -101,16 +101,16 @@ class BeefNet(nn.Module):
         if self.old_head is None:
             merged = new
         else:
-            known, tasks = self.old_head.out_dim, len(self.alpha)
+            known = self.old_head.out_dim
             scale = (1 + self.alpha)[self.class_task]
             merged = LinearHead(self.stack.feature_dim, known + new.out_dim).to(new.weight.device)
             merged.weight.zero_()
             merged.weight[:known, :-d] = self.old_head.weight
             merged.weight[:known, -d:] = self.backward.weight[self.class_task] * scale[:, None]
             merged.weight[known:, -d:] = new.weight
-            merged.bias[:known] = self.old_head.bias + self.backward.bias[self.class_task] * scale + self.beta[self.class_task]
+            merged.bias[:known] = (self.old_head.bias + self.backward.bias[self.class_task] * scale
+                                   + self.beta[self.class_task])
             merged.bias[known:] = new.bias
-            assert tasks == self.backward.out_dim
         self.old_head = freeze(merged)
         self.new_head = self.backward = self.energy_head = None
         self.alpha = nn.Parameter(torch.zeros(0, device=new.weight.device), requires_grad=False)
@@ -154,7 +154,8 @@ class BEEF(IncrementalLearner):
         if self.known == 0:
             return y
         tasks = len(self.net.alpha)
-        return torch.where(y < self.known, self.net.class_task[y.clamp(max=self.known - 1)], y - self.known + tasks)
+        old_task = self.net.class_task[y.clamp(max=self.known - 1)]
+        return torch.where(y < self.known, old_task, y - self.known + tasks)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         # Only the newest backbone matters while expanding: the old ones are frozen and not in this loss.
@@ -191,7 +192,8 @@ class BEEF(IncrementalLearner):
 
     # ---- fusion ----------------------------------------------------------------------------------
     def balanced_set(self, task: TaskData) -> tuple[Tensor, Tensor]:
-        """The memory plus, per new class, as many random samples as an old class keeps (PyCIL's val split)."""
+        """The memory plus, per new class, as many random samples as an old class keeps (PyCIL's val
+        split)."""
         quota = self.memory.per_class(task.known)
         perm = torch.randperm(len(task.y), device=task.y.device)
         order = perm[torch.argsort(task.y[perm], stable=True)]
@@ -216,4 +218,5 @@ class BEEF(IncrementalLearner):
                                      milestones=tuple(steplr_milestones(epochs, self.params.milestone_num)))
         # The newest backbone is frozen but, as in PyCIL, in train mode: its BatchNorm statistics follow
         # the balanced set.
-        fit([net.alpha, net.beta], lambda xb, yb: F.cross_entropy(net(xb)["logits"], yb), x, y, recipe, modules=[net])
+        fit([net.alpha, net.beta], lambda xb, yb: F.cross_entropy(net(xb)["logits"], yb), x, y, recipe,
+            modules=[net])

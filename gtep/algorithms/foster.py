@@ -1,5 +1,6 @@
 """FOSTER (Wang et al., "FOSTER: Feature Boosting and Compression for Class-Incremental Learning", ECCV 2022),
-as PyCIL implements it with the GTEP reference code's additions (lambda_fe, the sampled schedule in both stages).
+as PyCIL implements it with the GTEP reference code's additions (lambda_fe; the sampled schedule in both
+stages).
 
 Task 1 trains one backbone with cross-entropy. Every later task has two stages:
 
@@ -13,9 +14,9 @@ Task 1 trains one backbone with cross-entropy. Every later task has two stages:
   distilled from the boosted model for compression_epochs with the class-balanced KD of beta2 weights. It
   becomes the model, so after every task the model has one backbone's parameters.
 
-PyCIL's FOSTER reports the boosted (two-backbone) teacher's accuracy and builds the memory from it, keeping the
-student only as the start of the next task; here the student is the model after each task (the paper's point:
-a constant model size). PyCIL's options kept at its defaults: no weight aligning of teacher or student
+PyCIL's FOSTER reports the boosted (two-backbone) teacher's accuracy and builds the memory from it, keeping
+the student only as the start of the next task; here the student is the model after each task (the paper's
+point: a constant model size). PyCIL's options kept at its defaults: no weight aligning of teacher or student
 ("is_teacher_wa", "is_student_wa" false) and the old-classes' new-feature weights trained ("oofc": "ft").
 """
 from __future__ import annotations
@@ -27,7 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._expansion import BackboneStack, embed_head, freeze
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, distillation_loss
+from gtep.algorithms.base import (ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData,
+                                  distillation_loss)
 from gtep.models.heads import LinearHead
 from gtep.protocol.sampling import steplr_milestones
 
@@ -104,7 +106,7 @@ class FOSTER(IncrementalLearner):
         return FosterNet(self.backbone_name)
 
     def begin_task(self, task: TaskData) -> None:
-        # No deep copy of the old model: the frozen backbone and head inside the boosted net are the old model.
+        # No deep copy of the old model: the boosted net's frozen backbone and head are the old model.
         self.known, self.total = task.known, task.total
         if task.known == 0:
             self.net.expand(task.total)

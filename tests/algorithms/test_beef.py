@@ -1,0 +1,102 @@
+"""BEEF: expansion adds a backbone beside the frozen old ones and trains with a non-zero energy term, fusion
+trains only the per-task logit alignments and folds both classifiers into one head; a NaN ends the ordering
+as diverged; the result keeps more of the old classes than fine-tuning."""
+import pytest
+import torch
+
+from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
+from gtep.algorithms._expansion import parameter_count
+from gtep.engine.loop import Trainer
+from gtep.models import create_backbone
+from gtep.spaces import load_space
+from tests.helpers import run_small
+
+QUICK = {"epochs": 4}
+HPARAMS = {"fusion_epochs": 4}
+
+
+def tiny_task(index: int, known: int, total: int, per_class: int = 6) -> TaskData:
+    g = torch.Generator().manual_seed(index)
+    y = torch.arange(known, total).repeat_interleave(per_class)
+    recipe = FitRecipe(epochs=1, lr=0.01, batch_size=8, weight_decay=5e-4, scheduler="constant",
+                       milestones=(), lr_decay=0.1)
+    return TaskData(index, known, total, torch.randn(len(y), 3, 32, 32, generator=g), y, recipe)
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def same_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(v, state[k]) for k, v in module.state_dict().items())
+
+
+def test_expansion_adds_a_frozen_backbone_and_fusion_folds_the_heads():
+    params = ALGORITHMS.get("beef").Params(fusion_epochs=2)
+    learner = ALGORITHMS.get("beef")(params, "resnet8", 8, torch.device("cpu"))
+    trainer = Trainer(torch.device("cpu"), seed=0, augment=False)
+    fits, energies = [], []
+    energy_loss = learner.energy_loss
+    learner.energy_loss = lambda *a: energies.append(energy_loss(*a)) or energies[-1]
+
+    def fit(parameters, loss_fn, x, y, recipe, **kw):
+        parameters = list(parameters)
+        fits.append(([p for p in parameters if p.requires_grad], recipe, len(energies)))
+        trainer.fit(parameters, loss_fn, x, y, recipe, **kw)
+
+    first = tiny_task(0, 0, 2)
+    learner.begin_task(first), learner.learn_task(first, fit), learner.end_task(first)
+    second = tiny_task(1, 2, 4)
+    learner.begin_task(second)
+    net = learner.net
+    old, new = net.stack.backbones
+    assert not any(p.requires_grad for p in old.parameters())
+    assert all(p.requires_grad for p in new.parameters())
+    assert same_state(new, snapshot(old))  # initialised from the first backbone
+    before, energies[:] = snapshot(old), []
+    learner.learn_task(second, fit)
+
+    (_, _, n0), (expand_params, _, n1), (fusion_params, fusion_recipe, n2) = fits
+    assert n1 == 0 and n2 > 0 and len(energies) == n2  # the energy term is computed in expansion only
+    assert all(torch.isfinite(e) and e > 0 for e in energies)
+    assert not any(p is q for p in expand_params for q in old.parameters())
+    assert fusion_params == [net.alpha, net.beta] and fusion_recipe.lr == params.fusion_lr
+    assert same_state(old, before)  # the old backbone never moved, BatchNorm statistics included
+    assert net.alpha.abs().sum() > 0 and net.beta.abs().sum() > 0  # fusion learnt the alignments
+
+    net.eval()
+    with torch.no_grad():
+        fused = net(second.x)["logits"]
+        learner.end_task(second)
+        merged = net(second.x)["logits"]
+    assert torch.allclose(fused, merged, atol=1e-5)  # one linear head reproduces the bi-compatible logits
+    assert net.new_head is None and net.old_head.weight.shape == (4, 2 * net.stack.out_dim)
+    one_backbone = parameter_count(create_backbone("resnet8"))
+    assert learner.parameter_counts()[0] == 2 * one_backbone + 4 * (2 * net.stack.out_dim + 1)
+
+
+def test_nan_loss_ends_the_ordering_as_diverged():
+    out = run_small("beef", {"energy_weight": 1e30, "fusion_epochs": 1}, epochs=2)
+    assert out.status == "diverged" and "non-finite" in out.message
+    assert out.metrics == {}
+
+
+@pytest.fixture(scope="module")
+def finetune():
+    return run_small("finetune", **QUICK)
+
+
+def test_keeps_more_old_classes_than_finetuning(finetune):
+    out = run_small("beef", HPARAMS, **QUICK)
+    assert out.status == "finished"
+    assert out.metrics["old_acc"] > finetune.metrics["old_acc"] + 0.3
+    assert out.metrics["acc"] > finetune.metrics["acc"]
+    assert out.params_total > 2 * finetune.params_total  # one backbone per task, as PyCIL's BEEF-Iso
+
+
+def test_search_space_and_original_preset():
+    space = load_space("beef")
+    assert {"fusion_epochs", "energy_weight", "logits_alignment"} <= set(space.space.names)
+    params = ALGORITHMS.get("beef").Params.from_mapping(space.presets["original"])
+    values = (params.epochs, params.fusion_epochs, params.energy_weight, params.logits_alignment)
+    assert values == (170, 60, 0.01, 1.7)
