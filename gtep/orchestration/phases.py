@@ -70,7 +70,7 @@ def ray_session(address: str | None) -> Iterator[None]:
     A local Ray keeps its default token authentication (Ray >= 2.5x), which guards its ports; tests and CI
     set RAY_AUTH_MODE=disabled as ../shared/INSTALL.md advises."""
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # trials keep the driver's working directory
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # MLflow is the record; no CSV/TensorBoard copies
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # JSON/CSV are added explicitly, no TensorBoard
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the terminal shows only gtep's progress
     started = False
     if not ray.is_initialized():
@@ -137,6 +137,13 @@ def trainable_for(resolved: ResolvedExperiment, phase: str):
     # with_parameters puts the decoded arrays in Ray's object store once; trials on a node share them
     trainable = tune.with_parameters(train_set, phase_data=data, job=job_spec(resolved, phase))
     return tune.with_resources(trainable, {"cpu": compute.cpus_per_trial, "gpu": compute.gpus_per_trial})
+
+
+def ray_loggers() -> list[tune.Callback]:
+    """Ray's own per-trial result files (result.json, progress.csv); MLflow remains the record."""
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    return [JsonLoggerCallback(), CSVLoggerCallback()]
 
 
 def progress_bar(console: Console) -> Progress:
@@ -243,7 +250,7 @@ def tune_phase(resolved: ResolvedExperiment, console: Console) -> PhaseOutcome:
             tune_config=tune.TuneConfig(num_samples=num_samples, search_alg=search_alg,
                                         max_concurrent_trials=cfg.compute.max_concurrent),
             run_config=tune.RunConfig(name="tune", storage_path=str(paths.ray_storage), verbose=0,
-                                      callbacks=[writer, ProgressCallback(progress, bar)],
+                                      callbacks=[writer, ProgressCallback(progress, bar), *ray_loggers()],
                                       failure_config=tune.FailureConfig(max_failures=0)),
         )
         tuner.fit()
@@ -322,7 +329,7 @@ def evaluate_phase(resolved: ResolvedExperiment, best: dict[str, Any], console: 
                          "orderings": tune.grid_search([[s] for s in range(S)])},
             tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=cfg.compute.max_concurrent),
             run_config=tune.RunConfig(name="evaluate", storage_path=str(paths.ray_storage), verbose=0,
-                                      callbacks=[writer, ProgressCallback(progress, bar)],
+                                      callbacks=[writer, ProgressCallback(progress, bar), *ray_loggers()],
                                       failure_config=tune.FailureConfig(max_failures=0)),
         )
         tuner.fit()
