@@ -34,6 +34,7 @@ OrderingsOpt = typer.Option(None, "--orderings", help="S: class orderings")
 SeedOpt = typer.Option(None, "--seed", help="the study seed (orderings, samples, initialisation)")
 AlgorithmOpt = typer.Option(None, "--algorithm", help="override the config's algorithm (gtep algorithms)")
 ConcurrentOpt = typer.Option(None, "--max-concurrent", help="trials running at once")
+StudyOpt = typer.Option(None, "--study", help="override the study name (its folder and MLflow experiment)")
 
 
 def fail(message: str) -> None:
@@ -48,7 +49,8 @@ def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any
     mapped = {"tracking.output": overrides.get("output"), "tracking.tracking_uri": overrides.get("tracking_uri"),
               "compute.ray_address": overrides.get("address"), "search.trials": overrides.get("trials"),
               "search.orderings": overrides.get("orderings"), "seed": overrides.get("seed"),
-              "algorithm": overrides.get("algorithm"), "compute.max_concurrent": overrides.get("max_concurrent")}
+              "algorithm": overrides.get("algorithm"), "compute.max_concurrent": overrides.get("max_concurrent"),
+              "study": overrides.get("study")}
     for field, value in (("--trials", overrides.get("trials")), ("--orderings", overrides.get("orderings"))):
         if value is not None and value < 1:
             raise ConfigError(field, f"must be >= 1, got {value}")
@@ -126,13 +128,14 @@ def _print_store(resolved: ResolvedExperiment) -> None:
 def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
          tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
          orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
-         max_concurrent: Optional[int] = ConcurrentOpt) -> None:
+         max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt) -> None:
     """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml)."""
     def go():
         from gtep.orchestration.phases import ray_session, tune_phase
 
         resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address, trials=trials,
-                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent)
+                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
+                           study=study)
         with ray_session(resolved.config.compute.ray_address):
             outcome = tune_phase(resolved, console)
         _print_tune(outcome, resolved)
@@ -147,26 +150,28 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
              hparams: Optional[str] = typer.Option(None, "--hparams", help="a named preset instead of H* (e.g. original)"),
              output: Optional[Path] = OutputOpt, tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt,
              orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt,
-             algorithm: Optional[str] = AlgorithmOpt, max_concurrent: Optional[int] = ConcurrentOpt) -> None:
+             algorithm: Optional[str] = AlgorithmOpt, max_concurrent: Optional[int] = ConcurrentOpt,
+             study: Optional[str] = StudyOpt) -> None:
     """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std."""
     def go():
         from gtep.orchestration.phases import best_from_run, evaluate_phase, ray_session
         from gtep.report.tables import phase_summary
 
         resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address,
-                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent)
+                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
+                           study=study)
         chosen = load_best_file(resolved, best, tuning_run, hparams)
-        if chosen is None and not tuning_run:
+        if tuning_run:
+            chosen = best_from_run(resolved, tuning_run)
+            if chosen["algorithm"] != resolved.config.algorithm:
+                raise ConfigError("--tuning-run", f"run {tuning_run} tuned {chosen['algorithm']!r}, "
+                                  f"not {resolved.config.algorithm!r}; pass --algorithm {chosen['algorithm']}")
+        if chosen is None:
             default = resolved.config.study_dir / "best.yaml"
             if not default.exists():
                 raise ConfigError("--best", f"no H* given and {default} does not exist; run gtep tune first, "
                                   "or pass --best, --tuning-run or --hparams")
             chosen = load_best_file(resolved, default, None, None)
-        if tuning_run:
-            chosen = best_from_run(resolved, tuning_run)
-            load_best_file(resolved, None, None, None)
-            if chosen["algorithm"] != resolved.config.algorithm:
-                raise ConfigError("--tuning-run", f"run {tuning_run} tuned {chosen['algorithm']!r}, not {resolved.config.algorithm!r}")
         with ray_session(resolved.config.compute.ray_address):
             outcome = evaluate_phase(resolved, chosen, console)
         console.print(phase_summary(outcome.summary, resolved.evaluation.dataset, "Evaluation phase"))
@@ -178,7 +183,7 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
 def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
         tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
-        max_concurrent: Optional[int] = ConcurrentOpt) -> None:
+        max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt) -> None:
     """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side. No options: the embedded default."""
     def go():
         from gtep.orchestration.phases import evaluate_phase, ray_session, tune_phase
@@ -187,7 +192,8 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
 
         start = time.perf_counter()
         resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address, trials=trials,
-                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent)
+                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
+                           study=study)
         cfg = resolved.config
         console.print(f"[bold]gtep run[/] study={cfg.study} algorithm={cfg.algorithm} backbone={cfg.backbone} "
                       f"scenario={cfg.scenario.increments} R={cfg.search.trials} S={cfg.search.orderings}")

@@ -86,6 +86,9 @@ class Trainer:
                 loss.backward()
                 optimizer.step()
                 epoch_loss = epoch_loss + loss.detach()
-            if not bool(torch.isfinite(epoch_loss)):
-                raise DivergedError(f"non-finite training loss in epoch {epoch + 1}")
+            # One host sync per epoch. The weights are checked too: the last step of an epoch (or the only
+            # one, on a small task) can blow them up after a finite loss.
+            weights = torch.stack([p.detach().float().abs().sum() for p in params]).sum()
+            if not bool(torch.isfinite(epoch_loss + weights)):
+                raise DivergedError(f"non-finite training loss or weights in epoch {epoch + 1}")
             scheduler.step()

@@ -293,15 +293,22 @@ def tune_phase(resolved: ResolvedExperiment, console: Console) -> PhaseOutcome:
 # ---------------------------------------------------------------- phase 2: evaluation
 
 def best_from_run(resolved: ResolvedExperiment, tuning_run_id: str) -> dict[str, Any]:
-    """H* from the best.yaml artifact of a tuning phase run in the tracking store."""
-    client = MlflowClient(tracking_uri=resolved.config.tracking_uri)
-    try:
-        client.get_run(tuning_run_id)
-        local = client.download_artifacts(tuning_run_id, "best.yaml", str(resolved.config.study_dir.resolve()))
-    except Exception as err:  # noqa: BLE001 - MLflow raises several types for a missing run or artifact
-        raise ConfigError("--tuning-run", f"cannot read best.yaml of run {tuning_run_id} in "
-                          f"{resolved.config.tracking_uri} ({err.__class__.__name__}); check the run id") from None
-    return read_best(Path(local))
+    """H* from the best.yaml artifact of a tuning phase run in the tracking store (nothing is written)."""
+    import tempfile
+
+    uri = resolved.config.tracking_uri
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        raise ConfigError("--tuning-run", f"there is no MLflow store at {uri}; pass --output or --tracking-uri "
+                          "of the study that ran gtep tune")
+    client = MlflowClient(tracking_uri=uri)
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            client.get_run(tuning_run_id)
+            local = client.download_artifacts(tuning_run_id, "best.yaml", scratch)
+        except Exception as err:  # noqa: BLE001 - MLflow raises several types for a missing run or artifact
+            raise ConfigError("--tuning-run", f"cannot read best.yaml of run {tuning_run_id} in {uri} "
+                              f"({err.__class__.__name__}); give the run id of a tuning phase run") from None
+        return read_best(Path(local))
 
 
 def evaluate_phase(resolved: ResolvedExperiment, best: dict[str, Any], console: Console) -> PhaseOutcome:
