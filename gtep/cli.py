@@ -35,6 +35,8 @@ SeedOpt = typer.Option(None, "--seed", help="the study seed (orderings, samples,
 AlgorithmOpt = typer.Option(None, "--algorithm", help="override the config's algorithm (gtep algorithms)")
 ConcurrentOpt = typer.Option(None, "--max-concurrent", help="trials running at once")
 StudyOpt = typer.Option(None, "--study", help="override the study name (its folder and MLflow experiment)")
+BackboneOpt = typer.Option(None, "--backbone", help="override the backbone (resnet32, resnet18, any timm ViT...)")
+WeightsOpt = typer.Option(None, "--weights", help="pretrained ViT weights: safetensors or a state dict (gtep pretrain)")
 
 
 def fail(message: str) -> None:
@@ -50,7 +52,8 @@ def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any
               "compute.ray_address": overrides.get("address"), "search.trials": overrides.get("trials"),
               "search.orderings": overrides.get("orderings"), "seed": overrides.get("seed"),
               "algorithm": overrides.get("algorithm"), "compute.max_concurrent": overrides.get("max_concurrent"),
-              "study": overrides.get("study")}
+              "study": overrides.get("study"), "backbone": overrides.get("backbone"),
+              "weights": overrides.get("weights")}
     for field, value in (("--trials", overrides.get("trials")), ("--orderings", overrides.get("orderings"))):
         if value is not None and value < 1:
             raise ConfigError(field, f"must be >= 1, got {value}")
@@ -128,14 +131,15 @@ def _print_store(resolved: ResolvedExperiment) -> None:
 def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
          tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
          orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
-         max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt) -> None:
+         max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
+         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt) -> None:
     """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml)."""
     def go():
         from gtep.orchestration.phases import ray_session, tune_phase
 
         resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address, trials=trials,
                            orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
-                           study=study)
+                           study=study, backbone=backbone, weights=weights)
         with ray_session(resolved.config.compute.ray_address):
             outcome = tune_phase(resolved, console)
         _print_tune(outcome, resolved)
@@ -151,7 +155,8 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
              output: Optional[Path] = OutputOpt, tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt,
              orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt,
              algorithm: Optional[str] = AlgorithmOpt, max_concurrent: Optional[int] = ConcurrentOpt,
-             study: Optional[str] = StudyOpt) -> None:
+             study: Optional[str] = StudyOpt,
+         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt) -> None:
     """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std."""
     def go():
         from gtep.orchestration.phases import best_from_run, evaluate_phase, ray_session
@@ -159,7 +164,7 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
 
         resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address,
                            orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
-                           study=study)
+                           study=study, backbone=backbone, weights=weights)
         chosen = load_best_file(resolved, best, tuning_run, hparams)
         if tuning_run:
             chosen = best_from_run(resolved, tuning_run)
@@ -183,7 +188,8 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
 def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
         tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
-        max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt) -> None:
+        max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
+         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt) -> None:
     """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side. No options: the embedded default."""
     def go():
         from gtep.orchestration.phases import evaluate_phase, ray_session, tune_phase
@@ -193,7 +199,7 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         start = time.perf_counter()
         resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address, trials=trials,
                            orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
-                           study=study)
+                           study=study, backbone=backbone, weights=weights)
         cfg = resolved.config
         console.print(f"[bold]gtep run[/] study={cfg.study} algorithm={cfg.algorithm} backbone={cfg.backbone} "
                       f"scenario={cfg.scenario.increments} R={cfg.search.trials} S={cfg.search.orderings}")
@@ -206,6 +212,70 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         console.print(f"study folder: {tuned.paths.root}  (best.yaml, manifest.json, *_results.csv)")
         _print_store(resolved)
         console.print(f"wall time: {time.perf_counter() - start:.0f} s")
+    _run_guarded(go)
+
+
+def parse_classes(text: str) -> list[int]:
+    """'0-99', '0,5,7' or '@file' (ids separated by commas, spaces or newlines)."""
+    if text.startswith("@"):
+        path = Path(text[1:])
+        if not path.exists():
+            raise ConfigError("--classes", f"{path} does not exist")
+        text = path.read_text().replace("\n", ",").replace(" ", ",")
+    ids: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            if "-" in part:
+                low, high = part.split("-")
+                ids += list(range(int(low), int(high) + 1))
+            else:
+                ids.append(int(part))
+        except ValueError:
+            raise ConfigError("--classes", f"cannot read {part!r}; write e.g. 0-99 or 0,5,7 or @file") from None
+    if not ids:
+        raise ConfigError("--classes", "no classes given")
+    return ids
+
+
+@app.command()
+def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:../shared/data/tinyimagenet200_32.npz"),
+             classes: str = typer.Option(..., "--classes", help="classes to pretrain on, kept out of both phases: 100-199"),
+             backbone: str = typer.Option("vit_micro_patch4_32", "--backbone", help="a timm ViT name"),
+             out: Path = typer.Option(..., "--out", help="the .safetensors file to write"),
+             epochs: int = typer.Option(30, "--epochs", min=1), lr: float = typer.Option(1e-3, "--lr"),
+             batch_size: int = typer.Option(64, "--batch-size", min=1), seed: int = typer.Option(0, "--seed"),
+             device: str = typer.Option("auto", "--device"), threads: int = typer.Option(0, "--threads", help="0: torch default")) -> None:
+    """Train a ViT backbone on held-out classes and save it as pretrained weights (no downloads needed)."""
+    def go():
+        import torch
+        from rich.progress import Progress
+
+        from gtep.data import DatasetError, resolve_dataset
+        from gtep.engine.pretrain import PretrainSpec, pretrain as run_pretrain
+        from gtep.models.vit import is_vit
+
+        if not is_vit(backbone):
+            raise ConfigError("--backbone", f"{backbone!r} is not a ViT; use vit_micro_patch4_32 or a timm ViT name")
+        if out.suffix != ".safetensors":
+            raise ConfigError("--out", f"{out} should end in .safetensors")
+        ids = parse_classes(classes)
+        try:
+            source = resolve_dataset(dataset)
+            names = source.class_names
+        except DatasetError as err:
+            raise ConfigError("--dataset", str(err)) from None
+        bad = [c for c in ids if not 0 <= c < len(names)]
+        if bad:
+            raise ConfigError("--classes", f"ids {bad[:5]} are outside 0..{len(names) - 1}")
+        if threads:
+            torch.set_num_threads(threads)
+        spec = PretrainSpec(backbone, tuple(ids), epochs, lr, batch_size, seed=seed, device=device)
+        with Progress(console=console) as progress:
+            bar = progress.add_task(f"pretrain {backbone} on {len(ids)} classes", total=epochs)
+            result = run_pretrain(spec, source.load(), source.name, out, on_epoch=lambda e: progress.advance(bar))
+        console.print(f"wrote {out}: {result.parameters:,} parameters, train acc {100 * result.train_accuracy:.1f}%, "
+                      f"test acc {100 * result.test_accuracy:.1f}% on the {len(ids)} pretraining classes, "
+                      f"{result.seconds:.0f} s")
     _run_guarded(go)
 
 

@@ -121,6 +121,7 @@ class ExperimentConfig(_Strict):
     study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     algorithm: str
     backbone: str = "resnet32"
+    weights: Path | None = None  # pretrained ViT weights (safetensors or a state dict); see gtep pretrain
     scenario: ScenarioSpec
     datasets: DatasetsSpec
     search: SearchSpec = SearchSpec()
@@ -309,18 +310,49 @@ def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
     return phases[0], phases[1]
 
 
+def _check_weights(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -> None:
+    """Weights must exist, fit a ViT, and not have been pretrained on a class either phase uses."""
+    from gtep.data import resolve_dataset
+    from gtep.models.vit import is_vit, weights_metadata
+
+    if cfg.weights is None:
+        return
+    if not is_vit(cfg.backbone):
+        raise ConfigError("weights", f"pretrained weights apply to ViT backbones, not {cfg.backbone!r}; drop --weights")
+    if not Path(cfg.weights).exists():
+        raise ConfigError("weights", f"{cfg.weights} does not exist; train one with gtep pretrain or fix the path")
+    meta = weights_metadata(Path(cfg.weights))
+    if meta.get("gtep.backbone") and meta["gtep.backbone"] != cfg.backbone:
+        raise ConfigError("weights", f"{cfg.weights} holds {meta['gtep.backbone']}, not {cfg.backbone}; match --backbone")
+    if "gtep.dataset" in meta and "gtep.classes" in meta:
+        pretrained = {int(c) for c in meta["gtep.classes"].split(",") if c}
+        identity = resolve_dataset(meta["gtep.dataset"]).identity
+        for phase in phases:
+            if resolve_dataset(phase.dataset).identity == identity and pretrained & set(phase.classes):
+                shared = sorted(pretrained & set(phase.classes))
+                raise ConfigError("weights", f"{cfg.weights} was pretrained on {len(shared)} classes the {phase.phase} "
+                                  f"phase uses (e.g. {shared[:5]}); pretrain on classes kept out of both phases")
+
+
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     """Check every name and constraint; touches only metadata, never trains or writes anything."""
     from gtep.algorithms import ALGORITHMS
-    from gtep.models import BACKBONES
+    from gtep.models import BACKBONES, backbone_exists
     from gtep.spaces import SearchSpaceError, default_space_file, load_space
 
     if cfg.algorithm not in ALGORITHMS:
         raise ConfigError("algorithm", f"unknown algorithm {cfg.algorithm!r}; choose from {ALGORITHMS.names()} (gtep algorithms)")
-    if cfg.backbone not in BACKBONES:
-        raise ConfigError("backbone", f"unknown backbone {cfg.backbone!r}; choose from {BACKBONES.names()}")
+    if not backbone_exists(cfg.backbone):
+        raise ConfigError("backbone", f"unknown backbone {cfg.backbone!r}; choose from {BACKBONES.names()}, "
+                          "vit_micro_patch4_32, vit_mini_patch4_32 or any timm ViT name")
+    from gtep.models.vit import is_vit
+
+    if ALGORITHMS.get(cfg.algorithm).uses_pretrained and not is_vit(cfg.backbone):
+        raise ConfigError("backbone", f"{cfg.algorithm} works on a pretrained ViT, not {cfg.backbone!r}; "
+                          "pass --backbone vit_... --weights FILE (gtep pretrain makes one)")
     increments = tuple(cfg.scenario.increment_list)
     tuning, evaluation = _phase_classes(cfg)
+    _check_weights(cfg, (tuning, evaluation))
     for phase in (tuning, evaluation):
         if sum(increments) != len(phase.classes):
             field = "datasets.split" if cfg.datasets.split else f"datasets.{'tuning' if phase.phase == 'tune' else 'evaluation'}"

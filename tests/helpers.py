@@ -26,3 +26,32 @@ def run_small(algorithm: str, hparams: dict[str, Any] | None = None, *, dataset:
     job = OrderingJob(algorithm, h, backbone, tuple(increments), classes, seed=seed, ordering=ordering,
                       memory_size=memory_size, first_task=FirstTaskSpec(epochs=epochs, milestones=(epochs // 2,)))
     return run_ordering(job, data, on_task_end=on_task_end)
+
+
+VIT = "vit_micro_patch4_32"
+VIT_DATASET = "synthetic:classes=20,train=40,test=20,size=32,noise=110"
+
+
+@lru_cache(maxsize=1)
+def pretrained_vit(epochs: int = 6) -> str:
+    """A small ViT pretrained on synthetic classes 10-19, kept out of the CL classes 0-9 of run_small_vit."""
+    import tempfile
+    from pathlib import Path
+
+    from gtep.engine.pretrain import PretrainSpec, pretrain
+
+    out = Path(tempfile.mkdtemp(prefix="gtep-vit-")) / "vit.safetensors"
+    pretrain(PretrainSpec(VIT, tuple(range(10, 20)), epochs=epochs, lr=2e-3, batch_size=32, device="cpu"),
+             load(VIT_DATASET), VIT_DATASET, out)
+    return str(out)
+
+
+def run_small_vit(algorithm: str, hparams: dict[str, Any] | None = None, *, epochs: int = 3,
+                  increments: tuple[int, ...] = (4, 3, 3), seed: int = 0, ordering: int = 0,
+                  on_task_end=None) -> OrderingOutcome:
+    """One ordering over classes 0-9 with the pretrained small ViT; hparams override a quick recipe."""
+    h = {"epochs": epochs, "lr": 0.01, "batch_size": 16, "scheduler": "cosine", "optimizer": "sgd", "weight_decay": 0.0}
+    h.update(hparams or {})
+    job = OrderingJob(algorithm, h, VIT, tuple(increments), tuple(range(sum(increments))), seed=seed,
+                      ordering=ordering, memory_size=0, weights=pretrained_vit(), device="cpu")
+    return run_ordering(job, load(VIT_DATASET), on_task_end=on_task_end)

@@ -9,7 +9,7 @@ from gtep.algorithms import ALGORITHMS
 from gtep.spaces import load_space, spaces_dir
 
 PACKAGE = Path(gtep.__file__).parent
-BASELINES = {"finetune"}  # reference learners without a search space of their own
+BASELINES = {"finetune", "simplecil"}  # reference learners without a search space of their own
 
 
 def imports_of(path: Path) -> set[str]:

@@ -111,10 +111,16 @@ class IncrementalLearner:
 
     Params: ClassVar[type[CommonParams]] = CommonParams
     uses_memory: ClassVar[bool] = True
+    # ResNet methods train task 1 with the paper's fixed recipe (Table 3); the pretrained-model methods of
+    # section 4.2 (PILOT) train every task with the sampled hyperparameters.
+    fixed_first_task: ClassVar[bool] = True
+    uses_pretrained: ClassVar[bool] = False  # True for the ViT methods: they need --weights and a ViT backbone
 
-    def __init__(self, params: CommonParams, backbone: str, memory_size: int, device: torch.device) -> None:
+    def __init__(self, params: CommonParams, backbone: str, memory_size: int, device: torch.device,
+                 weights: str | None = None) -> None:
         self.params = params
         self.backbone_name = backbone
+        self.weights = weights
         self.device = device
         self.memory = ExemplarMemory(memory_size if self.uses_memory else 0)
         self.net: nn.Module = self.build_network().to(device)
@@ -124,7 +130,7 @@ class IncrementalLearner:
 
     # ---- construction ------------------------------------------------------------------------
     def new_backbone(self) -> nn.Module:
-        return create_backbone(self.backbone_name)
+        return create_backbone(self.backbone_name, self.weights)
 
     def build_network(self) -> nn.Module:
         return IncrementalNet(self.new_backbone())

@@ -62,7 +62,7 @@ class Trainer:
 
     def fit(self, parameters: Iterable[nn.Parameter], loss_fn: Callable[[Tensor, Tensor], Tensor],
             x: Tensor, y: Tensor, recipe: FitRecipe, *, augment: bool = True,
-            modules: Iterable[nn.Module] = ()) -> None:
+            modules: Iterable[nn.Module] = (), on_epoch: Callable[[int], None] | None = None) -> None:
         params = [p for p in parameters if p.requires_grad]
         if not params or len(x) == 0 or recipe.epochs < 1:
             return
@@ -92,3 +92,5 @@ class Trainer:
             if not bool(torch.isfinite(epoch_loss + weights)):
                 raise DivergedError(f"non-finite training loss or weights in epoch {epoch + 1}")
             scheduler.step()
+            if on_epoch is not None:
+                on_epoch(epoch)

@@ -49,6 +49,7 @@ class OrderingJob:
     epoch_scale: float = 1.0
     augment: bool = True
     device: str = "auto"
+    weights: str | None = None  # a local pretrained-weights file for ViT backbones
 
 
 @dataclass
@@ -74,9 +75,10 @@ def _scaled(epochs: int, scale: float) -> int:
     return max(1, round(epochs * scale))
 
 
-def task_recipe(index: int, params: CommonParams, first: FirstTaskSpec, scale: float) -> FitRecipe:
-    """Task 1 uses Table 3; later tasks the sampled set, with milestones from the paper's rule."""
-    if index == 0:
+def task_recipe(index: int, params: CommonParams, first: FirstTaskSpec, scale: float,
+                fixed_first_task: bool = True) -> FitRecipe:
+    """Task 1 uses Table 3 (ResNet methods); later tasks the sampled set, with milestones from the paper's rule."""
+    if index == 0 and fixed_first_task:
         epochs = _scaled(first.epochs, scale)
         scheduler = params.scheduler if first.scheduler == "sampled" else first.scheduler
         milestones = tuple(sorted({max(1, round(m * scale)) for m in first.milestones}))
@@ -122,7 +124,7 @@ def run_ordering(job: OrderingJob, data: ImageSet,
 
     algorithm = ALGORITHMS.get(job.algorithm)
     params = algorithm.Params.from_mapping(job.hparams)
-    learner = algorithm(params, job.backbone, job.memory_size, device)
+    learner = algorithm(params, job.backbone, job.memory_size, device, job.weights)
     trainer = Trainer(device, run_seed, job.augment)
 
     train_pixels = data.x_train[np.isin(data.y_train, order)].reshape(-1, 3).astype(np.float32) / 255
@@ -141,7 +143,7 @@ def run_ordering(job: OrderingJob, data: ImageSet,
             index=task.index, known=len(task.old_classes), total=len(task.seen_classes),
             x=to_tensor(data.x_train[train_mask], mean, std, device),
             y=torch.from_numpy(label_map[data.y_train[train_mask]]).to(device),
-            recipe=task_recipe(task.index, params, job.first_task, job.epoch_scale),
+            recipe=task_recipe(task.index, params, job.first_task, job.epoch_scale, algorithm.fixed_first_task),
             epoch_scale=job.epoch_scale,
         )
         try:

@@ -1,5 +1,5 @@
 """Backbones, incremental heads and local weight loading."""
-from gtep.models.backbones import BACKBONES, create_backbone
+from gtep.models.backbones import BACKBONES, backbone_exists, create_backbone
 from gtep.models.heads import IncrementalNet, LinearHead
 
-__all__ = ["BACKBONES", "create_backbone", "IncrementalNet", "LinearHead"]
+__all__ = ["BACKBONES", "backbone_exists", "create_backbone", "IncrementalNet", "LinearHead"]

@@ -16,8 +16,28 @@ from gtep.registry import Registry
 BACKBONES: Registry[Callable[..., nn.Module]] = Registry("backbone")
 
 
-def create_backbone(name: str, **kwargs) -> nn.Module:
-    return BACKBONES.get(name)(**kwargs)
+def create_backbone(name: str, weights: str | None = None) -> nn.Module:
+    """A registered backbone, or any timm ViT by name (wrapped so prompts and adapters can be passed in).
+    Local weights are supported for ViTs, the pretrained-model setting of the paper (section 4.2)."""
+    from gtep.models.vit import PromptableViT, create_timm_vit, is_vit
+
+    if is_vit(name):
+        return PromptableViT(create_timm_vit(name, weights))
+    if weights:
+        raise ValueError(f"backbone {name!r} trains from scratch in the paper's setting; weights apply to ViTs only")
+    return BACKBONES.get(name)()
+
+
+def backbone_exists(name: str) -> bool:
+    from gtep.models.vit import SMALL_VITS, is_vit
+
+    if name in BACKBONES or name in SMALL_VITS:
+        return True
+    if is_vit(name):
+        import timm
+
+        return bool(timm.is_model(name))
+    return False
 
 
 class _BasicBlock(nn.Module):

@@ -119,6 +119,7 @@ def job_spec(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
         "first_task": {**cfg.first_task.model_dump(), "milestones": tuple(cfg.first_task.milestones)},
         "epoch_scale": cfg.training.epoch_scale, "augment": cfg.training.augment, "device": device,
         "threads": max(1, int(cfg.compute.cpus_per_trial)),
+        "weights": str(Path(cfg.weights).resolve()) if cfg.weights else None,
     }
 
 
@@ -127,7 +128,8 @@ def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
     spec = resolved.phase(phase)
     return {"gtep.algorithm": cfg.algorithm, "gtep.backbone": cfg.backbone, "gtep.dataset": spec.dataset,
             "gtep.increments": "+".join(map(str, resolved.increments)), "gtep.seed": cfg.seed,
-            "gtep.memory_size": cfg.training.memory_size, "gtep.epoch_scale": cfg.training.epoch_scale}
+            "gtep.memory_size": cfg.training.memory_size, "gtep.epoch_scale": cfg.training.epoch_scale,
+            "gtep.weights": str(cfg.weights) if cfg.weights else ""}
 
 
 def trainable_for(resolved: ResolvedExperiment, phase: str):

@@ -34,7 +34,7 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any])
             algorithm=job["algorithm"], hparams=dict(unit["hparams"]), backbone=job["backbone"],
             increments=tuple(job["increments"]), classes=tuple(job["classes"]), seed=job["seed"], ordering=int(s),
             memory_size=job["memory_size"], first_task=FirstTaskSpec(**job["first_task"]),
-            epoch_scale=job["epoch_scale"], augment=job["augment"], device=job["device"],
+            epoch_scale=job["epoch_scale"], augment=job["augment"], device=job["device"], weights=job.get("weights"),
         )
         outcome = run_ordering(spec, phase_data)
         record = {"status": outcome.status, **{k: v for k, v in outcome.metrics.items()}}

@@ -1,0 +1,59 @@
+"""SimpleCIL (Zhou et al., "Revisiting Class-Incremental Learning with Pre-Trained Models", 2023): the
+frozen pretrained backbone with a nearest-class-mean (prototype, cosine) classifier and no training.
+
+It is the baseline the pretrained-model methods must beat: anything they learn on top of the frozen
+features has to help more than it costs. Each training image is encoded once, when its task arrives."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
+
+
+class PrototypeNet(nn.Module):
+    """A backbone and one prototype (mean feature) per class, compared by cosine similarity."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.register_buffer("prototypes", torch.empty(0, backbone.out_dim))
+
+    def expand(self, total: int) -> None:
+        if total > len(self.prototypes):
+            extra = torch.zeros(total - len(self.prototypes), self.prototypes.shape[1], device=self.prototypes.device)
+            self.prototypes = torch.cat([self.prototypes, extra])
+
+    def forward(self, x: Tensor) -> dict[str, Tensor]:
+        out = self.backbone(x)
+        out["logits"] = F.normalize(out["features"], dim=1) @ F.normalize(self.prototypes, dim=1).t()
+        return out
+
+
+def class_means(features: Tensor, labels: Tensor, classes: list[int]) -> Tensor:
+    """Mean feature of each class, in the order given (one pass over the features, no per-sample loop)."""
+    index = torch.as_tensor(classes, device=labels.device)
+    onehot = (labels[:, None] == index[None, :]).float()
+    return (onehot.t() @ features) / onehot.sum(0).clamp(min=1)[:, None]
+
+
+@ALGORITHMS.register("simplecil")
+class SimpleCIL(IncrementalLearner):
+    """SimpleCIL (Zhou et al. 2023): frozen pretrained features and class-mean prototypes, no training."""
+
+    Params = CommonParams
+    uses_memory = False
+    fixed_first_task = False
+    uses_pretrained = True
+
+    def build_network(self) -> nn.Module:
+        net = PrototypeNet(self.new_backbone())
+        for p in net.backbone.parameters():
+            p.requires_grad_(False)
+        return net
+
+    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+        self.net.eval()
+        feats = self.batched(self.features, self.params.batch_size)(task.x)
+        self.net.prototypes[task.known:task.total] = class_means(feats, task.y, task.new_classes)
