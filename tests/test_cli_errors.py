@@ -131,3 +131,32 @@ def test_listing_commands():
     assert "lambda_aux" in runner.invoke(app, ["spaces", "icarl"]).output
     assert "cifar50-6tasks" in runner.invoke(app, ["presets"]).output
     assert runner.invoke(app, ["spaces", "nope"]).exit_code == 2
+
+
+def test_pretrained_weights_checks(tmp_path):
+    from tests.helpers import VIT, VIT_DATASET, pretrained_vit
+
+    weights = pretrained_vit()  # pretrained on synthetic classes 10-19
+    vit = merged(backbone=VIT, algorithm="simplecil", **{"datasets.split.dataset": VIT_DATASET,
+                                                         "datasets.split.classes_per_phase": 10})
+    vit["weights"] = weights
+    message = invoke_bad(tmp_path, ["tune", "--config", str(write(tmp_path, vit)), "--study", "w1"])
+    assert "weights" in message and "pretrained on" in message  # the split draws from all 20 classes
+    message = invoke_bad(tmp_path, ["tune", "--config", str(write(tmp_path, merged(weights=weights)))])
+    assert "weights" in message and "ViT" in message
+    message = invoke_bad(tmp_path, ["tune", "--config", str(write(tmp_path, merged(algorithm="simplecil")))])
+    assert "backbone" in message and "pretrained ViT" in message
+    missing = merged(backbone=VIT, weights=str(tmp_path / "none.safetensors"))
+    assert "does not exist" in invoke_bad(tmp_path, ["tune", "--config", str(write(tmp_path, missing))])
+
+
+def test_pretrain_refuses_bad_input(tmp_path):
+    out = tmp_path / "w.safetensors"
+    for args, field in ((["--dataset", "imaginary"], "--dataset"), (["--classes", "5-x"], "--classes"),
+                        (["--backbone", "resnet32"], "--backbone"), (["--classes", "500"], "--classes")):
+        base = {"--dataset": "synthetic", "--classes": "0-3", "--backbone": "vit_micro_patch4_32"}
+        base.update(dict(zip(args[::2], args[1::2])))
+        flat = [x for kv in base.items() for x in kv]
+        result = runner.invoke(app, ["pretrain", *flat, "--out", str(out), "--epochs", "1"])
+        assert result.exit_code == 2 and field in result.stderr, result.output
+        assert not out.exists()
