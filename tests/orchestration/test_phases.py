@@ -152,3 +152,31 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
     finally:
         os.killpg(proc.pid, 15)
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).uses_pretrained and a != "simplecil"])
+def test_every_pretrained_method_runs_both_phases_on_local_weights(tmp_path, algorithm):
+    from tests.helpers import VIT, VIT_DATASET, pretrained_vit
+
+    doc = config(study=f"vit-{algorithm}", algorithm=algorithm, backbone=VIT)
+    doc["weights"] = pretrained_vit()
+    doc["datasets"] = {"split": {"dataset": VIT_DATASET, "classes": list(range(10)), "classes_per_phase": 5}}
+    doc["scenario"] = {"increments": "C3xT1+C2xT1"}
+    doc["training"] = {"memory_size": 0, "epoch_scale": 0.2}
+    doc["search"] = {"trials": 1, "orderings": 1, "space": str(tmp_path / "space.yaml")}
+    # the method's own sets, but the smallest epochs and batch so the run stays a smoke test
+    from gtep.spaces import load_space
+
+    space = {k: list(v) for k, v in load_space(algorithm).space.sets.items()}
+    space.update(epochs=[min(space["epochs"])], batch_size=[16])
+    for key, values in space.items():
+        if key in ("M",):
+            space[key] = [256]
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"algorithm": algorithm, "space": space}))
+    result = gtep(tmp_path, "run", doc)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    orderings = runs_of(store(tmp_path), f"vit-{algorithm}", level="ordering")
+    assert len(orderings) == 2
+    for run in orderings:
+        assert run.data.params["gtep.weights"] == doc["weights"]
+        assert run.data.metrics["params_trainable"] < run.data.metrics["params_total"]
