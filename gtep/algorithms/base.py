@@ -180,6 +180,23 @@ class IncrementalLearner:
     def batched(self, fn: Callable[[Tensor], Tensor], batch: int = 256) -> Callable[[Tensor], Tensor]:
         return lambda x: torch.cat([fn(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else fn(x)
 
+    def distilled_cross_entropy(self, x: Tensor, y: Tensor, temperature: float, kd_weight: float) -> Tensor:
+        """Cross-entropy plus distillation of the old model on the old classes, as PyCIL's BiC and WA train.
+
+        kd_weight = 0 selects the adaptive rule of BiC (Wu et al. 2019) and WA (Zhao et al. 2020):
+        (1 - l) * CE + l * KD with l = old classes / seen classes; otherwise CE + kd_weight * KD."""
+        logits = self.net(x)["logits"]
+        ce = F.cross_entropy(logits, y)
+        if self.old_net is None:
+            return ce
+        with torch.no_grad():
+            old_logits = self.old_net(x)["logits"]
+        kd = distillation_loss(logits[:, : self.known], old_logits[:, : self.known], temperature)
+        if kd_weight == 0:
+            share = self.known / self.total
+            return (1 - share) * ce + share * kd
+        return ce + kd_weight * kd
+
     @staticmethod
     def frozen_copy(module: nn.Module) -> nn.Module:
         clone = copy.deepcopy(module).eval()

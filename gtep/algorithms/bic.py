@@ -25,8 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import (ALGORITHMS, CommonParams, FitFn, FitRecipe, IncrementalLearner, TaskData,
-                                  distillation_loss)
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, FitRecipe, IncrementalLearner, TaskData
 from gtep.models import IncrementalNet
 
 
@@ -118,17 +117,7 @@ class BiC(IncrementalLearner):
         return max(1, int(self.params.split_ratio * self.memory.size / task.known))
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
-        logits = self.net(x)["logits"]
-        ce = F.cross_entropy(logits, y)
-        if self.old_net is None:
-            return ce
-        with torch.no_grad():
-            old_logits = self.old_net(x)["logits"]
-        kd = distillation_loss(logits[:, : self.known], old_logits[:, : self.known], self.params.T)
-        if self.params.lambda_kd == 0:
-            share = self.known / self.total
-            return share * kd + (1 - share) * ce
-        return ce + self.params.lambda_kd * kd
+        return self.distilled_cross_entropy(x, y, self.params.T, self.params.lambda_kd)
 
     def correct_bias(self, task: TaskData, fit: FitFn, x_val: Tensor, y_val: Tensor) -> None:
         """Stage 2: fit this task's (alpha, beta) on the held-out split with everything else frozen."""

@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, IncrementalLearner, TaskData, distillation_loss
+from gtep.algorithms.base import ALGORITHMS, CommonParams, IncrementalLearner, TaskData
 from gtep.models.heads import LinearHead
 
 
@@ -42,17 +41,7 @@ class WA(IncrementalLearner):
     params: WAParams
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
-        logits = self.net(x)["logits"]
-        ce = F.cross_entropy(logits, y)
-        if self.old_net is None:
-            return ce
-        with torch.no_grad():
-            old_logits = self.old_net(x)["logits"]
-        kd = distillation_loss(logits[:, : self.known], old_logits[:, : self.known], self.params.T)
-        if self.params.lambda_kd == 0:
-            share = self.known / self.total
-            return (1 - share) * ce + share * kd
-        return ce + self.params.lambda_kd * kd
+        return self.distilled_cross_entropy(x, y, self.params.T, self.params.lambda_kd)
 
     def end_task(self, task: TaskData) -> None:
         self.update_memory(task)  # herding uses features only, so the order with aligning does not matter
