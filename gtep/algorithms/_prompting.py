@@ -1,0 +1,115 @@
+"""What the prompt-pool methods L2P and DualPrompt share, as PILOT builds them (Sun et al. 2023,
+`vit_l2p.py`, `vit_dualprompt.py`, `l2p.py`, `dualprompt.py`).
+
+- The query is the frozen pretrained ViT's [CLS] feature without prompts (PILOT's "original backbone";
+  the prompted backbone is frozen too, so one module serves both and no copy is kept).
+- Prompts are chosen by cosine similarity between the query and one learnable key per prompt, and the
+  surrogate (pull) loss draws the chosen keys toward their queries (L2P eq. 5; DualPrompt eq. 4).
+- One linear head over all classes seen so far, grown per task; during training the logits of old classes
+  are masked out (PILOT's train mask), so a task's cross-entropy only separates its own classes.
+- Prompts and keys start uniform in [-1, 1] (PILOT's "uniform" prompt and key init); only prompts, keys
+  and the head train.
+Not auto-imported (leading underscore): it registers nothing.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gtep.algorithms.base import FitFn, IncrementalLearner, TaskData
+
+
+def uniform_parameter(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape).uniform_(-1.0, 1.0))
+
+
+class GrowingHead(nn.Module):
+    """A linear classifier grown by rows per task; new rows take timm's head init (trunc normal, std 0.02)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(0, dim))
+        self.bias = nn.Parameter(torch.empty(0))
+
+    def expand(self, total: int) -> None:
+        extra = total - len(self.weight)
+        if extra <= 0:
+            return
+        rows = torch.empty(extra, self.weight.shape[1], device=self.weight.device)
+        nn.init.trunc_normal_(rows, std=0.02)
+        self.weight = nn.Parameter(torch.cat([self.weight.detach(), rows]))
+        self.bias = nn.Parameter(torch.cat([self.bias.detach(), torch.zeros(extra, device=self.bias.device)]))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+def key_similarity(query: Tensor, keys: Tensor) -> Tensor:
+    """Cosine similarity of each query (B, D) with each key (M, D): (B, M)."""
+    return F.normalize(query, dim=1) @ F.normalize(keys, dim=1).t()
+
+
+def pull_loss(similarity: Tensor, chosen: Tensor) -> Tensor:
+    """Surrogate loss drawing chosen keys to their queries: sum over the chosen keys of (1 - cos), batch mean.
+
+    Summed over the k chosen keys as in L2P's eq. 5 and PILOT's reduce_sim (sum / batch), so the tuned
+    lambda means the same as there; the constant 1 only shifts the value."""
+    return (1 - similarity.gather(1, chosen)).sum(1).mean()
+
+
+def mask_old_classes(logits: Tensor, known: int) -> Tensor:
+    """PILOT's train mask: old classes get -inf logits, so the current task's cross-entropy ignores them."""
+    old = torch.arange(logits.shape[1], device=logits.device) < known
+    return logits.masked_fill(old, float("-inf"))
+
+
+class PromptNet(nn.Module):
+    """A frozen PromptableViT, a growing head and the prompt-free query; subclasses add prompts and keys."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        for p in backbone.parameters():
+            p.requires_grad_(False)
+        self.head = GrowingHead(backbone.out_dim)
+
+    @torch.no_grad()
+    def query(self, x: Tensor) -> Tensor:
+        return self.backbone(x)["features"]
+
+
+class PromptLearner(IncrementalLearner):
+    """The task loop of both methods: grow the head, one fit of prompts, keys and head, masked CE + pull."""
+
+    uses_memory = False
+    fixed_first_task = False
+    uses_pretrained = True
+    task_index: int | None = None  # the task being trained (DualPrompt uses it); None at test time
+
+    def make_net(self, backbone: nn.Module) -> PromptNet:
+        raise NotImplementedError
+
+    def build_network(self) -> nn.Module:
+        return self.make_net(self.new_backbone())
+
+    def begin_task(self, task: TaskData) -> None:
+        # No frozen copy of the old network: neither method distils.
+        self.known, self.total = task.known, task.total
+        self.net.head.expand(task.total)
+        self.net.to(self.device)
+
+    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+        self.task_index = task.index
+        try:
+            fit(self.net.parameters(), self.loss, task.x, task.y, task.recipe, modules=[self.net])
+        finally:
+            self.task_index = None
+
+    def loss(self, x: Tensor, y: Tensor) -> Tensor:
+        out = self.net(x, task=self.task_index)
+        logits = mask_old_classes(out["logits"][:, : self.total], self.known)
+        return F.cross_entropy(logits, y) + self.params.lamb * out["pull"]
+
+    def end_task(self, task: TaskData) -> None:
+        pass  # exemplar-free
