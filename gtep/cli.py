@@ -7,6 +7,7 @@ gtep algorithms | spaces | presets   what is registered
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -310,8 +311,10 @@ def algorithms() -> None:
         except SearchSpaceError:
             tuned, presets = "-", "(no search space)"
         doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip()
-        summary = " ".join(doc.split()).split(":")[0].split(". ")[0]  # "BiC (Wu et al., CVPR 2019)"
-        table.add_row(name, summary[:70], tuned, presets)
+        flat = " ".join(doc.split())
+        cited = re.match(r"^[^(:.]*\([^)]*\)", flat)  # "BiC (Wu et al., CVPR 2019)"
+        summary = cited.group(0) if cited else flat.split(". ")[0]
+        table.add_row(name, summary[:60], tuned, presets)
     console.print(table)
 
 

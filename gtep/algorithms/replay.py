@@ -6,14 +6,14 @@ from gtep.algorithms.base import ALGORITHMS, CommonParams, IncrementalLearner
 
 @ALGORITHMS.register("replay")
 class Replay(IncrementalLearner):
-    """Cross-entropy on new data and herded exemplars of old classes; nothing else."""
+    """Replay (the GTEP paper's naive baseline): cross-entropy on new data and herded exemplars, nothing else."""
 
     Params = CommonParams
 
 
 @ALGORITHMS.register("finetune")
 class Finetune(IncrementalLearner):
-    """Plain fine-tuning with no memory: the lower bound every method must beat on old classes."""
+    """Fine-tuning (no memory): the lower bound every method must beat on old classes."""
 
     Params = CommonParams
     uses_memory = False
