@@ -55,3 +55,36 @@ def run_small_vit(algorithm: str, hparams: dict[str, Any] | None = None, *, epoc
     job = OrderingJob(algorithm, h, VIT, tuple(increments), tuple(range(sum(increments))), seed=seed,
                       ordering=ordering, memory_size=0, weights=pretrained_vit(), device="cpu")
     return run_ordering(job, load(VIT_DATASET), on_task_end=on_task_end)
+
+
+# ---- learner-level tests: drive one learner task by task without the runner
+
+def make_task(index: int, known: int, total: int, per_class: int = 12):
+    """Small random images whose mean depends on the class, so training changes the weights."""
+    import torch
+
+    from gtep.algorithms import FitRecipe, TaskData
+
+    g = torch.Generator().manual_seed(index)
+    y = torch.arange(known, total).repeat_interleave(per_class)
+    x = torch.randn(len(y), 3, 16, 16, generator=g) + 0.3 * (y % 3).float().view(-1, 1, 1, 1)
+    recipe = FitRecipe(epochs=2, lr=0.05, batch_size=16, weight_decay=5e-4, scheduler="constant",
+                       milestones=(), lr_decay=0.1)
+    return TaskData(index, known, total, x, y, recipe)
+
+
+def learn(learner, task, trainer) -> None:
+    learner.begin_task(task)
+    learner.learn_task(task, trainer.fit)
+    learner.end_task(task)
+
+
+def snapshot(module):
+    """Weights and BatchNorm buffers alike."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def unchanged(module, before) -> bool:
+    import torch
+
+    return all(torch.equal(v, before[k]) for k, v in module.state_dict().items())

@@ -3,34 +3,13 @@
 import pytest
 import torch
 
-from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
+from gtep.algorithms import ALGORITHMS
 from gtep.algorithms.der import auxiliary_targets
 from gtep.engine.loop import Trainer
 from gtep.spaces import load_space
-from tests.helpers import run_small
+from tests.helpers import learn, make_task, run_small, snapshot
 
 CPU = torch.device("cpu")
-
-
-def make_task(index: int, known: int, total: int, per_class: int = 12) -> TaskData:
-    """Small random images whose mean depends on the class, so training changes the weights."""
-    g = torch.Generator().manual_seed(index)
-    y = torch.arange(known, total).repeat_interleave(per_class)
-    x = torch.randn(len(y), 3, 16, 16, generator=g) + 0.3 * (y % 3).float().view(-1, 1, 1, 1)
-    recipe = FitRecipe(epochs=2, lr=0.05, batch_size=16, weight_decay=5e-4, scheduler="constant",
-                       milestones=(), lr_decay=0.1)
-    return TaskData(index, known, total, x, y, recipe)
-
-
-def learn(learner, task: TaskData, trainer: Trainer) -> None:
-    learner.begin_task(task)
-    learner.learn_task(task, trainer.fit)
-    learner.end_task(task)
-
-
-def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Weights and BatchNorm buffers alike."""
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
 def numel(module: torch.nn.Module) -> int:
