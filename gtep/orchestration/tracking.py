@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from ray import tune
@@ -164,6 +163,3 @@ def summarize_units(units: list[dict[str, Any]]) -> dict[str, float]:
     out["hmean"] = harmonic_mean(out["acc"], out["avg_acc"])
     return out
 
-
-def scratch_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="gtep-"))
