@@ -17,7 +17,8 @@ def load(dataset: str = SYNTHETIC) -> ImageSet:
 
 def run_small(algorithm: str, hparams: dict[str, Any] | None = None, *, dataset: str = SYNTHETIC,
               increments: tuple[int, ...] = (4, 3, 3), memory_size: int = 40, epochs: int = 8,
-              backbone: str = "resnet8", seed: int = 0, ordering: int = 0, on_task_end=None) -> OrderingOutcome:
+              backbone: str = "resnet8", seed: int = 0, ordering: int = 0, on_task_end=None,
+              checkpoint=None) -> OrderingOutcome:
     """One ordering of a 3-task scenario; hparams override a quick common recipe."""
     h = {"epochs": epochs, "lr": 0.05, "batch_size": 32, "scheduler": "cosine", "weight_decay": 5e-4}
     h.update(hparams or {})
@@ -25,7 +26,7 @@ def run_small(algorithm: str, hparams: dict[str, Any] | None = None, *, dataset:
     classes = tuple(range(data.num_classes)) if sum(increments) == data.num_classes else tuple(range(sum(increments)))
     job = OrderingJob(algorithm, h, backbone, tuple(increments), classes, seed=seed, ordering=ordering,
                       memory_size=memory_size, first_task=FirstTaskSpec(epochs=epochs, milestones=(epochs // 2,)))
-    return run_ordering(job, data, on_task_end=on_task_end)
+    return run_ordering(job, data, on_task_end=on_task_end, checkpoint=checkpoint)
 
 
 VIT = "vit_micro_patch4_32"
@@ -48,13 +49,13 @@ def pretrained_vit(epochs: int = 6) -> str:
 
 def run_small_vit(algorithm: str, hparams: dict[str, Any] | None = None, *, epochs: int = 3,
                   increments: tuple[int, ...] = (4, 3, 3), seed: int = 0, ordering: int = 0,
-                  on_task_end=None) -> OrderingOutcome:
+                  on_task_end=None, checkpoint=None) -> OrderingOutcome:
     """One ordering over classes 0-9 with the pretrained small ViT; hparams override a quick recipe."""
     h = {"epochs": epochs, "lr": 0.01, "batch_size": 16, "scheduler": "cosine", "optimizer": "sgd", "weight_decay": 0.0}
     h.update(hparams or {})
     job = OrderingJob(algorithm, h, VIT, tuple(increments), tuple(range(sum(increments))), seed=seed,
                       ordering=ordering, memory_size=0, weights=pretrained_vit(), device="cpu")
-    return run_ordering(job, load(VIT_DATASET), on_task_end=on_task_end)
+    return run_ordering(job, load(VIT_DATASET), on_task_end=on_task_end, checkpoint=checkpoint)
 
 
 # ---- learner-level tests: drive one learner task by task without the runner

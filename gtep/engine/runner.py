@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 
 from gtep.algorithms import ALGORITHMS, CommonParams, FitRecipe, IncrementalLearner, TaskData
 from gtep.data import ImageSet
+from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from gtep.engine.device import resolve_device
 from gtep.engine.loop import DivergedError, Trainer
 from gtep.protocol import metrics
@@ -65,6 +67,7 @@ class OrderingOutcome:
     train_seconds: float = 0.0
     task_seconds: list[float] = field(default_factory=list)
     message: str = ""
+    resumed_tasks: int = 0  # tasks restored from a checkpoint instead of trained in this process
 
     @property
     def diverged(self) -> bool:
@@ -112,20 +115,31 @@ def evaluate(learner: IncrementalLearner, x: torch.Tensor, y: torch.Tensor, task
 
 
 def run_ordering(job: OrderingJob, data: ImageSet,
-                 on_task_end: Callable[[int, OrderingOutcome], None] | None = None) -> OrderingOutcome:
-    """Train one ordering task by task; never raises for a diverged run."""
+                 on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
+                 checkpoint: Path | None = None) -> OrderingOutcome:
+    """Train one ordering task by task; never raises for a diverged run.
+
+    With `checkpoint`, the learner and RNG states are saved there after every finished task, and a run
+    that finds a checkpoint of the same job continues after its last task with the same result."""
     device = resolve_device(job.device)
     run_seed = ordering_seed(job.seed, job.ordering)
     torch.manual_seed(run_seed)  # the same initial model for every set on this ordering
     tasks = build_scenario(job.classes, job.increments, job.seed, job.ordering)
     order = list(tasks[-1].seen_classes)
-    position = {c: i for i, c in enumerate(order)}
     outcome = OrderingOutcome(job.ordering, "finished", order)
 
     algorithm = ALGORITHMS.get(job.algorithm)
     params = algorithm.Params.from_mapping(job.hparams)
-    learner = algorithm(params, job.backbone, job.memory_size, device, job.weights)
     trainer = Trainer(device, run_seed, job.augment)
+    job_key = fingerprint(job)
+    saved = load_checkpoint(checkpoint, job_key, device) if checkpoint is not None else None
+    if saved is not None:
+        learner = saved.learner
+        restore_rng(saved.rng, trainer.generator)
+        outcome.acc_matrix, outcome.test_counts = saved.acc_matrix, saved.test_counts
+        outcome.task_seconds, outcome.resumed_tasks = saved.task_seconds, saved.tasks_done
+    else:
+        learner = algorithm(params, job.backbone, job.memory_size, device, job.weights)
 
     train_pixels = data.x_train[np.isin(data.y_train, order)].reshape(-1, 3).astype(np.float32) / 255
     mean = torch.tensor(train_pixels.mean(0), device=device)
@@ -134,8 +148,7 @@ def run_ordering(job: OrderingJob, data: ImageSet,
     label_map[order] = np.arange(len(order))
     task_of_label = torch.tensor([t.index for t in tasks for _ in t.new_classes], device=device)
 
-    start = time.perf_counter()
-    for task in tasks:
+    for task in tasks[outcome.resumed_tasks:]:
         tic = time.perf_counter()
         train_mask = np.isin(data.y_train, task.new_classes)
         test_mask = np.isin(data.y_test, task.seen_classes)
@@ -159,9 +172,12 @@ def run_ordering(job: OrderingJob, data: ImageSet,
         outcome.acc_matrix.append(row + [float("nan")] * (len(tasks) - len(row)))
         outcome.test_counts.append(int(np.isin(data.y_test, task.new_classes).sum()))
         outcome.task_seconds.append(time.perf_counter() - tic)
+        if checkpoint is not None and task.index + 1 < len(tasks):
+            save_checkpoint(checkpoint, TaskCheckpoint(job_key, task.index + 1, learner, rng_state(trainer.generator),
+                                                       outcome.acc_matrix, outcome.test_counts, outcome.task_seconds))
         if on_task_end is not None:
             on_task_end(task.index, outcome)
-    outcome.train_seconds = time.perf_counter() - start
+    outcome.train_seconds = float(sum(outcome.task_seconds))
     outcome.params_total, outcome.params_trainable = learner.parameter_counts()
     if outcome.acc_matrix and not outcome.diverged:
         outcome.metrics = metrics.summarize(np.array(outcome.acc_matrix), outcome.test_counts)

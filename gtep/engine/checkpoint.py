@@ -1,0 +1,99 @@
+"""Per-task checkpoints of one ordering run: the learner, the RNG states and the accuracy rows so far.
+
+A learner's structure grows with the tasks (heads, backbones, bias layers, adapters), so the whole learner
+object is saved rather than a state dict that would need the structure rebuilt first. Loading stays
+`weights_only=True`: the unpickler builds only tensors, plain containers and the classes on an allowlist,
+which is every class defined in gtep itself, torch.nn and timm. It never runs a callable named by the file.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+# Classes from these modules may be rebuilt by a checkpoint; nothing else may.
+SAFE_MODULE_PREFIXES = ("gtep.", "torch.nn.modules.", "torch.nn.parameter", "timm.layers.", "timm.models.")
+
+
+def fingerprint(spec: Any) -> str:
+    """A digest of everything a run's result depends on: a checkpoint of another job is never resumed."""
+    payload = asdict(spec) if hasattr(spec, "__dataclass_fields__") else spec
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _safe_classes() -> list[type]:
+    classes = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(SAFE_MODULE_PREFIXES):
+            continue
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if getattr(obj, "__module__", "") == name:
+                classes.append(obj)
+    return classes
+
+
+def rng_state(generator: torch.Generator) -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "generator": generator.get_state(),
+             # numpy's MT19937 key as a tensor: numpy arrays are not on weights_only's allowlist
+             "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
+             "numpy_pos": int(np.random.get_state()[2])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any], generator: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["generator"])
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclass
+class TaskCheckpoint:
+    """What an ordering run needs to continue after task `tasks_done` as if it had never stopped."""
+
+    fingerprint: str
+    tasks_done: int
+    learner: Any
+    rng: dict[str, Any]
+    acc_matrix: list[list[float]] = field(default_factory=list)
+    test_counts: list[int] = field(default_factory=list)
+    task_seconds: list[float] = field(default_factory=list)
+
+
+def save_checkpoint(path: Path, checkpoint: TaskCheckpoint) -> None:
+    """Atomic: a worker killed while writing leaves the previous checkpoint in place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        torch.save(asdict(checkpoint) | {"learner": checkpoint.learner}, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def load_checkpoint(path: Path, expected_fingerprint: str, device: torch.device) -> TaskCheckpoint | None:
+    """The checkpoint at `path` if it belongs to this job; None if there is none or it is another job's."""
+    if not path.exists():
+        return None
+    with torch.serialization.safe_globals(_safe_classes()):
+        data = torch.load(path, map_location=device, weights_only=True)
+    if data.get("fingerprint") != expected_fingerprint:
+        return None
+    checkpoint = TaskCheckpoint(**data)
+    checkpoint.learner.device = device
+    return checkpoint

@@ -1,0 +1,71 @@
+"""Per-task checkpoints: a run stopped after any task and started again ends with the uninterrupted result."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gtep.engine.checkpoint import TaskCheckpoint, load_checkpoint, save_checkpoint
+from tests.helpers import run_small, run_small_vit
+
+
+class Stop(Exception):
+    """Stands in for a worker that dies after a task's checkpoint was written."""
+
+
+def stop_after(task_index: int):
+    def hook(index, outcome):
+        if index == task_index:
+            raise Stop
+    return hook
+
+
+def interrupted_then_resumed(run, algorithm: str, tmp_path, stop_at: int):
+    path = tmp_path / f"{algorithm}.pt"
+    with pytest.raises(Stop):
+        run(algorithm, checkpoint=path, on_task_end=stop_after(stop_at))
+    assert path.exists()
+    return run(algorithm, checkpoint=path)
+
+
+# One method per kind of state: plain head growth, a per-task bias layer, a growing stack of backbones,
+# two-stage boosting/compression, and a prompt pool on a pretrained ViT.
+@pytest.mark.parametrize("algorithm", ["replay", "bic", "der", "foster"])
+def test_resumed_resnet_run_equals_the_uninterrupted_one(algorithm, tmp_path):
+    quick = {"foster": {"compression_epochs": 2}}.get(algorithm, {})
+    run = lambda name, **kw: run_small(name, quick, epochs=2, **kw)  # noqa: E731
+    whole = run(algorithm)
+    resumed = interrupted_then_resumed(run, algorithm, tmp_path, stop_at=1)
+    assert resumed.resumed_tasks == 2
+    np.testing.assert_array_equal(resumed.acc_matrix, whole.acc_matrix)  # NaN above the diagonal
+    assert resumed.metrics == whole.metrics
+    assert (resumed.params_total, resumed.params_trainable) == (whole.params_total, whole.params_trainable)
+
+
+def test_resumed_vit_run_equals_the_uninterrupted_one(tmp_path):
+    run = lambda name, **kw: run_small_vit(name, epochs=1, **kw)  # noqa: E731
+    whole = run("l2p")
+    resumed = interrupted_then_resumed(run, "l2p", tmp_path, stop_at=0)
+    assert resumed.resumed_tasks == 1
+    np.testing.assert_array_equal(resumed.acc_matrix, whole.acc_matrix)  # NaN above the diagonal
+
+
+def test_a_checkpoint_of_another_job_is_not_resumed(tmp_path):
+    path = tmp_path / "ck.pt"
+    with pytest.raises(Stop):
+        run_small("replay", epochs=1, checkpoint=path, on_task_end=stop_after(0))
+    other = run_small("replay", {"lr": 0.01}, epochs=1, checkpoint=path)
+    assert other.resumed_tasks == 0
+
+
+class Evil:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_checkpoints_load_with_weights_only(tmp_path):
+    """A file naming a callable outside the allowlist is refused, not executed."""
+    path = tmp_path / "evil.pt"
+    save_checkpoint(path, TaskCheckpoint("x", 1, Evil(), {}))
+    with pytest.raises(Exception, match="weights_only|Unsupported global"):
+        load_checkpoint(path, "x", torch.device("cpu"))
