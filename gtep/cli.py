@@ -38,6 +38,7 @@ ConcurrentOpt = typer.Option(None, "--max-concurrent", help="trials running at o
 StudyOpt = typer.Option(None, "--study", help="override the study name (its folder and MLflow experiment)")
 BackboneOpt = typer.Option(None, "--backbone", help="override the backbone (resnet32, resnet18, any timm ViT...)")
 WeightsOpt = typer.Option(None, "--weights", help="pretrained ViT weights: safetensors or a state dict (gtep pretrain)")
+ResumeOpt = typer.Option(None, "--resume", help="continue the study in OUTPUT/STUDY after a crash, with its own config")
 
 
 def fail(message: str) -> None:
@@ -61,11 +62,33 @@ def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any
     return cfg.with_overrides(**mapped)
 
 
-def prepare(config, preset, **overrides) -> ResolvedExperiment:
+def resumed_config(study_dir: Path, config, preset, overrides: dict[str, Any]) -> ExperimentConfig:
+    """The config a study was started with (its manifest), placed where the study folder is now."""
+    import json
+
+    manifest = study_dir / "manifest.json"
+    if not manifest.exists():
+        raise ConfigError("--resume", f"{study_dir} has no manifest.json; give the OUTPUT/STUDY folder of a study "
+                          "that gtep tune or gtep run started")
+    allowed = {"address", "tracking_uri"}
+    extra = sorted(k for k, v in overrides.items() if v is not None and k not in allowed)
+    if config or preset or extra:
+        given = ["--config"] * bool(config) + ["--preset"] * bool(preset) + [f"--{k.replace('_', '-')}" for k in extra]
+        raise ConfigError("--resume", f"a study resumes with the config it started with; drop {', '.join(given)} "
+                          "(only --address and --tracking-uri may change)")
+    stored = json.loads(manifest.read_text())["config"]
+    cfg = ExperimentConfig.model_validate(stored)
+    return cfg.with_overrides(**{"tracking.output": study_dir.resolve().parent, "study": study_dir.name,
+                                 "compute.ray_address": overrides.get("address"),
+                                 "tracking.tracking_uri": overrides.get("tracking_uri")})
+
+
+def prepare(config, preset, resume: Optional[Path] = None, **overrides) -> ResolvedExperiment:
     """All validation that needs no compute: the file, the names, the data, the search space, the address."""
     from gtep.orchestration.phases import check_address
 
-    resolved = resolve(build_config(config, preset, **overrides))
+    cfg = resumed_config(resume, config, preset, overrides) if resume else build_config(config, preset, **overrides)
+    resolved = resolve(cfg)
     check_address(resolved.config.compute.ray_address)
     return resolved
 
@@ -133,16 +156,17 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
          tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
          orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
          max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
-         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt) -> None:
+         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
+         resume: Optional[Path] = ResumeOpt) -> None:
     """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml)."""
     def go():
         from gtep.orchestration.phases import ray_session, tune_phase
 
-        resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address, trials=trials,
-                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
-                           study=study, backbone=backbone, weights=weights)
+        resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
+                           trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,
+                           max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights)
         with ray_session(resolved.config.compute.ray_address):
-            outcome = tune_phase(resolved, console)
+            outcome = tune_phase(resolved, console, resume=resume is not None)
         _print_tune(outcome, resolved)
         _print_store(resolved)
     _run_guarded(go)
@@ -190,7 +214,8 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
         max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
-         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt) -> None:
+         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
+         resume: Optional[Path] = ResumeOpt) -> None:
     """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side. No options: the embedded default."""
     def go():
         from gtep.orchestration.phases import evaluate_phase, ray_session, tune_phase
@@ -198,15 +223,15 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         from gtep.report.tables import hparams_table, phase_comparison
 
         start = time.perf_counter()
-        resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address, trials=trials,
-                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
-                           study=study, backbone=backbone, weights=weights)
+        resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
+                           trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,
+                           max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights)
         cfg = resolved.config
         console.print(f"[bold]gtep run[/] study={cfg.study} algorithm={cfg.algorithm} backbone={cfg.backbone} "
                       f"scenario={cfg.scenario.increments} R={cfg.search.trials} S={cfg.search.orderings}")
         with ray_session(cfg.compute.ray_address):
-            tuned = tune_phase(resolved, console)
-            evaluated = evaluate_phase(resolved, read_best(tuned.paths.best), console)
+            tuned = tune_phase(resolved, console, resume=resume is not None)
+            evaluated = evaluate_phase(resolved, read_best(tuned.paths.best), console, resume=resume is not None)
         console.print(hparams_table(tuned.hparams, f"H* (set {tuned.set_index} of {cfg.search.trials})"))
         console.print(phase_comparison(tuned.summary, evaluated.summary, resolved.tuning.dataset,
                                        resolved.evaluation.dataset, f"GTEP: {cfg.algorithm} on {cfg.scenario.increments}"))
@@ -292,6 +317,61 @@ def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", help="the --ou
     console.print(f"MLflow UI on http://{host}:{port} over {uri} (Ctrl-C stops it)")
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
     raise typer.Exit(subprocess.call(cmd, env=env))
+
+
+def mlflow_server_command(backend_store_uri: str, artifacts_destination: str, host: str, port: int,
+                          workers: int) -> list[str]:
+    """The `mlflow server` line `gtep server` runs (README shows it for use without gtep)."""
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
+            "--artifacts-destination", artifacts_destination, "--serve-artifacts",
+            "--host", host, "--port", str(port), "--workers", str(workers)]
+
+
+@app.command()
+def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.db", "--backend-store-uri",
+                                                 help="postgresql://user:pass@host:5432/db for a shared server"),
+           artifacts_destination: str = typer.Option("gtep-server/mlartifacts", "--artifacts-destination",
+                                                     help="a folder, s3://... or gs://... for run artifacts"),
+           host: str = typer.Option("127.0.0.1", help="bind address (0.0.0.0 only inside a private network)"),
+           port: int = typer.Option(5000, help="port"), workers: int = typer.Option(2, help="server worker processes")) -> None:
+    """An MLflow tracking server for studies on a cluster (log to it with --tracking-uri http://HOST:PORT)."""
+    def go():
+        import importlib.util
+
+        scheme = backend_store_uri.split(":", 1)[0]
+        if scheme.startswith("postgresql") and importlib.util.find_spec("psycopg2") is None:
+            raise ConfigError("--backend-store-uri", "PostgreSQL needs its driver: pip install 'gtep[server]' "
+                              "(psycopg2-binary)")
+        if scheme == "sqlite":
+            Path(backend_store_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        if "://" not in artifacts_destination:
+            Path(artifacts_destination).mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        console.print(f"MLflow tracking server on http://{host}:{port} (store {backend_store_uri.split('@')[-1]}, "
+                      f"artifacts {artifacts_destination}); Ctrl-C stops it")
+        cmd = mlflow_server_command(backend_store_uri, artifacts_destination, host, port, workers)
+        raise typer.Exit(subprocess.call(cmd, env=env))
+    _run_guarded(go)
+
+
+@app.command()
+def sync(study_dir: Path = typer.Argument(..., help="OUTPUT/STUDY: the study folder"),
+         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="write to another store than the study's")) -> None:
+    """Write what a study could not write to MLflow while its tracking server was away."""
+    def go():
+        from gtep.orchestration.journal import TrackingJournal
+
+        try:
+            journal = TrackingJournal.load(study_dir, tracking_uri)
+        except FileNotFoundError as err:
+            raise ConfigError("study_dir", f"{err}; give the OUTPUT/STUDY folder of a study") from None
+        before = len(journal.pending)
+        left = journal.flush(force=True)
+        console.print(f"{study_dir}: {before - left} writes applied to {journal.state.tracking_uri}, {left} waiting")
+        if left:
+            fail(f"--tracking-uri: {journal.state.tracking_uri} did not take them ({journal.last_error}); "
+                 "run gtep sync again when it answers")
+    _run_guarded(go)
 
 
 @app.command()

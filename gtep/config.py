@@ -110,6 +110,9 @@ class ComputeSpec(_Strict):
     gpus_per_trial: float = Field(0, ge=0)
     max_concurrent: int | None = Field(None, ge=1)
     ray_address: str | None = None  # None: start Ray locally
+    # a trial whose worker dies is retried this often; it continues from its last finished task
+    max_failures: int = Field(2, ge=0)
+    checkpoints: bool = True  # per-task checkpoints of running orderings (off: a retry restarts the ordering)
 
 
 class TrackingSpec(_Strict):

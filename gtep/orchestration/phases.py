@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import socket
+import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gtep.config import ConfigError, ResolvedExperiment
 from gtep.data import resolve_dataset
+from gtep.orchestration.journal import RUN_REF, TrackingJournal, quiet_http_client
 from gtep.orchestration.study import Manifest, StudyPaths, read_best, write_best
-from gtep.orchestration.tracking import MlflowWriter, ensure_experiment, log_file, log_json, summarize_units
+from gtep.orchestration.tracking import MlflowWriter, ensure_experiment, summarize_units
 from gtep.orchestration.trainable import train_set
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
 from gtep.protocol.selection import OrderingResult, select_best
@@ -96,19 +98,40 @@ def check_resources(resolved: ResolvedExperiment) -> None:
 
 
 def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
+    """The store and the study's experiment; a tracking server that does not answer is an error here,
+    before any compute (once a study runs, an outage is journaled instead)."""
     cfg = resolved.config
     uri = cfg.tracking_uri
     artifact_root = None
     if uri.startswith("sqlite:///"):
         Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         artifact_root = cfg.tracking.output.resolve() / "mlartifacts"
-    client = MlflowClient(tracking_uri=uri)
-    return client, ensure_experiment(client, cfg.study, artifact_root)
+    client = quiet_http_client(uri)
+    try:
+        return client, ensure_experiment(client, cfg.study, artifact_root)
+    except Exception as err:  # noqa: BLE001 - connection errors surface as several MLflow/requests types
+        raise ConfigError("--tracking-uri", f"the MLflow store at {uri} does not answer ({err.__class__.__name__}); "
+                          "start it (gtep server) or give another --tracking-uri") from None
+
+
+def open_journal(resolved: ResolvedExperiment, paths: StudyPaths) -> TrackingJournal:
+    client, experiment_id = mlflow_client(resolved)
+    journal = TrackingJournal.open(paths.root, resolved.config.tracking_uri, experiment_id)
+    journal.client = client
+    return journal
+
+
+def finish_journal(journal: TrackingJournal, paths: StudyPaths, console: Console) -> None:
+    if journal.flush(force=True):
+        console.print(f"[yellow]MLflow at {journal.state.tracking_uri} is not answering ({journal.last_error}): "
+                      f"{len(journal.pending)} writes wait in {journal.journal_path}; "
+                      f"run [bold]gtep sync {paths.root}[/] when it is back.[/]")
 
 
 # ---------------------------------------------------------------- shared pieces
 
-def job_spec(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
+def job_spec(resolved: ResolvedExperiment, phase: str, folders: dict[str, str] | None = None) -> dict[str, Any]:
+    """What every trial of the phase shares; `folders` are the study's unit, checkpoint and event paths."""
     cfg = resolved.config
     device = cfg.training.device
     if device == "auto":
@@ -120,6 +143,7 @@ def job_spec(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
         "epoch_scale": cfg.training.epoch_scale, "augment": cfg.training.augment, "device": device,
         "threads": max(1, int(cfg.compute.cpus_per_trial)),
         "weights": str(Path(cfg.weights).resolve()) if cfg.weights else None,
+        "phase": phase, **(folders or {}),
     }
 
 
@@ -132,12 +156,22 @@ def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
             "gtep.weights": str(cfg.weights) if cfg.weights else ""}
 
 
-def trainable_for(resolved: ResolvedExperiment, phase: str):
+def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str) -> dict[str, str]:
+    """Where trials leave finished units, checkpoints and events: the study folder, shared by all nodes."""
+    tag = f"{phase}-{attempt}"
+    folders = {"unit_dir": str(paths.root / "units" / tag), "events": str(paths.root / "events.jsonl"),
+               "attempt": attempt}
+    if resolved.config.compute.checkpoints:
+        folders["checkpoint_dir"] = str(paths.root / "checkpoints" / tag)
+    return folders
+
+
+def trainable_for(resolved: ResolvedExperiment, phase: str, folders: dict[str, str]):
     spec = resolved.phase(phase)
     data = resolve_dataset(spec.dataset).load().subset(list(spec.classes))
     compute = resolved.config.compute
     # with_parameters puts the decoded arrays in Ray's object store once; trials on a node share them
-    trainable = tune.with_parameters(train_set, phase_data=data, job=job_spec(resolved, phase))
+    trainable = tune.with_parameters(train_set, phase_data=data, job=job_spec(resolved, phase, folders))
     return tune.with_resources(trainable, {"cpu": compute.cpus_per_trial, "gpu": compute.gpus_per_trial})
 
 
@@ -154,8 +188,11 @@ def progress_bar(console: Console) -> Progress:
 
 
 class ProgressCallback(tune.Callback):
-    def __init__(self, progress: Progress, task_id: Any) -> None:
-        self.progress, self.task_id = progress, task_id
+    """Advances with the manifest's units, so reused units of a resumed study are not counted twice.
+    Runs after the MLflow writer, which records the units."""
+
+    def __init__(self, progress: Progress, task_id: Any, manifest: Manifest, phase: str) -> None:
+        self.progress, self.task_id, self.manifest, self.phase = progress, task_id, manifest, phase
 
     def __getstate__(self) -> dict[str, Any]:
         return {}  # the live progress bar stays on the driver when Ray pickles its run config
@@ -163,14 +200,16 @@ class ProgressCallback(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         if "ordering" in result:
             status = f"last: acc {result.get('acc', float('nan')):.3f} ({result['status']})"
-            self.progress.update(self.task_id, advance=1, status=status)
+            self.progress.update(self.task_id, completed=len(self.manifest.units(self.phase)), status=status)
 
 
 def open_study(resolved: ResolvedExperiment, fresh: bool) -> tuple[StudyPaths, Manifest]:
     cfg = resolved.config
     paths = StudyPaths(cfg.study_dir.resolve())
-    if fresh and paths.ray_storage.exists():
-        shutil.rmtree(paths.ray_storage)  # a new study run replaces Ray's storage; MLflow keeps the history
+    if fresh:  # a new study run replaces Ray's storage and the old units; MLflow and the journal keep the history
+        for folder in (paths.ray_storage, paths.root / "units", paths.root / "checkpoints"):
+            if folder.exists():
+                shutil.rmtree(folder)
     if not fresh and paths.manifest.exists():
         return paths, Manifest.load(paths.manifest)
     header = {"study": cfg.study, "algorithm": cfg.algorithm, "seed": cfg.seed,
@@ -188,36 +227,99 @@ def write_results_csv(path: Path, units: list[dict[str, Any]], hparams_of) -> No
     pd.DataFrame(rows).to_csv(path, index=False)
 
 
-def start_phase_run(client: MlflowClient, experiment_id: str, resolved: ResolvedExperiment, phase: str,
-                    tags: dict[str, str]) -> str:
+def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest: Manifest, phase: str,
+                tags: dict[str, str], resume: bool) -> tuple[str, str]:
+    """The phase's attempt id and its MLflow run: new for a fresh phase, the same ones for a resumed one.
+    The run is created now, while the store answers, so its id can go into best.yaml."""
     cfg = resolved.config
     spec = resolved.phase(phase)
-    run = client.create_run(experiment_id, run_name=f"{cfg.study}-{phase}",
-                            tags={"gtep.phase": phase, "gtep.level": "phase", "gtep.study": cfg.study, **tags})
-    run_id = run.info.run_id
-    for key, value in {**common_params(resolved, phase), "gtep.trials": cfg.search.trials,
-                       "gtep.orderings": cfg.search.orderings, "gtep.searcher": cfg.search.searcher,
-                       "gtep.selection": cfg.search.selection}.items():
-        client.log_param(run_id, key, str(value))
-    log_json(client, run_id, "classes.json", {"phase": phase, "dataset": spec.dataset, "classes": list(spec.classes),
-                                              "class_names": list(spec.class_names)})
-    return run_id
+    previous = manifest.data["phases"].get(phase, {})
+    if resume and previous.get("attempt"):
+        attempt = previous["attempt"]
+    else:
+        attempt = uuid.uuid4().hex[:8]
+        manifest.clear_units(phase)
+    key = f"{phase}:{attempt}"
+    journal.create_run(key, f"{cfg.study}-{phase}", tags={"gtep.phase": phase, "gtep.level": "phase",
+                                                          "gtep.study": cfg.study, "gtep.attempt": attempt, **tags})
+    if resume and previous.get("attempt"):
+        journal.reopen(key)
+    journal.log(key, params={**common_params(resolved, phase), "gtep.trials": cfg.search.trials,
+                             "gtep.orderings": cfg.search.orderings, "gtep.searcher": cfg.search.searcher,
+                             "gtep.selection": cfg.search.selection})
+    journal.log_text(key, "classes.json", json.dumps({"phase": phase, "dataset": spec.dataset,
+                                                       "classes": list(spec.classes),
+                                                       "class_names": list(spec.class_names)}, indent=2))
+    if journal.flush(force=True):
+        raise ConfigError("--tracking-uri", f"cannot write to the MLflow store at {cfg.tracking_uri} "
+                          f"({journal.last_error}); start it or give another --tracking-uri")
+    return attempt, journal.run_id(key)
 
 
 # ---------------------------------------------------------------- phase 1: tuning
 
-def tune_phase(resolved: ResolvedExperiment, console: Console) -> PhaseOutcome:
+def check_resumable(resolved: ResolvedExperiment, manifest: Manifest) -> None:
+    """A resumed study must be the same study: the sets and units on disk belong to its config."""
+    stored = manifest.data.get("config", {})
+    current = json.loads(resolved.config.model_dump_json())
+    for field in ("algorithm", "backbone", "scenario", "datasets", "search", "first_task", "training", "seed"):
+        if stored.get(field) != current.get(field):
+            raise ConfigError("--resume", f"the study in {manifest.path.parent} was started with another {field!r}; "
+                              "resume it with its own config (leave --config out) or start a new --study")
+
+
+def _searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
+    """(param_space, search_alg, num_samples) for the configured searcher."""
+    cfg = resolved.config
+    if cfg.search.searcher == "random":
+        param_space = {"trial": tune.grid_search([{"set_index": s["index"], "hparams": s["hparams"]}
+                                                  for s in manifest.data["sets"]]),
+                       "orderings": list(range(S))}
+        return param_space, BasicVariantGenerator(random_state=cfg.seed), 1
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    sampler = (optuna.samplers.TPESampler(seed=cfg.seed) if cfg.search.searcher == "optuna-tpe"
+               else optuna.samplers.RandomSampler(seed=cfg.seed))
+    # a resumed search first replays the sets it had suggested (their finished units are reused)
+    replay = [{"hparams": s["hparams"], "orderings": list(range(S))} for s in manifest.data["sets"]]
+    param_space = {"hparams": {k: tune.choice(list(v)) for k, v in space.sets.items()}, "orderings": list(range(S))}
+    return param_space, OptunaSearch(metric="score", mode="max", sampler=sampler,
+                                     points_to_evaluate=replay or None), cfg.search.trials
+
+
+def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, param_space: dict[str, Any],
+              search_alg, num_samples: int, callbacks: list[tune.Callback]) -> None:
+    cfg = resolved.config
+    tuner = tune.Tuner(
+        trainable_for(resolved, phase, study_folders(resolved, paths, phase, attempt)),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(num_samples=num_samples, search_alg=search_alg,
+                                    max_concurrent_trials=cfg.compute.max_concurrent),
+        run_config=tune.RunConfig(name=f"{phase}-{attempt}", storage_path=str(paths.ray_storage), verbose=0,
+                                  callbacks=[*callbacks, *ray_loggers()],
+                                  failure_config=tune.FailureConfig(max_failures=cfg.compute.max_failures)),
+    )
+    tuner.fit()
+
+
+def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = False) -> PhaseOutcome:
     cfg = resolved.config
     R, S = cfg.search.trials, cfg.search.orderings
     space = load_space(cfg.algorithm, resolved.space_path).space
     check_resources(resolved)
-    paths, manifest = open_study(resolved, fresh=True)
-    if cfg.search.searcher == "random":
+    paths, manifest = open_study(resolved, fresh=not resume)
+    if resume:
+        check_resumable(resolved, manifest)
+        if manifest.data["phases"].get("tune", {}).get("status") == "finished" and paths.best.exists():
+            return finished_tune_outcome(resolved, paths, manifest)
+    elif cfg.search.searcher == "random":
         manifest.set_sets(sample_sets(space, R, cfg.seed))  # the R sets exist on disk before any training
-    client, experiment_id = mlflow_client(resolved)
-    run_id = start_phase_run(client, experiment_id, resolved, "tune", {})
-    manifest.set_phase("tune", mlflow_run_id=run_id, status="running", dataset=resolved.tuning.dataset,
-                       classes=list(resolved.tuning.classes))
+    journal = open_journal(resolved, paths)
+    attempt, run_id = begin_phase(resolved, journal, manifest, "tune", {}, resume)
+    phase_key = f"tune:{attempt}"
+    manifest.set_phase("tune", mlflow_run_id=run_id, attempt=attempt, status="running",
+                       dataset=resolved.tuning.dataset, classes=list(resolved.tuning.classes))
 
     trial_index: dict[str, int] = {}
 
@@ -225,37 +327,20 @@ def tune_phase(resolved: ResolvedExperiment, console: Console) -> PhaseOutcome:
         if "trial" in trial.config:
             return int(trial.config["trial"]["set_index"])
         if trial.trial_id not in trial_index:  # adaptive searchers: sets are recorded as they are suggested
-            trial_index[trial.trial_id] = manifest.add_set(dict(trial.config["hparams"]))
+            hparams = dict(trial.config["hparams"])
+            taken = set(trial_index.values())
+            replayed = [s["index"] for s in manifest.data["sets"] if s["hparams"] == hparams and s["index"] not in taken]
+            trial_index[trial.trial_id] = replayed[0] if replayed else manifest.add_set(hparams)
         return trial_index[trial.trial_id]
 
-    writer = MlflowWriter(client, experiment_id, run_id, "tune", S, manifest, set_index_of,
-                          manifest.hparams, common_params(resolved, "tune"))
-    if cfg.search.searcher == "random":
-        param_space = {"trial": tune.grid_search([{"set_index": s["index"], "hparams": s["hparams"]}
-                                                  for s in manifest.data["sets"]]),
-                       "orderings": list(range(S))}
-        search_alg, num_samples = BasicVariantGenerator(random_state=cfg.seed), 1
-    else:
-        import optuna
-        from ray.tune.search.optuna import OptunaSearch
-
-        sampler = (optuna.samplers.TPESampler(seed=cfg.seed) if cfg.search.searcher == "optuna-tpe"
-                   else optuna.samplers.RandomSampler(seed=cfg.seed))
-        param_space = {"hparams": {k: tune.choice(list(v)) for k, v in space.sets.items()}, "orderings": list(range(S))}
-        search_alg, num_samples = OptunaSearch(metric="score", mode="max", sampler=sampler), R
-
+    writer = MlflowWriter(journal, phase_key, "tune", S, manifest, set_index_of, manifest.hparams,
+                          common_params(resolved, "tune"))
+    param_space, search_alg, num_samples = _searcher(resolved, manifest, space, S)
     with progress_bar(console) as progress:
-        bar = progress.add_task(f"tune {cfg.algorithm}", total=R * S, status="")
-        tuner = tune.Tuner(
-            trainable_for(resolved, "tune"),
-            param_space=param_space,
-            tune_config=tune.TuneConfig(num_samples=num_samples, search_alg=search_alg,
-                                        max_concurrent_trials=cfg.compute.max_concurrent),
-            run_config=tune.RunConfig(name="tune", storage_path=str(paths.ray_storage), verbose=0,
-                                      callbacks=[writer, ProgressCallback(progress, bar), *ray_loggers()],
-                                      failure_config=tune.FailureConfig(max_failures=0)),
-        )
-        tuner.fit()
+        bar = progress.add_task(f"tune {cfg.algorithm}", total=R * S, status="",
+                                completed=len(manifest.units("tune")))
+        run_tuner(resolved, paths, "tune", attempt, param_space, search_alg, num_samples,
+                  [writer, ProgressCallback(progress, bar, manifest, "tune")])
 
     units = manifest.units("tune")
     results = [OrderingResult(u["set_index"], u["ordering"], float(u["acc"]), float(u["avg_acc"]),
@@ -263,7 +348,8 @@ def tune_phase(resolved: ResolvedExperiment, console: Console) -> PhaseOutcome:
     try:
         selection = select_best(results, cfg.search.selection)
     except Exception:
-        client.set_terminated(run_id, "FAILED")
+        journal.terminate(phase_key, "FAILED")
+        finish_journal(journal, paths, console)
         manifest.set_phase("tune", status="failed")
         raise
     best_index = selection.best_index
@@ -279,17 +365,25 @@ def tune_phase(resolved: ResolvedExperiment, console: Console) -> PhaseOutcome:
                "acc": s.acc_mean, "avg_acc": s.avg_acc_mean, "diverged_orderings": s.diverged_orderings}
               for s in selection.scores]
     manifest.set_phase("tune", status="finished", best_set_index=best_index, scores=scores)
-    for key, value in (("best_hmean", best["score"]), ("best_acc", summary["acc"]), ("best_avg_acc", summary["avg_acc"]),
-                       ("best_acc_std", summary["acc_std"]), ("best_avg_acc_std", summary["avg_acc_std"]),
-                       ("best_set_index", best_index)):
-        client.log_metric(run_id, key, float(value))
-    client.set_tag(run_id, "gtep.best_set_index", str(best_index))
-    client.set_tag(run_id, "gtep.best_trial_run_id", writer.trial_runs.get(best_index, ""))
+    journal.log(phase_key, {"best_hmean": best["score"], "best_acc": summary["acc"], "best_avg_acc": summary["avg_acc"],
+                            "best_acc_std": summary["acc_std"], "best_avg_acc_std": summary["avg_acc_std"],
+                            "best_set_index": best_index},
+                tags={"gtep.best_set_index": str(best_index),
+                      "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
     for path in (paths.manifest, paths.best, paths.results("tune")):
-        log_file(client, run_id, path)
-    client.set_terminated(run_id, "FINISHED")
+        journal.log_file(phase_key, path)
+    journal.terminate(phase_key, "FINISHED")
+    finish_journal(journal, paths, console)
     return PhaseOutcome("tune", run_id, best_index, hparams, summary, paths,
                         {"diverged_sets": sum(1 for s in selection.scores if not s.usable), "trials": len(selection.scores)})
+
+
+def finished_tune_outcome(resolved: ResolvedExperiment, paths: StudyPaths, manifest: Manifest) -> PhaseOutcome:
+    """A resumed `gtep run` whose tuning phase had finished: H* as it was selected, nothing re-run."""
+    best = read_best(paths.best)
+    units = [u for u in manifest.units("tune") if u["set_index"] == best["set_index"]]
+    return PhaseOutcome("tune", best["tuning_run_id"], int(best["set_index"]), best["hparams"],
+                        summarize_units(units), paths)
 
 
 # ---------------------------------------------------------------- phase 2: evaluation
@@ -313,45 +407,40 @@ def best_from_run(resolved: ResolvedExperiment, tuning_run_id: str) -> dict[str,
         return read_best(Path(local))
 
 
-def evaluate_phase(resolved: ResolvedExperiment, best: dict[str, Any], console: Console) -> PhaseOutcome:
+def evaluate_phase(resolved: ResolvedExperiment, best: dict[str, Any], console: Console,
+                   resume: bool = False) -> PhaseOutcome:
     cfg = resolved.config
     S = cfg.search.orderings
     check_resources(resolved)
     paths, manifest = open_study(resolved, fresh=False)
-    if (paths.ray_storage / "evaluate").exists():
-        shutil.rmtree(paths.ray_storage / "evaluate")
-    client, experiment_id = mlflow_client(resolved)
+    journal = open_journal(resolved, paths)
     tags = {"gtep.tuning_run_id": str(best.get("tuning_run_id") or ""), "gtep.hparams_source": best.get("source", "tuning")}
-    run_id = start_phase_run(client, experiment_id, resolved, "evaluate", tags)
     set_index = int(best.get("set_index", -1))
     hparams = dict(best["hparams"])
-    manifest.set_phase("evaluate", mlflow_run_id=run_id, status="running", dataset=resolved.evaluation.dataset,
-                       classes=list(resolved.evaluation.classes), set_index=set_index, hparams=hparams,
-                       tuning_run_id=tags["gtep.tuning_run_id"])
-    writer = MlflowWriter(client, experiment_id, run_id, "evaluate", S, manifest, lambda t: set_index,
-                          lambda _: hparams, common_params(resolved, "evaluate"))
+    previous = manifest.data["phases"].get("evaluate", {})
+    resume = resume and previous.get("status") == "running" and previous.get("hparams") == hparams
+    attempt, run_id = begin_phase(resolved, journal, manifest, "evaluate", tags, resume)
+    phase_key = f"evaluate:{attempt}"
+    manifest.set_phase("evaluate", mlflow_run_id=run_id, attempt=attempt, status="running",
+                       dataset=resolved.evaluation.dataset, classes=list(resolved.evaluation.classes),
+                       set_index=set_index, hparams=hparams, tuning_run_id=tags["gtep.tuning_run_id"])
+    writer = MlflowWriter(journal, phase_key, "evaluate", S, manifest, lambda t: set_index, lambda _: hparams,
+                          common_params(resolved, "evaluate"))
     with progress_bar(console) as progress:
-        bar = progress.add_task(f"evaluate {cfg.algorithm}", total=S, status="")
-        tuner = tune.Tuner(
-            trainable_for(resolved, "evaluate"),
-            param_space={"trial": {"set_index": set_index, "hparams": hparams},
-                         "orderings": tune.grid_search([[s] for s in range(S)])},
-            tune_config=tune.TuneConfig(num_samples=1, max_concurrent_trials=cfg.compute.max_concurrent),
-            run_config=tune.RunConfig(name="evaluate", storage_path=str(paths.ray_storage), verbose=0,
-                                      callbacks=[writer, ProgressCallback(progress, bar), *ray_loggers()],
-                                      failure_config=tune.FailureConfig(max_failures=0)),
-        )
-        tuner.fit()
+        bar = progress.add_task(f"evaluate {cfg.algorithm}", total=S, status="",
+                                completed=len(manifest.units("evaluate")))
+        run_tuner(resolved, paths, "evaluate", attempt,
+                  {"trial": {"set_index": set_index, "hparams": hparams},
+                   "orderings": tune.grid_search([[s] for s in range(S)])},
+                  None, 1, [writer, ProgressCallback(progress, bar, manifest, "evaluate")])
     units = manifest.units("evaluate")
     summary = summarize_units(units)
     write_results_csv(paths.results("evaluate"), units, lambda _: hparams)
     manifest.set_phase("evaluate", status="finished", summary=summary)
-    for key in ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "diverged"):
-        if pd.notna(summary[key]):
-            client.log_metric(run_id, key, float(summary[key]))
-    for path in (paths.manifest, paths.results("evaluate")):
-        log_file(client, run_id, path)
-    if paths.best.exists():
-        log_file(client, run_id, paths.best)
-    client.set_terminated(run_id, "FINISHED" if not summary["diverged"] else "FAILED")
+    journal.log(phase_key, {k: float(summary[k]) for k in ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean",
+                                                           "diverged") if pd.notna(summary[k])})
+    for path in (paths.manifest, paths.results("evaluate")) + ((paths.best,) if paths.best.exists() else ()):
+        journal.log_file(phase_key, path)
+    journal.terminate(phase_key, "FINISHED" if not summary["diverged"] else "FAILED")
+    finish_journal(journal, paths, console)
     return PhaseOutcome("evaluate", run_id, set_index, hparams, summary, paths)

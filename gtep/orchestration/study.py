@@ -4,6 +4,10 @@
 <output>/<study>/best.yaml       H* with its score and the tuning run it came from
 <output>/<study>/<phase>_results.csv   one row per (set, ordering)
 <output>/<study>/ray/            Ray Tune's own storage
+<output>/<study>/units/<phase>-<attempt>/        one JSON per finished (set, ordering): reused on retry/resume
+<output>/<study>/checkpoints/<phase>-<attempt>/  the last finished task of each running ordering
+<output>/<study>/tracking/       the MLflow write journal (see journal.py)
+<output>/<study>/events.jsonl    unit events from the trials: started, trained, reused
 """
 from __future__ import annotations
 
@@ -84,6 +88,11 @@ class Manifest:
 
     def record_unit(self, phase: str, set_index: int, ordering: int, record: dict[str, Any]) -> None:
         self.data["units"][f"{phase}/{set_index}/{ordering}"] = record
+        self.save()
+
+    def clear_units(self, phase: str) -> None:
+        """A fresh run of a phase starts without the units of the previous one."""
+        self.data["units"] = {k: u for k, u in self.data["units"].items() if not k.startswith(f"{phase}/")}
         self.save()
 
     def units(self, phase: str) -> list[dict[str, Any]]:

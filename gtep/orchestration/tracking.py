@@ -1,4 +1,4 @@
-"""MLflow lineage, written by one writer on the driver through an explicit MlflowClient.
+"""MLflow lineage, written by one writer on the driver through the study's tracking journal.
 
 experiment gtep/<study>
   phase run     (gtep.level=phase, gtep.phase=tune|evaluate; artifacts manifest.json, best.yaml, results CSV)
@@ -7,20 +7,20 @@ experiment gtep/<study>
 
 Workers only report to Ray Tune; this callback turns the reports into runs, which avoids SQLite locking
 and the experiment-creation race of per-worker MLflow clients (ray-project/ray#19909, mlflow/mlflow#10334).
+Writes go through `TrackingJournal`, so a tracking server that is away costs no metric, and a resumed
+study writes into the runs it started instead of duplicating them.
 """
 from __future__ import annotations
 
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any, Callable
 
-from mlflow.entities import Metric, Param
 from mlflow.tracking import MlflowClient
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from ray import tune
 
+from gtep.orchestration.journal import TrackingJournal, now_ms
 from gtep.orchestration.study import Manifest
 from gtep.protocol.metrics import harmonic_mean
 from gtep.protocol.selection import OrderingResult, score_set
@@ -43,98 +43,108 @@ def ensure_experiment(client: MlflowClient, study: str, artifact_root: Path | No
     return client.create_experiment(name, artifact_location=location)
 
 
-def _params(values: dict[str, Any]) -> list[Param]:
-    """MLflow params are strings of bounded length; lists are stringified (ray-project/ray#30649 notes)."""
-    return [Param(str(k), str(v)[:6000]) for k, v in sorted(values.items())]
-
-
-def log_json(client: MlflowClient, run_id: str, name: str, payload: Any) -> None:
-    client.log_text(run_id, json.dumps(payload, indent=2, default=str), name)
-
-
-def log_file(client: MlflowClient, run_id: str, path: Path) -> None:
-    client.log_artifact(run_id, str(path))
-
-
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(float(value))
 
 
-class MlflowWriter(tune.Callback):
-    """Turns Ray Tune reports into trial and ordering runs under the phase run, and into manifest units."""
+def trial_key(phase_key: str, set_index: int) -> str:
+    return f"{phase_key}/set{set_index:03d}"
 
-    def __init__(self, client: MlflowClient, experiment_id: str, phase_run_id: str, phase: str, orderings: int,
-                 manifest: Manifest, set_index_of: Callable[[Any], int], hparams_of: Callable[[int], dict[str, Any]],
-                 common_params: dict[str, Any],
-                 on_unit: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.client, self.experiment_id, self.phase_run_id = client, experiment_id, phase_run_id
-        self.phase, self.orderings, self.manifest = phase, orderings, manifest
-        self.set_index_of, self.hparams_of = set_index_of, hparams_of
-        self.common_params, self.on_unit = common_params, on_unit
-        self.trial_runs: dict[int, str] = {}
-        self.results: dict[int, list[OrderingResult]] = {}
+
+def unit_key(phase_key: str, set_index: int, ordering: int) -> str:
+    return f"{trial_key(phase_key, set_index)}/o{ordering}"
+
+
+class MlflowWriter(tune.Callback):
+    """Turns Ray Tune reports into trial and ordering runs under the phase run, and into manifest units.
+
+    A unit already in the manifest (a resumed study, or a trial retried after its worker died re-reporting
+    the orderings it had finished) is counted once and never logged twice."""
+
+    def __init__(self, journal: TrackingJournal, phase_key: str, phase: str, orderings: int, manifest: Manifest,
+                 set_index_of: Callable[[Any], int], hparams_of: Callable[[int], dict[str, Any]],
+                 common_params: dict[str, Any]) -> None:
+        self.journal, self.phase_key, self.phase = journal, phase_key, phase
+        self.orderings, self.manifest = orderings, manifest
+        self.set_index_of, self.hparams_of, self.common_params = set_index_of, hparams_of, common_params
+        self.opened: set[int] = set()
+        self.finished: set[int] = set()
+        self.results: dict[int, dict[int, OrderingResult]] = {}
+        for unit in manifest.units(phase):
+            self._count(unit)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Ray pickles its run config (tuner.pkl); live clients and callbacks stay on the driver."""
+        """Ray pickles its run config (tuner.pkl); the journal and callbacks stay on the driver."""
         return {"phase": self.phase, "orderings": self.orderings}
 
+    def _count(self, unit: dict[str, Any]) -> None:
+        diverged = unit["status"] == "diverged"
+        self.results.setdefault(int(unit["set_index"]), {})[int(unit["ordering"])] = OrderingResult(
+            int(unit["set_index"]), int(unit["ordering"]), float(unit.get("acc") or 0.0),
+            float(unit.get("avg_acc") or 0.0), diverged)
+
     # ---- runs -----------------------------------------------------------------------------------
-    def _tags(self, level: str, parent: str, name: str, **extra: str) -> dict[str, str]:
-        return {"gtep.phase": self.phase, "gtep.level": level, MLFLOW_PARENT_RUN_ID: parent,
-                MLFLOW_RUN_NAME: name, **extra}
+    def _tags(self, level: str, **extra: str) -> dict[str, str]:
+        return {"gtep.phase": self.phase, "gtep.level": level, **extra}
 
     def trial_run(self, set_index: int) -> str:
-        if set_index not in self.trial_runs:
-            hparams = self.hparams_of(set_index)
-            run = self.client.create_run(self.experiment_id, run_name=f"{self.phase}-set{set_index:03d}",
-                                         tags=self._tags("trial", self.phase_run_id, f"{self.phase}-set{set_index:03d}",
-                                                         **{"gtep.set_index": str(set_index)}))
-            self.client.log_batch(run.info.run_id, params=_params({**self.common_params, **hparams}))
-            self.trial_runs[set_index] = run.info.run_id
-            self.manifest.set_phase(self.phase, trial_runs={str(k): v for k, v in self.trial_runs.items()})
-        return self.trial_runs[set_index]
+        key = trial_key(self.phase_key, set_index)
+        if set_index not in self.opened:
+            self.opened.add(set_index)
+            self.journal.create_run(key, f"{self.phase}-set{set_index:03d}", parent=self.phase_key,
+                                    tags=self._tags("trial", **{"gtep.set_index": str(set_index)}))
+            self.journal.log(key, params={**self.common_params, **self.hparams_of(set_index)})
+            runs = self.manifest.data["phases"].get(self.phase, {}).get("trial_keys", {})
+            self.manifest.set_phase(self.phase, trial_keys={**runs, str(set_index): key})
+        return key
 
     def log_ordering(self, set_index: int, result: dict[str, Any]) -> None:
-        parent = self.trial_run(set_index)
         s = int(result["ordering"])
+        if f"{self.phase}/{set_index}/{s}" in self.manifest.data["units"]:
+            self._maybe_finish(set_index)  # already logged by an earlier attempt
+            return
+        parent = self.trial_run(set_index)
+        key = unit_key(self.phase_key, set_index, s)
         diverged = result["status"] == "diverged"
-        run = self.client.create_run(
-            self.experiment_id, run_name=f"set{set_index:03d}-ordering{s}",
-            tags=self._tags("ordering", parent, f"set{set_index:03d}-ordering{s}",
-                            **{"gtep.set_index": str(set_index), "gtep.ordering": str(s), "gtep.status": result["status"]}))
-        run_id = run.info.run_id
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, float(result[k]), now, 0) for k in ORDERING_METRICS if _finite(result.get(k))]
-        metrics += [Metric("acc_t", float(v), now, t + 1) for t, v in enumerate(result.get("acc_t") or [])]
+        self.journal.create_run(key, f"set{set_index:03d}-ordering{s}", parent=parent, tags=self._tags(
+            "ordering", **{"gtep.set_index": str(set_index), "gtep.ordering": str(s), "gtep.status": result["status"],
+                           "gtep.node": str(result.get("node", "")),
+                           "gtep.resumed_tasks": str(result.get("resumed_tasks", 0))}))
+        values = {k: float(result[k]) for k in ORDERING_METRICS if _finite(result.get(k))}
         if diverged:
-            metrics.append(Metric("diverged", 1.0, now, 0))
-        params = {**self.common_params, **self.hparams_of(set_index), "ordering": s}
-        self.client.log_batch(run_id, metrics=metrics, params=_params(params))
-        log_json(self.client, run_id, "accuracy.json", {k: result.get(k) for k in
-                 ("class_order", "acc_matrix", "test_counts", "task_seconds", "message")})
-        self.client.set_terminated(run_id, "FAILED" if diverged else "FINISHED")
+            values["diverged"] = 1.0
+        steps = [("acc_t", float(v), t + 1) for t, v in enumerate(result.get("acc_t") or [])]
+        self.journal.log(key, values, steps, params={**self.common_params, **self.hparams_of(set_index), "ordering": s},
+                         timestamp=int(result.get("finished_at") or now_ms()))
+        self.journal.log_text(key, "accuracy.json", json.dumps({k: result.get(k) for k in (
+            "class_order", "acc_matrix", "test_counts", "task_seconds", "message")}, indent=2, default=str))
+        self.journal.terminate(key, "FAILED" if diverged else "FINISHED")
         unit = {k: result.get(k) for k in ("status", "acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
-                                           "acc_t", "params_total", "params_trainable", "train_seconds", "message")}
-        unit.update(set_index=set_index, ordering=s, mlflow_run_id=run_id)
+                                           "acc_t", "params_total", "params_trainable", "train_seconds", "message",
+                                           "node", "finished_at")}
+        unit.update(set_index=set_index, ordering=s, mlflow_key=key)
         self.manifest.record_unit(self.phase, set_index, s, unit)
-        self.results.setdefault(set_index, []).append(
-            OrderingResult(set_index, s, float(result.get("acc") or 0.0), float(result.get("avg_acc") or 0.0), diverged))
-        if self.on_unit:
-            self.on_unit(unit)
-        if len(self.results[set_index]) >= self.orderings:
+        self._count(unit)
+        self._maybe_finish(set_index)
+
+    def _maybe_finish(self, set_index: int) -> None:
+        if set_index not in self.finished and len(self.results.get(set_index, {})) >= self.orderings:
             self.finish_trial(set_index, "FINISHED")
 
     def finish_trial(self, set_index: int, status: str) -> None:
-        run_id = self.trial_run(set_index)
-        score = score_set(set_index, self.results.get(set_index, []))
-        now = int(time.time() * 1000)
+        key = self.trial_run(set_index)
+        self.finished.add(set_index)
+        score = score_set(set_index, list(self.results.get(set_index, {}).values()))
         values = {"acc": score.acc_mean, "acc_std": score.acc_std, "avg_acc": score.avg_acc_mean,
                   "avg_acc_std": score.avg_acc_std, "hmean": score.hmean_of_means,
                   "mean_of_hmeans": score.mean_of_hmeans, "diverged_orderings": score.diverged_orderings,
                   "orderings": score.orderings}
-        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items() if _finite(v)])
-        self.client.set_tag(run_id, "gtep.status", "diverged" if score.diverged_orderings else status.lower())
-        self.client.set_terminated(run_id, status)
+        # the time of its last unit: finishing the same trial again (a resumed study) writes the same points
+        stamps = [u.get("finished_at") or 0 for u in self.manifest.units(self.phase) if u["set_index"] == set_index]
+        self.journal.log(key, {k: v for k, v in values.items() if _finite(v)},
+                         tags={"gtep.status": "diverged" if score.diverged_orderings else status.lower()},
+                         timestamp=int(max(stamps, default=0)) or None)
+        self.journal.terminate(key, status)
 
     # ---- Ray Tune hooks ---------------------------------------------------------------------------
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
@@ -146,7 +156,7 @@ class MlflowWriter(tune.Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         set_index = self.set_index_of(trial)
-        self.client.set_tag(self.trial_run(set_index), "gtep.error", str(getattr(trial, "error_file", ""))[:500])
+        self.journal.log(self.trial_run(set_index), tags={"gtep.error": str(getattr(trial, "error_file", ""))[:500]})
         self.finish_trial(set_index, "FAILED")
 
 

@@ -1,0 +1,214 @@
+"""A study's MLflow writes as a journal on disk, applied to the tracking server whenever it answers.
+
+Every write (create a run, log metrics/params/tags, an artifact, end a run) is first appended to
+`<study>/tracking/journal.jsonl`, then applied in order. When the server is away, the writes wait in the
+journal and training goes on; they are applied when it answers again, or by `gtep sync <study>`.
+
+Runs are named by keys (`tune:<attempt>/set003/o1`), not by MLflow ids, so a write can be journaled
+before its run exists, and a resumed study finds its runs again instead of creating new ones. Every
+operation is idempotent: a run is looked up by its `gtep.key` tag before it is created; metrics carry the
+timestamp they were journaled with, so writing them twice stores them once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+from gtep.orchestration.study import write_atomic
+
+RUN_REF = "@run:"  # a tag value naming another run by key, resolved when applied
+RETRY_AFTER_SECONDS = 5.0
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def quiet_http_client(tracking_uri: str) -> MlflowClient:
+    """An MlflowClient that fails fast when a server is away (the journal retries, not the HTTP layer)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+@dataclass
+class JournalState:
+    tracking_uri: str
+    experiment_id: str
+    applied: int = 0  # sequence number of the last operation the server took
+    runs: dict[str, str] = field(default_factory=dict)  # key -> MLflow run id
+
+
+class TrackingJournal:
+    """The only path from gtep to MLflow during a study (one writer: the driver)."""
+
+    def __init__(self, study_root: Path, client: MlflowClient, state: JournalState) -> None:
+        self.dir = study_root / "tracking"
+        self.client, self.state = client, state
+        self.pending: list[dict[str, Any]] = []
+        self.last_error: str = ""
+        self._failed_at = 0.0
+        self._next_seq = state.applied + 1
+        self._read_pending()
+
+    # ---- opening -------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, study_root: Path, tracking_uri: str, experiment_id: str) -> "TrackingJournal":
+        state_path = study_root / "tracking" / "state.json"
+        if state_path.exists():
+            state = JournalState(**json.loads(state_path.read_text()))
+            state.tracking_uri, state.experiment_id = tracking_uri, experiment_id
+        else:
+            state = JournalState(tracking_uri, experiment_id)
+        return cls(study_root, quiet_http_client(tracking_uri), state)
+
+    @classmethod
+    def load(cls, study_root: Path, tracking_uri: str | None = None) -> "TrackingJournal":
+        """For `gtep sync`: the journal as the study left it."""
+        state_path = study_root / "tracking" / "state.json"
+        if not state_path.exists():
+            raise FileNotFoundError(f"{study_root} has no tracking journal (tracking/state.json)")
+        state = JournalState(**json.loads(state_path.read_text()))
+        if tracking_uri:
+            state.tracking_uri = tracking_uri
+        return cls(study_root, quiet_http_client(state.tracking_uri), state)
+
+    @property
+    def journal_path(self) -> Path:
+        return self.dir / "journal.jsonl"
+
+    def _read_pending(self) -> None:
+        if not self.journal_path.exists():
+            return
+        for line in self.journal_path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                op = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed driver: its operation was never acknowledged
+            self._next_seq = max(self._next_seq, op["seq"] + 1)
+            if op["seq"] > self.state.applied:
+                self.pending.append(op)
+
+    def _save_state(self) -> None:
+        write_atomic(self.dir / "state.json", json.dumps(self.state.__dict__, indent=1))
+
+    # ---- journaling ----------------------------------------------------------------------------
+    def _append(self, op: dict[str, Any]) -> None:
+        op["seq"] = self._next_seq
+        self._next_seq += 1
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.journal_path, "a") as fh:
+            fh.write(json.dumps(op, default=str) + "\n")
+        self.pending.append(op)
+        self.flush()
+
+    def create_run(self, key: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None) -> None:
+        self._append({"op": "create_run", "key": key, "name": name, "parent": parent, "tags": tags or {}})
+
+    def reopen(self, key: str) -> None:
+        """A resumed study marks its runs running again (they stay the same runs)."""
+        self._append({"op": "reopen", "key": key})
+
+    def log(self, key: str, metrics: dict[str, float] | None = None, steps: list[tuple[str, float, int]] = (),
+            params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
+            timestamp: int | None = None) -> None:
+        ts = timestamp or now_ms()
+        rows = [[k, float(v), ts, 0] for k, v in (metrics or {}).items()] + [[k, float(v), ts, s] for k, v, s in steps]
+        self._append({"op": "log", "key": key, "metrics": rows,
+                      "params": {str(k): str(v)[:6000] for k, v in (params or {}).items()}, "tags": tags or {}})
+
+    def log_text(self, key: str, name: str, text: str) -> None:
+        self._append({"op": "artifact", "key": key, "name": name, "file": self._snapshot_text(name, text)})
+
+    def log_file(self, key: str, path: Path) -> None:
+        """The file as it is now: later changes to it (the manifest) do not change what is logged."""
+        self._append({"op": "artifact", "key": key, "name": path.name,
+                      "file": self._snapshot_text(path.name, path.read_text())})
+
+    def terminate(self, key: str, status: str) -> None:
+        self._append({"op": "terminate", "key": key, "status": status})
+
+    def _snapshot_text(self, name: str, text: str) -> str:
+        files = self.dir / "files"
+        files.mkdir(parents=True, exist_ok=True)
+        relative = f"{self._next_seq:06d}-{name}"
+        (files / relative).write_text(text)
+        return relative
+
+    # ---- applying ------------------------------------------------------------------------------
+    def run_id(self, key: str) -> str | None:
+        return self.state.runs.get(key)
+
+    def flush(self, force: bool = False) -> int:
+        """Apply what is pending, in order; stop at the first failure. Returns how many remain."""
+        if self.pending and not force and time.monotonic() - self._failed_at < RETRY_AFTER_SECONDS:
+            return len(self.pending)
+        while self.pending:
+            op = self.pending[0]
+            try:
+                self._apply(op)
+            except Exception as err:  # noqa: BLE001 - any failure to reach the store means: keep it and retry
+                self.last_error = f"{err.__class__.__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+                self._failed_at = time.monotonic()
+                return len(self.pending)
+            self.pending.pop(0)
+            self.state.applied = op["seq"]
+            self._save_state()
+        self.last_error = ""
+        return 0
+
+    def _resolve(self, tags: dict[str, str]) -> dict[str, str]:
+        return {k: (self.state.runs.get(v[len(RUN_REF):], "") if isinstance(v, str) and v.startswith(RUN_REF) else v)
+                for k, v in tags.items()}
+
+    def _existing(self, key: str) -> str | None:
+        found = self.client.search_runs([self.state.experiment_id], filter_string=f"tags.`gtep.key` = '{key}'",
+                                        max_results=1)
+        return found[0].info.run_id if found else None
+
+    def _apply(self, op: dict[str, Any]) -> None:
+        kind, key = op["op"], op["key"]
+        if kind == "create_run":
+            if key in self.state.runs:
+                return
+            run_id = self._existing(key)
+            if run_id is None:
+                tags = {**self._resolve(op["tags"]), "gtep.key": key, MLFLOW_RUN_NAME: op["name"]}
+                if op["parent"]:
+                    tags[MLFLOW_PARENT_RUN_ID] = self.state.runs[op["parent"]]
+                run_id = self.client.create_run(self.state.experiment_id, run_name=op["name"], tags=tags).info.run_id
+            self.state.runs[key] = run_id
+            return
+        run_id = self.state.runs[key]
+        if kind == "reopen":
+            self.client.update_run(run_id, status="RUNNING")
+        elif kind == "log":
+            self.client.log_batch(run_id, metrics=[Metric(*row) for row in op["metrics"]],
+                                  params=[Param(k, v) for k, v in op["params"].items()],
+                                  tags=[RunTag(k, v) for k, v in self._resolve(op["tags"]).items()])
+        elif kind == "artifact":
+            self._log_artifact(run_id, op["name"], self.dir / "files" / op["file"])
+        elif kind == "terminate":
+            self.client.set_terminated(run_id, op["status"])
+        else:
+            raise ValueError(f"unknown journal operation {kind!r}")
+
+    def _log_artifact(self, run_id: str, name: str, source: Path) -> None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as scratch:
+            target = Path(scratch) / name
+            shutil.copyfile(source, target)
+            self.client.log_artifact(run_id, str(target))

@@ -1,0 +1,120 @@
+"""Processes for the cluster and fault tests: gtep drivers, MLflow servers, Ray nodes; and waiting on them."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import yaml
+
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+       "RAY_CHDIR_TO_TRIAL_DIR": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+BIN = Path(sys.executable).parent
+
+
+def tiny_study(name: str, trials: int = 3, orderings: int = 2, epochs: int = 6, **extra) -> dict:
+    """A study whose units take a few seconds each: long enough to be interrupted between tasks."""
+    return {
+        "study": name, "algorithm": "replay", "backbone": "resnet8",
+        "scenario": {"increments": "3x3"},
+        "datasets": {"split": {"dataset": "synthetic:classes=20,train=30,test=10", "classes_per_phase": 9, "seed": 1}},
+        "search": {"trials": trials, "orderings": orderings},
+        "first_task": {"epochs": epochs, "milestones": [epochs // 2], "batch_size": 16},
+        "training": {"memory_size": 18, "epoch_scale": 1.0},
+        "compute": {"cpus_per_trial": 1, "max_concurrent": 1},
+        "seed": 5, **extra,
+    }
+
+
+def write_config(folder: Path, config: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{config['study']}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def gtep(*args: str, log: Path, cwd: Path | None = None) -> subprocess.Popen:
+    """A gtep command in its own process group, so the test can kill it with everything it started."""
+    return subprocess.Popen([sys.executable, "-m", "gtep.cli", *args], stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env=ENV, cwd=cwd, start_new_session=True)
+
+
+def finish(process: subprocess.Popen, log: Path, timeout: float = 600) -> str:
+    code = process.wait(timeout=timeout)
+    output = log.read_text()
+    assert code == 0, f"exit {code}:\n{output[-3000:]}"
+    return output
+
+
+def kill_group(process: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=60)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def events(study_dir: Path) -> list[dict]:
+    path = study_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def count(study_dir: Path, event: str, phase: str = "tune") -> int:
+    return sum(1 for e in events(study_dir) if e["event"] == event and e["phase"] == phase)
+
+
+class MlflowServer:
+    """`gtep server` on 127.0.0.1; stop() and start() again on the same port and store simulate an outage."""
+
+    def __init__(self, root: Path, backend_store_uri: str | None = None) -> None:
+        self.root, self.port = root, free_port()
+        self.backend = backend_store_uri or f"sqlite:///{root / 'server.db'}"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "MlflowServer":
+        log = self.root / f"server-{int(time.time())}.log"
+        self.process = gtep("server", "--backend-store-uri", self.backend, "--artifacts-destination",
+                            str(self.root / "artifacts"), "--port", str(self.port), "--workers", "1", log=log)
+        wait_for(self.healthy, 90, f"the MLflow server ({log})")
+        return self
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None:
+            kill_group(self.process, signal.SIGTERM)
+            self.process = None

@@ -1,0 +1,77 @@
+"""A study whose driver is killed (SIGKILL) mid-study and resumed with `gtep tune --resume`:
+finished units are not trained again, MLflow runs are not duplicated, and H* and every unit's metrics
+equal those of an uninterrupted study with the same config."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.cluster.support import count, events, finish, gtep, kill_group, tiny_study, wait_for, write_config
+
+pytestmark = pytest.mark.cluster
+
+CONFIG = tiny_study("crash", trials=3, orderings=2, epochs=40, training={"memory_size": 18, "epoch_scale": 0.05})
+
+
+def tune_runs(output, study="crash"):
+    client = MlflowClient(tracking_uri=f"sqlite:///{output / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(f"gtep/{study}")
+    return [r for r in client.search_runs([experiment.experiment_id], max_results=1000)
+            if r.data.tags.get("gtep.phase") == "tune"]
+
+
+def unit_metrics(study_dir):
+    manifest = json.loads((study_dir / "manifest.json").read_text())
+    return {key: (u["status"], u["acc"], u["avg_acc"], tuple(u["acc_t"])) for key, u in manifest["units"].items()}
+
+
+@pytest.fixture(scope="module")
+def studies(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    config = write_config(root, CONFIG)
+    crashed, whole = root / "crashed", root / "whole"
+    study_dir = crashed / "crash"
+
+    driver = gtep("tune", "--config", str(config), "--output", str(crashed), log=root / "first.log")
+    # kill once two units are finished and a later one has checkpointed a task
+    wait_for(lambda: count(study_dir, "unit_trained") >= 2 and any((study_dir / "checkpoints").rglob("*.pt")),
+             300, "two finished units and a checkpoint")
+    kill_group(driver)
+    killed_after = {(e["set_index"], e["ordering"]) for e in events(study_dir) if e["event"] == "unit_trained"}
+
+    resumed = gtep("tune", "--resume", str(study_dir), log=root / "resume.log")
+    resume_output = finish(resumed, root / "resume.log")
+    finish(gtep("tune", "--config", str(config), "--output", str(whole), log=root / "whole.log"), root / "whole.log")
+    return {"crashed": crashed, "whole": whole, "killed_after": killed_after, "resume_output": resume_output}
+
+
+def test_finished_units_are_not_trained_again(studies):
+    log = events(studies["crashed"] / "crash")
+    trained = Counter((e["set_index"], e["ordering"]) for e in log if e["event"] == "unit_trained")
+    assert len(trained) == CONFIG["search"]["trials"] * CONFIG["search"]["orderings"]
+    assert set(trained.values()) == {1}, trained  # every unit trained exactly once over both drivers
+    assert studies["killed_after"] <= {(e["set_index"], e["ordering"]) for e in log if e["event"] == "unit_reused"}
+    # the unit that was running when the driver died continued from its checkpoint
+    assert any(e["event"] == "unit_trained" and e["resumed_tasks"] > 0 for e in log)
+
+
+def test_mlflow_runs_are_reopened_not_duplicated(studies):
+    runs = tune_runs(studies["crashed"])
+    by_level = Counter(r.data.tags["gtep.level"] for r in runs)
+    assert by_level == {"phase": 1, "trial": 3, "ordering": 6}
+    keys = Counter((r.data.tags.get("gtep.set_index"), r.data.tags.get("gtep.ordering")) for r in runs
+                   if r.data.tags["gtep.level"] == "ordering")
+    assert set(keys.values()) == {1}
+    assert all(r.info.status == "FINISHED" for r in runs)
+
+
+def test_resumed_study_selects_the_same_best_set_with_the_same_metrics(studies):
+    crashed = yaml.safe_load((studies["crashed"] / "crash" / "best.yaml").read_text())
+    whole = yaml.safe_load((studies["whole"] / "crash" / "best.yaml").read_text())
+    assert crashed["set_index"] == whole["set_index"] and crashed["hparams"] == whole["hparams"]
+    assert crashed["score"] == whole["score"]
+    assert unit_metrics(studies["crashed"] / "crash") == unit_metrics(studies["whole"] / "crash")
