@@ -339,9 +339,9 @@ def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.d
         import importlib.util
 
         scheme = backend_store_uri.split(":", 1)[0]
-        if scheme.startswith("postgresql") and importlib.util.find_spec("psycopg2") is None:
-            raise ConfigError("--backend-store-uri", "PostgreSQL needs its driver: pip install 'gtep[server]' "
-                              "(psycopg2-binary)")
+        driver = "psycopg2" if scheme == "postgresql+psycopg2" else "psycopg"
+        if scheme.startswith("postgresql") and importlib.util.find_spec(driver) is None:
+            raise ConfigError("--backend-store-uri", f"PostgreSQL needs its driver {driver}: pip install 'gtep[server]'")
         if scheme == "sqlite":
             Path(backend_store_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         if "://" not in artifacts_destination:

@@ -38,6 +38,7 @@ def quiet_http_client(tracking_uri: str) -> MlflowClient:
     if tracking_uri.startswith(("http://", "https://")):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # one line per run would bury the table
     return MlflowClient(tracking_uri=tracking_uri)
 
 

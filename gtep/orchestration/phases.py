@@ -275,7 +275,8 @@ def _searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
         param_space = {"trial": tune.grid_search([{"set_index": s["index"], "hparams": s["hparams"]}
                                                   for s in manifest.data["sets"]]),
                        "orderings": list(range(S))}
-        return param_space, BasicVariantGenerator(random_state=cfg.seed), 1
+        # the generator takes the concurrency limit itself (the Tuner's limit applies to Searchers only)
+        return param_space, BasicVariantGenerator(random_state=cfg.seed, max_concurrent=cfg.compute.max_concurrent or 0), 1
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 

@@ -104,7 +104,8 @@ class MlflowServer:
         log = self.root / f"server-{int(time.time())}.log"
         self.process = gtep("server", "--backend-store-uri", self.backend, "--artifacts-destination",
                             str(self.root / "artifacts"), "--port", str(self.port), "--workers", "1", log=log)
-        wait_for(self.healthy, 90, f"the MLflow server ({log})")
+        wait_for(lambda: self.healthy() or self.process.poll() is not None, 120, f"the MLflow server ({log})")
+        assert self.healthy(), f"the MLflow server did not start:\n{log.read_text()[-2000:]}"
         return self
 
     def healthy(self) -> bool:
