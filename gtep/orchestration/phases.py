@@ -88,13 +88,21 @@ def ray_session(address: str | None) -> Iterator[None]:
 
 
 def check_resources(resolved: ResolvedExperiment) -> None:
-    """A trial that can never be placed is an error, not a hang (ray-project/ray#18332)."""
+    """A trial that can never be placed is an error, not a hang (ray-project/ray#18332): some node must hold
+    one trial's CPUs and GPUs. Checked against the nodes alive now (with an autoscaler, keep one worker up)."""
     compute = resolved.config.compute
-    available = ray.cluster_resources()
-    for key, asked in (("CPU", compute.cpus_per_trial), ("GPU", compute.gpus_per_trial)):
-        if asked > available.get(key, 0):
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    asked = {"CPU": compute.cpus_per_trial, "GPU": compute.gpus_per_trial}
+    if any(all(node.get(key, 0) >= value for key, value in asked.items() if value) for node in nodes):
+        return
+    for key, value in asked.items():
+        largest = max((node.get(key, 0) for node in nodes), default=0)
+        if value > largest:
             field = "compute.cpus_per_trial" if key == "CPU" else "compute.gpus_per_trial"
-            raise ConfigError(field, f"asks {asked} {key} per trial but the Ray cluster has {available.get(key, 0)}; lower it")
+            raise ConfigError(field, f"asks {value:g} {key} per trial but the largest of the cluster's {len(nodes)} "
+                              f"node(s) has {largest:g}; lower it or add larger nodes")
+    raise ConfigError("compute.cpus_per_trial", f"no node of the cluster has {asked['CPU']:g} CPU and "
+                      f"{asked['GPU']:g} GPU at once; lower compute.cpus_per_trial or compute.gpus_per_trial")
 
 
 def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -14,9 +16,11 @@ from typing import Callable
 
 import yaml
 
-ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-       "RAY_CHDIR_TO_TRIAL_DIR": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 BIN = Path(sys.executable).parent
+# the venv's bin first, as on a node where gtep is installed: Ray Jobs run `gtep ...` from the PATH
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+       "RAY_CHDIR_TO_TRIAL_DIR": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+       "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 def tiny_study(name: str, trials: int = 3, orderings: int = 2, epochs: int = 6, **extra) -> dict:
@@ -119,3 +123,49 @@ class MlflowServer:
         if self.process is not None:
             kill_group(self.process, signal.SIGTERM)
             self.process = None
+
+
+class RayCluster:
+    """A head and a worker node on 127.0.0.1, each with its own CPUs and temp dir, started by `ray start`."""
+
+    def __init__(self, root: Path, cpus_per_node: int = 1) -> None:
+        self.root, self.cpus = root, cpus_per_node
+        self.port, self.dashboard_port = free_port(), free_port()
+        self.temp_dirs = [Path(tempfile.mkdtemp(prefix="gtep-ray-")) for _ in range(2)]  # short: socket paths
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def _ray(self, *args: str) -> None:
+        subprocess.run([str(BIN / "ray"), *args], env=ENV, check=True, capture_output=True, timeout=180)
+
+    @staticmethod
+    def node_ports() -> list[str]:
+        """Two nodes on one host must not share their agents' ports (as two Ray jobs on a SLURM node)."""
+        return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+                f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
+
+    def start(self) -> "RayCluster":
+        common = ["--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}", "--num-gpus=0", "--disable-usage-stats"]
+        self._ray("start", "--head", f"--port={self.port}", "--dashboard-host=127.0.0.1",
+                  f"--dashboard-port={self.dashboard_port}", "--include-dashboard=true", "--ray-client-server-port",
+                  str(free_port()), f"--temp-dir={self.temp_dirs[0]}", *self.node_ports(), *common)
+        self._ray("start", f"--address={self.address}", f"--temp-dir={self.temp_dirs[1]}", *self.node_ports(), *common)
+        wait_for(lambda: len(self.node_ids()) == 2, 120, "both Ray nodes")
+        return self
+
+    def node_ids(self) -> list[str]:
+        script = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
+                  "print(json.dumps([n['NodeID'] for n in ray.nodes() if n['Alive']]))" % self.address)
+        done = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=120)
+        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else []
+
+    def stop(self) -> None:
+        for temp in self.temp_dirs:  # each node's processes, found by their temp dir
+            subprocess.run(["pkill", "-9", "-f", str(temp)], check=False)
+            shutil.rmtree(temp, ignore_errors=True)
