@@ -125,6 +125,29 @@ def load_best_file(resolved: ResolvedExperiment, best: Optional[Path], tuning_ru
     return None
 
 
+def through_ray_client(address: Optional[str], config: Optional[Path]) -> bool:
+    """With --address ray://..., rerun this very command on the cluster's head (jobs.run_through_client)."""
+    if not address or not address.startswith("ray://"):
+        return False
+    from gtep.orchestration import jobs
+    from gtep.orchestration.phases import check_address
+
+    check_address(address)
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--address":
+            skip = True
+        elif not arg.startswith("--address="):
+            argv.append("@config" if config is not None and Path(arg) == config else arg)
+    code, output = jobs.run_through_client(address, argv, config)
+    sys.stdout.write(output)
+    if code:
+        raise typer.Exit(code)
+    return True
+
+
 def _run_guarded(fn):
     from gtep.data import DatasetError
     from gtep.protocol.selection import AllSetsDivergedError
@@ -162,6 +185,8 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
     def go():
         from gtep.orchestration.phases import ray_session, tune_phase
 
+        if through_ray_client(address, config):
+            return
         resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
                            trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,
                            max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights)
@@ -187,6 +212,8 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
         from gtep.orchestration.phases import best_from_run, evaluate_phase, ray_session
         from gtep.report.tables import phase_summary
 
+        if through_ray_client(address, config):
+            return
         resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address,
                            orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
                            study=study, backbone=backbone, weights=weights)
@@ -222,6 +249,8 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         from gtep.orchestration.study import read_best
         from gtep.report.tables import hparams_table, phase_comparison
 
+        if through_ray_client(address, config):
+            return
         start = time.perf_counter()
         resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
                            trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,

@@ -134,3 +134,40 @@ def listing(address: str | None) -> list[dict[str, str]]:
     return [{"id": j.submission_id or j.job_id or "", "status": str(j.status.value), "entrypoint": j.entrypoint,
              "start": time.strftime("%Y-%m-%d %H:%M", time.localtime((j.start_time or 0) / 1000))}
             for j in client(address).list_jobs()]
+
+
+# ---------------------------------------------------------------- --address ray://host:10001
+
+def _run_on_head(argv: list[str], config_text: str | None) -> tuple[int, str]:
+    """Inside the cluster: the same gtep command, driving the cluster this task runs in."""
+    import os
+    import subprocess
+    import sys
+
+    import ray
+
+    with tempfile.TemporaryDirectory(prefix="gtep-client-") as scratch:
+        if config_text is not None:
+            config = Path(scratch) / "exp.yaml"
+            config.write_text(config_text)
+            argv = [str(config) if a == "@config" else a for a in argv]
+        gcs = ray.get_runtime_context().gcs_address
+        env = {**os.environ, **JOB_ENV}
+        done = subprocess.run([sys.executable, "-m", "gtep.cli", *argv, "--address", gcs], env=env,
+                              capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+def run_through_client(address: str, argv: list[str], config: Path | None) -> tuple[int, str]:
+    """`gtep tune|evaluate|run --address ray://HEAD:10001`: the driver runs on the head node, as a task
+    pinned there, so the Tune callbacks, the journal and the study folder live on the cluster. Paths in
+    argv are taken as they are on the cluster (a shared filesystem), the config file travels with the call."""
+    import ray
+
+    text = config.read_text() if config is not None else None
+    ray.init(address=address, logging_level="ERROR")
+    try:
+        task = ray.remote(num_cpus=0, resources={"node:__internal_head__": 0.001}, max_retries=0)(_run_on_head)
+        return ray.get(task.remote(argv, text))
+    finally:
+        ray.shutdown()

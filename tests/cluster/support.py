@@ -130,8 +130,9 @@ class RayCluster:
 
     def __init__(self, root: Path, cpus_per_node: int = 1) -> None:
         self.root, self.cpus = root, cpus_per_node
-        self.port, self.dashboard_port = free_port(), free_port()
+        self.port, self.dashboard_port, self.client_port = free_port(), free_port(), free_port()
         self.temp_dirs = [Path(tempfile.mkdtemp(prefix="gtep-ray-")) for _ in range(2)]  # short: socket paths
+        self.sessions: list[int] = []
 
     @property
     def address(self) -> str:
@@ -142,7 +143,13 @@ class RayCluster:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
     def _ray(self, *args: str) -> None:
-        subprocess.run([str(BIN / "ray"), *args], env=ENV, check=True, capture_output=True, timeout=180)
+        """`ray start` in a session of its own: every process it leaves running (GCS, raylet, agents, client
+        servers) stays in that session, which stop() kills whole."""
+        process = subprocess.Popen([str(BIN / "ray"), *args], env=ENV, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, start_new_session=True, text=True)
+        self.sessions.append(process.pid)  # the session id of everything it starts
+        output, _ = process.communicate(timeout=180)
+        assert process.returncode == 0, output[-3000:]
 
     @staticmethod
     def node_ports() -> list[str]:
@@ -154,7 +161,7 @@ class RayCluster:
         common = ["--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}", "--num-gpus=0", "--disable-usage-stats"]
         self._ray("start", "--head", f"--port={self.port}", "--dashboard-host=127.0.0.1",
                   f"--dashboard-port={self.dashboard_port}", "--include-dashboard=true", "--ray-client-server-port",
-                  str(free_port()), f"--temp-dir={self.temp_dirs[0]}", *self.node_ports(), *common)
+                  str(self.client_port), f"--temp-dir={self.temp_dirs[0]}", *self.node_ports(), *common)
         self._ray("start", f"--address={self.address}", f"--temp-dir={self.temp_dirs[1]}", *self.node_ports(), *common)
         wait_for(lambda: len(self.node_ids()) == 2, 120, "both Ray nodes")
         return self
@@ -166,6 +173,9 @@ class RayCluster:
         return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else []
 
     def stop(self) -> None:
-        for temp in self.temp_dirs:  # each node's processes, found by their temp dir
+        for temp in self.temp_dirs:  # each node's processes: by their session, and by their temp dir
             subprocess.run(["pkill", "-9", "-f", str(temp)], check=False)
+        for pid in self.sessions:
+            subprocess.run(["pkill", "-9", "-s", str(pid)], check=False)
+        for temp in self.temp_dirs:
             shutil.rmtree(temp, ignore_errors=True)

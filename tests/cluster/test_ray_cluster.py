@@ -41,6 +41,17 @@ def test_trials_run_on_both_nodes_into_one_study(cluster, tmp_path):
     assert (study / "best.yaml").exists()
 
 
+def test_a_ray_client_address_drives_the_cluster_from_outside(cluster, tmp_path):
+    config = write_config(tmp_path, tiny_study("client", trials=2, orderings=1, epochs=20, training=QUICK))
+    done = cli("tune", "--config", str(config), "--output", str(tmp_path / "out"),
+               "--address", f"ray://127.0.0.1:{cluster.client_port}")
+    logs = "".join(p.read_text()[-1500:] for p in cluster.temp_dirs[0].glob("session_latest/logs/ray_client_server*.err"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + logs
+    assert "best.yaml" in done.stdout
+    units = json.loads((tmp_path / "out" / "client" / "manifest.json").read_text())["units"]
+    assert len(units) == 2 and {u["node"] for u in units.values()} <= set(cluster.node_ids())
+
+
 def test_a_trial_that_no_node_can_hold_is_refused_before_training(cluster, tmp_path):
     # the cluster has 2 CPUs in all, but no single node has 2
     config = write_config(tmp_path, tiny_study("toolarge", compute={"cpus_per_trial": 2}))
