@@ -85,11 +85,12 @@ def resumed_config(study_dir: Path, config, preset, overrides: dict[str, Any]) -
 
 def prepare(config, preset, resume: Optional[Path] = None, **overrides) -> ResolvedExperiment:
     """All validation that needs no compute: the file, the names, the data, the search space, the address."""
-    from gtep.orchestration.phases import check_address
+    from gtep.orchestration.phases import check_address, check_tracking
 
     cfg = resumed_config(resume, config, preset, overrides) if resume else build_config(config, preset, **overrides)
     resolved = resolve(cfg)
     check_address(resolved.config.compute.ray_address)
+    check_tracking(resolved.config.tracking_uri)
     return resolved
 
 

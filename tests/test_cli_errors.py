@@ -99,6 +99,8 @@ def test_bad_search_space(tmp_path, text, hint):
     (["--orderings", "0"], "--orderings"),
     (["--preset", "no-such-preset"], "--preset"),
     (["--address", "127.0.0.1:1"], "--address"),
+    (["--tracking-uri", "http://127.0.0.1:1"], "--tracking-uri"),
+    (["--resume", "no-such-study"], "--resume"),
 ])
 def test_bad_options(tmp_path, args, field):
     base = [] if "--preset" in args else ["--config", str(write(tmp_path, BASE))]

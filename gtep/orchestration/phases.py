@@ -65,6 +65,21 @@ def check_address(address: str | None) -> None:
                           "start one (ray start --head) or leave --address out to run locally") from None
 
 
+def check_tracking(uri: str) -> None:
+    """A tracking server that does not answer is refused before Ray starts (an outage later is journaled)."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=5):
+            pass
+    except OSError as err:
+        reason = getattr(err, "reason", None) or err
+        raise ConfigError("--tracking-uri", f"no MLflow server answers at {uri} ({reason}); start one "
+                          "(gtep server) or leave --tracking-uri out for the local sqlite store") from None
+
+
 @contextmanager
 def ray_session(address: str | None) -> Iterator[None]:
     """Join the given cluster, or start Ray on this machine; always shut down what we started.
