@@ -285,9 +285,9 @@ def check_resumable(resolved: ResolvedExperiment, manifest: Manifest) -> None:
     """A resumed study must be the same study: the sets and units on disk belong to its config."""
     stored = manifest.data.get("config", {})
     current = json.loads(resolved.config.model_dump_json())
-    for field in ("algorithm", "backbone", "scenario", "datasets", "search", "first_task", "training", "seed"):
-        if stored.get(field) != current.get(field):
-            raise ConfigError("--resume", f"the study in {manifest.path.parent} was started with another {field!r}; "
+    for name in ("algorithm", "backbone", "scenario", "datasets", "search", "first_task", "training", "seed"):
+        if stored.get(name) != current.get(name):
+            raise ConfigError("--resume", f"the study in {manifest.path.parent} was started with another {name!r}; "
                               "resume it with its own config (leave --config out) or start a new --study")
 
 

@@ -9,7 +9,7 @@ from gtep.algorithms.dualprompt import DualPromptNet, DualPromptParams
 from gtep.models.vit import PromptableViT, create_timm_vit, load_state
 from gtep.protocol.sampling import sample_sets
 from gtep.spaces import load_space
-from tests.algorithms.test_l2p import CPU, QUICK, make_learner, task_tensors, train_task
+from tests.algorithms.test_l2p import QUICK, make_learner, task_tensors, train_task
 from tests.helpers import VIT, pretrained_vit, run_small_vit
 
 
