@@ -103,6 +103,12 @@ class TrainingSpec(_Strict):
     epoch_scale: float = Field(1.0, gt=0, le=1, description="multiplies every epoch count (smoke runs); 1 = the paper")
     augment: bool = True
     device: str = "auto"
+    # Train each ordering's first task once per study and share it between the sets (its result does not
+    # depend on the sampled set, paper appendix A.1); off: every (set, ordering) trains its own.
+    reuse_first_task: bool = True
+    # On CUDA: bf16 autocast and channels-last memory format (ignored on the CPU); off: plain fp32.
+    mixed_precision: bool = True
+    compile: bool = False  # torch.compile the training step's loss (worth it for long GPU runs)
 
 
 class ComputeSpec(_Strict):
@@ -113,6 +119,26 @@ class ComputeSpec(_Strict):
     # a trial whose worker dies is retried this often; it continues from its last finished task
     max_failures: int = Field(2, ge=0)
     checkpoints: bool = True  # per-task checkpoints of running orderings (off: a retry restarts the ordering)
+    # What one ordering needs; a trial with room for several runs its orderings in parallel (None: the trial's)
+    cpus_per_ordering: float | None = Field(None, gt=0)
+    gpus_per_ordering: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _orderings_fit_in_a_trial(self) -> "ComputeSpec":
+        if self.cpus_per_ordering is not None and self.cpus_per_ordering > self.cpus_per_trial:
+            raise ValueError(f"cpus_per_ordering ({self.cpus_per_ordering:g}) exceeds cpus_per_trial "
+                             f"({self.cpus_per_trial:g}); lower it or raise cpus_per_trial")
+        if self.gpus_per_ordering and self.gpus_per_ordering > self.gpus_per_trial:
+            raise ValueError(f"gpus_per_ordering ({self.gpus_per_ordering:g}) exceeds gpus_per_trial "
+                             f"({self.gpus_per_trial:g}); lower it or raise gpus_per_trial")
+        return self
+
+    def parallel_orderings(self, orderings: int) -> int:
+        """How many orderings of one trial run at once: as many as the trial's resources hold, at most S."""
+        slots = [int(self.cpus_per_trial // self.cpus_per_ordering)] if self.cpus_per_ordering else [1]
+        if self.gpus_per_ordering:
+            slots.append(int(self.gpus_per_trial // self.gpus_per_ordering))
+        return max(1, min(orderings, *slots))
 
 
 class TrackingSpec(_Strict):

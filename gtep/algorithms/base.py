@@ -114,6 +114,10 @@ class IncrementalLearner:
     # ResNet methods train task 1 with the paper's fixed recipe (Table 3); the pretrained-model methods of
     # section 4.2 (PILOT) train every task with the sampled hyperparameters.
     fixed_first_task: ClassVar[bool] = True
+    # The method's own hyperparameters that shape task 1 under the fixed recipe (its network, its first-task
+    # loss, its memory): they key the study's shared first-task results. tests/engine/test_first_task.py
+    # checks that every other value leaves task 1 bit-identical.
+    first_task_hparams: ClassVar[tuple[str, ...]] = ()
     uses_pretrained: ClassVar[bool] = False  # True for the ViT methods: they need --weights and a ViT backbone
 
     def __init__(self, params: CommonParams, backbone: str, memory_size: int, device: torch.device,

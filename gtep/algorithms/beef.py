@@ -120,6 +120,7 @@ class BeefNet(nn.Module):
 @ALGORITHMS.register("beef")
 class BEEF(IncrementalLearner):
     Params = BEEFParams
+    first_task_hparams = ("energy_weight", "sgld_steps", "sgld_lr", "sgld_noise")  # the energy loss trains task 1 too
     params: BEEFParams
     net: BeefNet
 

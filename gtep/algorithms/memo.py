@@ -58,6 +58,8 @@ def split_backbone(backbone: nn.Module) -> tuple[nn.Module, SpecializedBlock]:
 @ALGORITHMS.register("memo")
 class MEMO(DER):
     Params = MEMOParams
+    # the trunk's training shapes task 1; the herding batch does not (eval-mode features are per image)
+    first_task_hparams = ("train_base",)
     params: MEMOParams
 
     def __init__(self, *args, **kwargs) -> None:

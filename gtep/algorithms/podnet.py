@@ -128,6 +128,7 @@ def pod_flat_loss(features: Tensor, old_features: Tensor) -> Tensor:
 @ALGORITHMS.register("podnet")
 class PODNet(IncrementalLearner):
     Params = PODNetParams
+    first_task_hparams = ("nb_proxy", "nca_margin", "nca_scale")  # proxies shape the head; NCA trains task 1
     params: PODNetParams
 
     def __init__(self, *args, **kwargs) -> None:

@@ -71,6 +71,9 @@ class TaskCheckpoint:
     acc_matrix: list[list[float]] = field(default_factory=list)
     test_counts: list[int] = field(default_factory=list)
     task_seconds: list[float] = field(default_factory=list)
+    status: str = "finished"  # "diverged": the tasks after tasks_done never ran (a stored first task can be)
+    message: str = ""
+    first_task: str = ""  # how task 1 came about: trained, reused (first-task store) or resumed
 
 
 def save_checkpoint(path: Path, checkpoint: TaskCheckpoint) -> None:

@@ -7,6 +7,7 @@ far, filling one row of the accuracy matrix. A non-finite loss ends the ordering
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -18,10 +19,11 @@ from gtep.algorithms import ALGORITHMS, CommonParams, FitRecipe, IncrementalLear
 from gtep.data import ImageSet
 from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from gtep.engine.device import resolve_device
-from gtep.engine.loop import DivergedError, Trainer
+from gtep.engine.first_task import RESUMED, REUSED, TRAINED, FirstTaskStore, first_task_key
+from gtep.engine.loop import DivergedError, Precision, Trainer
 from gtep.protocol import metrics
 from gtep.protocol.sampling import steplr_milestones
-from gtep.protocol.scenarios import build_scenario, ordering_seed
+from gtep.protocol.scenarios import TaskSpec, build_scenario, ordering_seed
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class OrderingJob:
     augment: bool = True
     device: str = "auto"
     weights: str | None = None  # a local pretrained-weights file for ViT backbones
+    dataset: str = ""  # the phase's dataset name: part of what a stored first task is keyed by
+    mixed_precision: bool = True  # bf16 autocast + channels-last on CUDA (no effect on the CPU)
+    compile: bool = False
 
 
 @dataclass
@@ -68,6 +73,7 @@ class OrderingOutcome:
     task_seconds: list[float] = field(default_factory=list)
     message: str = ""
     resumed_tasks: int = 0  # tasks restored from a checkpoint instead of trained in this process
+    first_task: str = TRAINED  # trained here, reused from the study's first-task store, or resumed
 
     @property
     def diverged(self) -> bool:
@@ -101,6 +107,37 @@ def to_tensor(images: np.ndarray, mean: torch.Tensor, std: torch.Tensor, device:
     return ((x - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)).contiguous()
 
 
+class PhaseTensors:
+    """The phase's images on the run's device once, as uint8 NCHW; each task's are normalised on the device.
+
+    On the CPU the tensors share the arrays' memory. On CUDA they are copied to the device when they take
+    less than a quarter of its memory (every dataset here does), so no task copies images from the host."""
+
+    def __init__(self, data: ImageSet, order: list[int], device: torch.device) -> None:
+        self.data, self.device = data, device
+        pixels = data.x_train[np.isin(data.y_train, order)].reshape(-1, 3).astype(np.float32) / 255
+        self.mean = torch.tensor(pixels.mean(0), device=device).view(1, 3, 1, 1)
+        self.std = torch.tensor(pixels.std(0) + 1e-6, device=device).view(1, 3, 1, 1)
+        self.home = device if self._fits(device) else torch.device("cpu")
+        with warnings.catch_warnings():  # arrays from Ray's object store are read-only; nothing writes to them
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            self.x_train = torch.from_numpy(data.x_train).to(self.home).permute(0, 3, 1, 2)
+            self.x_test = torch.from_numpy(data.x_test).to(self.home).permute(0, 3, 1, 2)
+
+    def _fits(self, device: torch.device) -> bool:
+        if device.type != "cuda":
+            return True
+        size = self.data.x_train.nbytes + self.data.x_test.nbytes
+        return size < torch.cuda.get_device_properties(device).total_memory // 4
+
+    def images(self, split: str, mask: np.ndarray) -> torch.Tensor:
+        """The masked images as normalised float tensors on the run's device."""
+        source = self.x_train if split == "train" else self.x_test
+        index = torch.from_numpy(np.flatnonzero(mask)).to(self.home)
+        x = source.index_select(0, index).to(self.device).float().div_(255)
+        return ((x - self.mean) / self.std).contiguous()
+
+
 @torch.no_grad()
 def evaluate(learner: IncrementalLearner, x: torch.Tensor, y: torch.Tensor, task_of_label: torch.Tensor,
              tasks_seen: int, batch: int = 512) -> list[float]:
@@ -114,71 +151,136 @@ def evaluate(learner: IncrementalLearner, x: torch.Tensor, y: torch.Tensor, task
     return (sums / counts.clamp(min=1)).tolist()
 
 
+def hparams_reaching_first_task(algorithm: type[IncrementalLearner], job: OrderingJob) -> set[str] | None:
+    """The sampled names task 1 depends on; None (all of them) for methods that train task 1 with the set."""
+    if not algorithm.fixed_first_task:
+        return None
+    names = {"optimizer", "momentum", *algorithm.first_task_hparams}
+    if job.first_task.scheduler == "sampled":  # the reference code lets the set's scheduler reach task 1
+        names.add("scheduler")
+    return names
+
+
+class OrderingRun:
+    """One ordering's state between tasks: the learner, the trainer's RNG and the accuracy rows so far."""
+
+    def __init__(self, job: OrderingJob, data: ImageSet) -> None:
+        self.job, self.data = job, data
+        self.device = resolve_device(job.device)
+        self.seed = ordering_seed(job.seed, job.ordering)
+        self.tasks: list[TaskSpec] = build_scenario(job.classes, job.increments, job.seed, job.ordering)
+        order = list(self.tasks[-1].seen_classes)
+        self.outcome = OrderingOutcome(job.ordering, "finished", order)
+        self.algorithm = ALGORITHMS.get(job.algorithm)
+        self.params = self.algorithm.Params.from_mapping(job.hparams)
+        self.trainer = Trainer(self.device, self.seed, job.augment,
+                               Precision.for_device(self.device, job.mixed_precision), job.compile)
+        self.key = fingerprint(job)
+        self._learner: IncrementalLearner | None = None
+        self.images = PhaseTensors(data, order, self.device)
+        label_map = np.full(int(max(data.y_train.max(), data.y_test.max())) + 1, -1, dtype=np.int64)
+        label_map[order] = np.arange(len(order))
+        self.label_map = label_map
+        self.task_of_label = torch.tensor([t.index for t in self.tasks for _ in t.new_classes], device=self.device)
+
+    @property
+    def learner(self) -> IncrementalLearner:
+        if self._learner is None:  # built only when this run trains (a restored one comes whole)
+            torch.manual_seed(self.seed)  # the same initial model for every set on this ordering
+            self._learner = self.algorithm(self.params, self.job.backbone, self.job.memory_size, self.device,
+                                           self.job.weights)
+        return self._learner
+
+    @property
+    def tasks_done(self) -> int:
+        return len(self.outcome.acc_matrix)
+
+    def first_task_key(self) -> str:
+        return first_task_key(self.job, self.job.dataset, hparams_reaching_first_task(self.algorithm, self.job))
+
+    def train_task(self, task: TaskSpec) -> None:
+        """Learn one task and append its accuracy row; a non-finite loss marks the run diverged."""
+        tic = time.perf_counter()
+        train_mask = np.isin(self.data.y_train, task.new_classes)
+        task_data = TaskData(
+            index=task.index, known=len(task.old_classes), total=len(task.seen_classes),
+            x=self.images.images("train", train_mask),
+            y=torch.from_numpy(self.label_map[self.data.y_train[train_mask]]).to(self.device),
+            recipe=task_recipe(task.index, self.params, self.job.first_task, self.job.epoch_scale,
+                               self.algorithm.fixed_first_task),
+            epoch_scale=self.job.epoch_scale,
+        )
+        learner = self.learner
+        try:
+            learner.begin_task(task_data)
+            learner.learn_task(task_data, self.trainer.fit)
+            learner.end_task(task_data)
+        except DivergedError as err:
+            self.outcome.status, self.outcome.message = "diverged", f"task {task.index + 1}: {err}"
+            return
+        test_mask = np.isin(self.data.y_test, task.seen_classes)
+        y_test = torch.from_numpy(self.label_map[self.data.y_test[test_mask]]).to(self.device)
+        row = evaluate(learner, self.images.images("test", test_mask), y_test, self.task_of_label, task.index + 1)
+        self.outcome.acc_matrix.append(row + [float("nan")] * (len(self.tasks) - len(row)))
+        self.outcome.test_counts.append(int(np.isin(self.data.y_test, task.new_classes).sum()))
+        self.outcome.task_seconds.append(time.perf_counter() - tic)
+
+    def snapshot(self, key: str) -> TaskCheckpoint:
+        return TaskCheckpoint(key, self.tasks_done, self.learner, rng_state(self.trainer.generator),
+                              self.outcome.acc_matrix, self.outcome.test_counts, self.outcome.task_seconds,
+                              self.outcome.status, self.outcome.message, self.outcome.first_task)
+
+    def restore(self, saved: TaskCheckpoint, first_task: str) -> None:
+        """Continue from a saved state; the learner takes this run's set (a stored first task is another's)."""
+        self._learner = saved.learner
+        self._learner.params = self.params
+        restore_rng(saved.rng, self.trainer.generator)
+        self.outcome.acc_matrix, self.outcome.test_counts = list(saved.acc_matrix), list(saved.test_counts)
+        self.outcome.task_seconds = list(saved.task_seconds)
+        self.outcome.status, self.outcome.message = saved.status, saved.message
+        self.outcome.first_task = first_task
+
+    def train_first_task(self) -> TaskCheckpoint:
+        self.train_task(self.tasks[0])
+        return self.snapshot(self.first_task_key())
+
+    def finish(self) -> OrderingOutcome:
+        outcome = self.outcome
+        outcome.train_seconds = float(sum(outcome.task_seconds))
+        outcome.params_total, outcome.params_trainable = self.learner.parameter_counts()
+        if outcome.acc_matrix and not outcome.diverged:
+            outcome.metrics = metrics.summarize(np.array(outcome.acc_matrix), outcome.test_counts)
+        return outcome
+
+
 def run_ordering(job: OrderingJob, data: ImageSet,
                  on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
-                 checkpoint: Path | None = None) -> OrderingOutcome:
+                 checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
     """Train one ordering task by task; never raises for a diverged run.
 
     With `checkpoint`, the learner and RNG states are saved there after every finished task, and a run
-    that finds a checkpoint of the same job continues after its last task with the same result."""
-    device = resolve_device(job.device)
-    run_seed = ordering_seed(job.seed, job.ordering)
-    torch.manual_seed(run_seed)  # the same initial model for every set on this ordering
-    tasks = build_scenario(job.classes, job.increments, job.seed, job.ordering)
-    order = list(tasks[-1].seen_classes)
-    outcome = OrderingOutcome(job.ordering, "finished", order)
-
-    algorithm = ALGORITHMS.get(job.algorithm)
-    params = algorithm.Params.from_mapping(job.hparams)
-    trainer = Trainer(device, run_seed, job.augment)
-    job_key = fingerprint(job)
-    saved = load_checkpoint(checkpoint, job_key, device) if checkpoint is not None else None
+    that finds a checkpoint of the same job continues after its last task with the same result. With
+    `first_tasks`, task 1 comes from the study's store when another set trained it already (the same
+    result as training it here), and is put there when this run trains it."""
+    run = OrderingRun(job, data)
+    saved = load_checkpoint(checkpoint, run.key, run.device) if checkpoint is not None else None
     if saved is not None:
-        learner = saved.learner
-        restore_rng(saved.rng, trainer.generator)
-        outcome.acc_matrix, outcome.test_counts = saved.acc_matrix, saved.test_counts
-        outcome.task_seconds, outcome.resumed_tasks = saved.task_seconds, saved.tasks_done
-    else:
-        learner = algorithm(params, job.backbone, job.memory_size, device, job.weights)
-
-    train_pixels = data.x_train[np.isin(data.y_train, order)].reshape(-1, 3).astype(np.float32) / 255
-    mean = torch.tensor(train_pixels.mean(0), device=device)
-    std = torch.tensor(train_pixels.std(0) + 1e-6, device=device)
-    label_map = np.full(int(max(data.y_train.max(), data.y_test.max())) + 1, -1, dtype=np.int64)
-    label_map[order] = np.arange(len(order))
-    task_of_label = torch.tensor([t.index for t in tasks for _ in t.new_classes], device=device)
-
-    for task in tasks[outcome.resumed_tasks:]:
-        tic = time.perf_counter()
-        train_mask = np.isin(data.y_train, task.new_classes)
-        test_mask = np.isin(data.y_test, task.seen_classes)
-        task_data = TaskData(
-            index=task.index, known=len(task.old_classes), total=len(task.seen_classes),
-            x=to_tensor(data.x_train[train_mask], mean, std, device),
-            y=torch.from_numpy(label_map[data.y_train[train_mask]]).to(device),
-            recipe=task_recipe(task.index, params, job.first_task, job.epoch_scale, algorithm.fixed_first_task),
-            epoch_scale=job.epoch_scale,
-        )
-        try:
-            learner.begin_task(task_data)
-            learner.learn_task(task_data, trainer.fit)
-            learner.end_task(task_data)
-        except DivergedError as err:
-            outcome.status, outcome.message = "diverged", f"task {task.index + 1}: {err}"
+        run.restore(saved, saved.first_task or RESUMED)
+        run.outcome.resumed_tasks = saved.tasks_done
+    elif first_tasks is not None:
+        stored, source = first_tasks.obtain(run.first_task_key(), run.train_first_task, run.device)
+        if stored is not None:
+            run.restore(stored, REUSED)
+        if on_task_end is not None and not run.outcome.diverged:
+            on_task_end(0, run.outcome)
+    for task in run.tasks[run.tasks_done:]:
+        if run.outcome.diverged:
             break
-        x_test = to_tensor(data.x_test[test_mask], mean, std, device)
-        y_test = torch.from_numpy(label_map[data.y_test[test_mask]]).to(device)
-        row = evaluate(learner, x_test, y_test, task_of_label, task.index + 1)
-        outcome.acc_matrix.append(row + [float("nan")] * (len(tasks) - len(row)))
-        outcome.test_counts.append(int(np.isin(data.y_test, task.new_classes).sum()))
-        outcome.task_seconds.append(time.perf_counter() - tic)
-        if checkpoint is not None and task.index + 1 < len(tasks):
-            save_checkpoint(checkpoint, TaskCheckpoint(job_key, task.index + 1, learner, rng_state(trainer.generator),
-                                                       outcome.acc_matrix, outcome.test_counts, outcome.task_seconds))
+        run.train_task(task)
+        if run.outcome.diverged:
+            break
+        if checkpoint is not None and task.index + 1 < len(run.tasks):
+            save_checkpoint(checkpoint, run.snapshot(run.key))
         if on_task_end is not None:
-            on_task_end(task.index, outcome)
-    outcome.train_seconds = float(sum(outcome.task_seconds))
-    outcome.params_total, outcome.params_trainable = learner.parameter_counts()
-    if outcome.acc_matrix and not outcome.diverged:
-        outcome.metrics = metrics.summarize(np.array(outcome.acc_matrix), outcome.test_counts)
-    return outcome
+            on_task_end(task.index, run.outcome)
+    return run.finish()

@@ -164,10 +164,21 @@ def job_spec(resolved: ResolvedExperiment, phase: str, folders: dict[str, str] |
         "classes": list(resolved.phase(phase).classes), "seed": cfg.seed, "memory_size": cfg.training.memory_size,
         "first_task": {**cfg.first_task.model_dump(), "milestones": tuple(cfg.first_task.milestones)},
         "epoch_scale": cfg.training.epoch_scale, "augment": cfg.training.augment, "device": device,
-        "threads": max(1, int(cfg.compute.cpus_per_trial)),
         "weights": str(Path(cfg.weights).resolve()) if cfg.weights else None,
-        "phase": phase, **(folders or {}),
+        "dataset": resolved.phase(phase).dataset, "mixed_precision": cfg.training.mixed_precision,
+        "compile": cfg.training.compile, "phase": phase, **ordering_resources(resolved), **(folders or {}),
     }
+
+
+def ordering_resources(resolved: ResolvedExperiment) -> dict[str, Any]:
+    """How many orderings of a trial run at once, and what each of them takes (threads included)."""
+    compute = resolved.config.compute
+    parallel = compute.parallel_orderings(resolved.config.search.orderings)
+    cpus = compute.cpus_per_ordering or compute.cpus_per_trial
+    gpus = compute.gpus_per_ordering if compute.gpus_per_ordering is not None else compute.gpus_per_trial
+    if parallel == 1:
+        cpus, gpus = compute.cpus_per_trial, compute.gpus_per_trial
+    return {"parallel": parallel, "cpus_per_ordering": cpus, "gpus_per_ordering": gpus, "threads": max(1, int(cpus))}
 
 
 def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
@@ -186,6 +197,8 @@ def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, a
                "attempt": attempt}
     if resolved.config.compute.checkpoints:
         folders["checkpoint_dir"] = str(paths.root / "checkpoints" / tag)
+    if resolved.config.training.reuse_first_task:
+        folders["first_task_dir"] = str(paths.first_tasks)
     return folders
 
 
@@ -194,7 +207,13 @@ def trainable_for(resolved: ResolvedExperiment, phase: str, folders: dict[str, s
     data = resolve_dataset(spec.dataset).load().subset(list(spec.classes))
     compute = resolved.config.compute
     # with_parameters puts the decoded arrays in Ray's object store once; trials on a node share them
-    trainable = tune.with_parameters(train_set, phase_data=data, job=job_spec(resolved, phase, folders))
+    job = job_spec(resolved, phase, folders)
+    trainable = tune.with_parameters(train_set, phase_data=data, job=job)
+    if job["parallel"] > 1:
+        # The trial itself only waits; its orderings run as Ray tasks in bundles of the trial's placement group.
+        ordering = {"CPU": job["cpus_per_ordering"], "GPU": job["gpus_per_ordering"]}
+        bundles = [{"CPU": 0}] + [{k: v for k, v in ordering.items() if v}] * job["parallel"]
+        return tune.with_resources(trainable, tune.PlacementGroupFactory(bundles))
     return tune.with_resources(trainable, {"cpu": compute.cpus_per_trial, "gpu": compute.gpus_per_trial})
 
 
@@ -230,7 +249,7 @@ def open_study(resolved: ResolvedExperiment, fresh: bool) -> tuple[StudyPaths, M
     cfg = resolved.config
     paths = StudyPaths(cfg.study_dir.resolve())
     if fresh:  # a new study run replaces Ray's storage and the old units; MLflow and the journal keep the history
-        for folder in (paths.ray_storage, paths.root / "units", paths.root / "checkpoints"):
+        for folder in (paths.ray_storage, paths.root / "units", paths.root / "checkpoints", paths.first_tasks):
             if folder.exists():
                 shutil.rmtree(folder)
     if not fresh and paths.manifest.exists():

@@ -6,6 +6,7 @@
 <output>/<study>/ray/            Ray Tune's own storage
 <output>/<study>/units/<phase>-<attempt>/        one JSON per finished (set, ordering): reused on retry/resume
 <output>/<study>/checkpoints/<phase>-<attempt>/  the last finished task of each running ordering
+<output>/<study>/first_tasks/    task 1 of each ordering, trained once and shared by the sets (engine/first_task.py)
 <output>/<study>/tracking/       the MLflow write journal (see journal.py)
 <output>/<study>/events.jsonl    unit events from the trials: started, trained, reused
 """
@@ -48,6 +49,10 @@ class StudyPaths:
     @property
     def ray_storage(self) -> Path:
         return self.root / "ray"
+
+    @property
+    def first_tasks(self) -> Path:
+        return self.root / "first_tasks"
 
 
 class Manifest:

@@ -109,7 +109,8 @@ class MlflowWriter(tune.Callback):
         self.journal.create_run(key, f"set{set_index:03d}-ordering{s}", parent=parent, tags=self._tags(
             "ordering", **{"gtep.set_index": str(set_index), "gtep.ordering": str(s), "gtep.status": result["status"],
                            "gtep.node": str(result.get("node", "")),
-                           "gtep.resumed_tasks": str(result.get("resumed_tasks", 0))}))
+                           "gtep.resumed_tasks": str(result.get("resumed_tasks", 0)),
+                           "gtep.first_task": str(result.get("first_task", ""))}))
         values = {k: float(result[k]) for k in ORDERING_METRICS if _finite(result.get(k))}
         if diverged:
             values["diverged"] = 1.0
@@ -121,7 +122,7 @@ class MlflowWriter(tune.Callback):
         self.journal.terminate(key, "FAILED" if diverged else "FINISHED")
         unit = {k: result.get(k) for k in ("status", "acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                                            "acc_t", "params_total", "params_trainable", "train_seconds", "message",
-                                           "node", "finished_at")}
+                                           "node", "finished_at", "first_task")}
         unit.update(set_index=set_index, ordering=s, mlflow_key=key)
         self.manifest.record_unit(self.phase, set_index, s, unit)
         self._count(unit)

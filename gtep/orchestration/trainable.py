@@ -17,8 +17,11 @@ import ray
 import torch
 from ray import tune
 
+from gtep.algorithms import ALGORITHMS
 from gtep.data import ImageSet
 from gtep.engine import FirstTaskSpec, OrderingJob, run_ordering
+from gtep.engine.first_task import FirstTaskStore, first_task_key
+from gtep.engine.runner import hparams_reaching_first_task
 from gtep.orchestration.study import write_atomic
 from gtep.protocol.metrics import harmonic_mean
 
@@ -50,15 +53,26 @@ def _node_id() -> str:
         return ""
 
 
-def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet, job: dict[str, Any],
-                checkpoint: Path | None) -> dict[str, Any]:
-    spec = OrderingJob(
+def ordering_job(hparams: dict[str, Any], s: int, job: dict[str, Any]) -> OrderingJob:
+    return OrderingJob(
         algorithm=job["algorithm"], hparams=dict(hparams), backbone=job["backbone"],
         increments=tuple(job["increments"]), classes=tuple(job["classes"]), seed=job["seed"], ordering=int(s),
         memory_size=job["memory_size"], first_task=FirstTaskSpec(**job["first_task"]),
         epoch_scale=job["epoch_scale"], augment=job["augment"], device=job["device"], weights=job.get("weights"),
+        dataset=job.get("dataset", ""), mixed_precision=job.get("mixed_precision", True),
+        compile=job.get("compile", False),
     )
-    outcome = run_ordering(spec, phase_data, checkpoint=checkpoint)
+
+
+def first_task_store(job: dict[str, Any]) -> FirstTaskStore | None:
+    return FirstTaskStore(Path(job["first_task_dir"])) if job.get("first_task_dir") else None
+
+
+def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet, job: dict[str, Any],
+                checkpoint: Path | None) -> dict[str, Any]:
+    torch.set_num_threads(max(1, int(job.get("threads", 1))))
+    outcome = run_ordering(ordering_job(hparams, s, job), phase_data, checkpoint=checkpoint,
+                           first_tasks=first_task_store(job))
     record = {"status": outcome.status, **outcome.metrics}
     record.setdefault("acc", float("nan"))
     record.setdefault("avg_acc", float("nan"))
@@ -68,36 +82,82 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
         "test_counts": outcome.test_counts, "task_seconds": outcome.task_seconds,
         "params_total": outcome.params_total, "params_trainable": outcome.params_trainable,
         "train_seconds": outcome.train_seconds, "message": outcome.message,
-        "resumed_tasks": outcome.resumed_tasks, "node": _node_id(), "finished_at": int(time.time() * 1000),
+        "resumed_tasks": outcome.resumed_tasks, "first_task": outcome.first_task,
+        "node": _node_id(), "finished_at": int(time.time() * 1000),
     })
     return record
+
+
+def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet, job: dict[str, Any]) -> dict[str, Any]:
+    """Train one (set, ordering) unit, or return its record when an earlier attempt finished it."""
+    name = f"set{set_index:03d}-o{int(s)}"
+    unit_file = Path(job["unit_dir"]) / f"{name}.json" if job.get("unit_dir") else None
+    if unit_file is not None and unit_file.exists():
+        log_event(job, "unit_reused", set_index=set_index, ordering=int(s), node=_node_id())
+        return json.loads(unit_file.read_text())
+    checkpoint = Path(job["checkpoint_dir"]) / f"{name}.pt" if job.get("checkpoint_dir") else None
+    log_event(job, "unit_started", set_index=set_index, ordering=int(s), node=_node_id(),
+              checkpoint=bool(checkpoint and checkpoint.exists()))
+    record = _train_unit(set_index, hparams, int(s), phase_data, job, checkpoint)
+    if unit_file is not None:
+        write_atomic(unit_file, json.dumps(record))
+    if checkpoint is not None and checkpoint.exists():
+        checkpoint.unlink()  # the unit file is the record now; checkpoints can be large (RanPAC)
+    log_event(job, "unit_trained", set_index=set_index, ordering=int(s), node=record["node"],
+              resumed_tasks=record["resumed_tasks"], status=record["status"], first_task=record["first_task"])
+    return record
+
+
+def next_ordering(pending: list[int], hparams: dict[str, Any], job: dict[str, Any]) -> int:
+    """The pending ordering to run next: one whose first task is stored, else one nobody trains, else wait on
+    the first. Concurrent trials so train different first tasks instead of queueing on one."""
+    store = first_task_store(job)
+    if store is None or len(pending) == 1:
+        return pending[0]
+    algorithm = ALGORITHMS.get(job["algorithm"])
+    states = {}
+    for s in pending:
+        spec = ordering_job(hparams, s, job)
+        states[s] = store.state(first_task_key(spec, spec.dataset, hparams_reaching_first_task(algorithm, spec)))
+    for wanted in ("ready", "free"):
+        for s in pending:
+            if states[s] == wanted:
+                return s
+    return pending[0]
 
 
 def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any]) -> None:
     """config: {"trial": {"set_index": i, "hparams": {...}} or "hparams": {...}, "orderings": [s, ...]};
     job: everything fixed for the phase (algorithm, backbone, scenario, classes, seed, first task, and the
-    study folders for unit files, checkpoints and events)."""
+    study folders for unit files, checkpoints, first tasks and events). With `parallel` > 1 in the job, that
+    many orderings run at once as Ray tasks in the trial's placement group."""
     unit = config.get("trial", config)
     set_index = int(unit.get("set_index", -1))
-    torch.set_num_threads(max(1, int(job.get("threads", 1))))
-    unit_dir = Path(job["unit_dir"]) if job.get("unit_dir") else None
+    hparams = dict(unit["hparams"])
+    pending = [int(s) for s in config["orderings"]]
     done: list[dict[str, Any]] = []
-    for s in list(config["orderings"]):
-        name = f"set{set_index:03d}-o{int(s)}"
-        unit_file = unit_dir / f"{name}.json" if unit_dir else None
-        if unit_file is not None and unit_file.exists():
-            record = json.loads(unit_file.read_text())
-            log_event(job, "unit_reused", set_index=set_index, ordering=int(s), node=_node_id())
-        else:
-            checkpoint = Path(job["checkpoint_dir"]) / f"{name}.pt" if job.get("checkpoint_dir") else None
-            log_event(job, "unit_started", set_index=set_index, ordering=int(s), node=_node_id(),
-                      checkpoint=bool(checkpoint and checkpoint.exists()))
-            record = _train_unit(set_index, unit["hparams"], int(s), phase_data, job, checkpoint)
-            if unit_file is not None:
-                write_atomic(unit_file, json.dumps(record))
-            if checkpoint is not None and checkpoint.exists():
-                checkpoint.unlink()  # the unit file is the record now; checkpoints can be large (RanPAC)
-            log_event(job, "unit_trained", set_index=set_index, ordering=int(s), node=record["node"],
-                      resumed_tasks=record["resumed_tasks"], status=record["status"])
+
+    def report(record: dict[str, Any]) -> None:
         done.append(record)
         tune.report({**record, "orderings_done": len(done), "score": _running_score(done)})
+
+    parallel = int(job.get("parallel", 1))
+    if parallel <= 1:
+        while pending:
+            s = next_ordering(pending, hparams, job)
+            pending.remove(s)
+            report(run_unit(set_index, hparams, s, phase_data, job))
+        return
+    remote = ray.remote(run_unit).options(num_cpus=job["cpus_per_ordering"], num_gpus=job["gpus_per_ordering"],
+                                          max_retries=0)
+    data_ref = ray.put(phase_data)
+    running: dict[Any, int] = {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            s = next_ordering(pending, hparams, job)
+            pending.remove(s)
+            running[remote.remote(set_index, hparams, s, data_ref, job)] = s
+        ready, _ = ray.wait(list(running), num_returns=1)
+        for ref in ready:
+            running.pop(ref)
+            report(ray.get(ref))

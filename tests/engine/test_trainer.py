@@ -1,0 +1,79 @@
+"""The training loop's switches: mixed precision and channels-last on CUDA, torch.compile, device-resident data."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gtep.algorithms import FitRecipe
+from gtep.engine.loop import Precision, Trainer
+from gtep.engine.runner import PhaseTensors, to_tensor
+from gtep.models import IncrementalNet, create_backbone
+from tests.helpers import load
+
+RECIPE = FitRecipe(epochs=2, lr=0.05, batch_size=16, weight_decay=0.0, scheduler="constant", milestones=(),
+                    lr_decay=0.1)
+
+
+def small_task(n: int = 48):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def new_net() -> IncrementalNet:
+    torch.manual_seed(0)
+    net = IncrementalNet(create_backbone("resnet8"))
+    net.expand(4)
+    return net
+
+
+def test_mixed_precision_is_bf16_and_channels_last_on_cuda_only():
+    cuda = Precision.for_device(torch.device("cuda"), mixed_precision=True)
+    assert (cuda.autocast_dtype, cuda.channels_last) == (torch.bfloat16, True)
+    assert Precision.for_device(torch.device("cuda"), mixed_precision=False) == Precision("cuda")
+    cpu = Precision.for_device(torch.device("cpu"), mixed_precision=True)
+    assert (cpu.autocast_dtype, cpu.channels_last) == (None, False)
+
+
+def test_the_cuda_policy_trains_when_run_on_the_cpu():
+    """The CUDA path's logic (autocast, channels-last modules and batches, fp32 loss) exercised on the CPU."""
+    x, y = small_task()
+    net = new_net()
+    before = [p.detach().clone() for p in net.parameters()]
+    seen: list[tuple[torch.dtype, bool]] = []
+    conv = next(m for m in net.modules() if isinstance(m, torch.nn.Conv2d))
+    conv.register_forward_hook(lambda m, inputs, out: seen.append((out.dtype, inputs[0].is_contiguous(
+        memory_format=torch.channels_last))))
+
+    def loss(xb, yb):
+        return F.cross_entropy(net(xb)["logits"], yb)
+
+    policy = Precision("cpu", torch.bfloat16, channels_last=True)
+    Trainer(torch.device("cpu"), 0, precision=policy).fit(net.parameters(), loss, x, y, RECIPE, modules=[net])
+    assert seen and all(dtype == torch.bfloat16 and cl for dtype, cl in seen)
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert all(p.dtype == torch.float32 for p in net.parameters()), "master weights stay fp32"
+    assert any(not torch.equal(a, b) for a, b in zip(before, net.parameters()))
+
+
+def test_compiled_loss_trains_like_the_eager_one():
+    x, y = small_task()
+    results = []
+    for backend in (None, "eager"):
+        net = new_net()
+        loss = lambda xb, yb, net=net: F.cross_entropy(net(xb)["logits"], yb)  # noqa: E731
+        Trainer(torch.device("cpu"), 0, augment=False, compile=backend).fit(net.parameters(), loss, x, y, RECIPE,
+                                                                            modules=[net])
+        results.append(torch.cat([p.detach().flatten() for p in net.parameters()]))
+    torch.testing.assert_close(results[0], results[1])
+
+
+def test_phase_images_are_normalised_like_the_per_task_copies():
+    data = load("synthetic:classes=6,train=24,test=8")
+    order = list(range(6))
+    images = PhaseTensors(data, order, torch.device("cpu"))
+    mask = np.isin(data.y_train, [1, 4])
+    pixels = data.x_train.reshape(-1, 3).astype(np.float32) / 255
+    mean, std = torch.tensor(pixels.mean(0)), torch.tensor(pixels.std(0) + 1e-6)
+    torch.testing.assert_close(images.images("train", mask), to_tensor(data.x_train[mask], mean, std, torch.device("cpu")))
+    assert images.x_train.data_ptr() == torch.from_numpy(data.x_train).data_ptr(), "no copy on the CPU"
