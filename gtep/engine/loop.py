@@ -40,18 +40,34 @@ def make_scheduler(optimizer: torch.optim.Optimizer, recipe: FitRecipe) -> torch
     raise ValueError(f"unknown scheduler {recipe.scheduler!r}; choose steplr, cosine or constant")
 
 
-def augment_batch(x: Tensor, generator: torch.Generator, pad: int = 4) -> Tensor:
-    """Random crop with zero padding and horizontal flip, for a whole batch at once (no per-image Python)."""
-    n, _, h, w = x.shape
-    padded = F.pad(x, (pad, pad, pad, pad))
-    dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator, device=generator.device).to(x.device)
-    dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator, device=generator.device).to(x.device)
-    rows = (dy[:, None] + torch.arange(h, device=x.device)[None, :])  # (n, h)
-    cols = (dx[:, None] + torch.arange(w, device=x.device)[None, :])  # (n, w)
-    batch = torch.arange(n, device=x.device)[:, None, None]
-    cropped = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
-    flip = (torch.rand(n, generator=generator, device=generator.device) < 0.5).to(x.device)
-    return torch.where(flip[:, None, None, None], cropped.flip(3), cropped).contiguous()
+@dataclass(frozen=True)
+class EpochAugmentation:
+    """The random crop offsets and flips of a whole epoch, drawn on the host and moved to the device at once,
+    so that augmenting a batch needs no host-device transfer (on CUDA, each one would stall the host)."""
+
+    dy: Tensor
+    dx: Tensor
+    flip: Tensor
+    pad: int = 4
+
+    @classmethod
+    def draw(cls, n: int, generator: torch.Generator, device: torch.device, pad: int = 4) -> "EpochAugmentation":
+        dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
+        dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator)
+        flip = torch.rand(n, generator=generator) < 0.5
+        return cls(dy.to(device, non_blocking=True), dx.to(device, non_blocking=True),
+                   flip.to(device, non_blocking=True), pad)
+
+    def apply(self, x: Tensor, start: int) -> Tensor:
+        """Random crop with zero padding and horizontal flip of the batch at epoch position `start`."""
+        n, _, h, w = x.shape
+        pad, dy, dx, flip = self.pad, self.dy[start : start + n], self.dx[start : start + n], self.flip[start : start + n]
+        padded = F.pad(x, (pad, pad, pad, pad))
+        rows = dy[:, None] + torch.arange(h, device=x.device)[None, :]  # (n, h)
+        cols = dx[:, None] + torch.arange(w, device=x.device)[None, :]  # (n, w)
+        batch = torch.arange(n, device=x.device)[:, None, None]
+        cropped = padded.permute(0, 2, 3, 1)[batch, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+        return torch.where(flip[:, None, None, None], cropped.flip(3), cropped).contiguous()
 
 
 @dataclass(frozen=True)
@@ -123,14 +139,15 @@ class Trainer:
         n, batch = len(x), max(1, recipe.batch_size)
         for epoch in range(recipe.epochs):
             order = torch.randperm(n, generator=self.generator).to(x.device)
+            augmentation = EpochAugmentation.draw(n, self.generator, x.device) if augment and self.augment else None
             epoch_loss = torch.zeros((), device=x.device)
             for start in range(0, n, batch):
                 idx = order[start : start + batch]
                 if len(idx) < 2 and n >= 2:  # BatchNorm cannot train on a single image
                     continue
                 xb, yb = x[idx], y[idx]
-                if augment and self.augment:
-                    xb = augment_batch(xb, self.generator)
+                if augmentation is not None:
+                    xb = augmentation.apply(xb, start)
                 loss = step_loss(xb, yb)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

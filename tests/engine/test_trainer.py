@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from gtep.algorithms import FitRecipe
-from gtep.engine.loop import Precision, Trainer
+from gtep.engine.loop import EpochAugmentation, Precision, Trainer
 from gtep.engine.runner import PhaseTensors, to_tensor
 from gtep.models import IncrementalNet, create_backbone
 from tests.helpers import load
@@ -77,3 +77,13 @@ def test_phase_images_are_normalised_like_the_per_task_copies():
     mean, std = torch.tensor(pixels.mean(0)), torch.tensor(pixels.std(0) + 1e-6)
     torch.testing.assert_close(images.images("train", mask), to_tensor(data.x_train[mask], mean, std, torch.device("cpu")))
     assert images.x_train.data_ptr() == torch.from_numpy(data.x_train).data_ptr(), "no copy on the CPU"
+
+
+def test_epoch_augmentation_crops_and_flips_each_image_by_its_own_draw():
+    x = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).view(2, 3, 4, 4)
+    aug = EpochAugmentation(dy=torch.tensor([9, 4, 0]), dx=torch.tensor([9, 4, 2]), flip=torch.tensor([False, False, True]),
+                            pad=4)
+    out = aug.apply(x, start=1)  # the batch at epoch position 1 takes draws 1 and 2
+    torch.testing.assert_close(out[0], x[0], msg="offset (pad, pad) and no flip is the image itself")
+    expected = torch.nn.functional.pad(x[1], (4, 4, 4, 4))[:, 0:4, 2:6].flip(2)
+    torch.testing.assert_close(out[1], expected)
