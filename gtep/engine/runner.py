@@ -260,14 +260,16 @@ def run_ordering(job: OrderingJob, data: ImageSet,
 
     With `checkpoint`, the learner and RNG states are saved there after every finished task, and a run
     that finds a checkpoint of the same job continues after its last task with the same result. With
-    `first_tasks`, task 1 comes from the study's store when another set trained it already (the same
-    result as training it here), and is put there when this run trains it."""
+    `first_tasks`, task 1 of a method with a fixed first-task recipe comes from the study's store when
+    another set trained it already (the same result as training it here), and is put there when this run
+    trains it."""
     run = OrderingRun(job, data)
     saved = load_checkpoint(checkpoint, run.key, run.device) if checkpoint is not None else None
     if saved is not None:
         run.restore(saved, saved.first_task or RESUMED)
         run.outcome.resumed_tasks = saved.tasks_done
-    elif first_tasks is not None:
+    elif first_tasks is not None and run.algorithm.fixed_first_task:
+        # (a method that trains task 1 with the sampled set would store one large model per set, for nothing)
         stored, source = first_tasks.obtain(run.first_task_key(), run.train_first_task, run.device)
         if stored is not None:
             run.restore(stored, REUSED)

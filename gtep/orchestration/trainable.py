@@ -112,9 +112,9 @@ def next_ordering(pending: list[int], hparams: dict[str, Any], job: dict[str, An
     """The pending ordering to run next: one whose first task is stored, else one nobody trains, else wait on
     the first. Concurrent trials so train different first tasks instead of queueing on one."""
     store = first_task_store(job)
-    if store is None or len(pending) == 1:
-        return pending[0]
     algorithm = ALGORITHMS.get(job["algorithm"])
+    if store is None or len(pending) == 1 or not algorithm.fixed_first_task:
+        return pending[0]
     states = {}
     for s in pending:
         spec = ordering_job(hparams, s, job)

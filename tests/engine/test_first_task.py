@@ -172,3 +172,11 @@ def test_a_silent_owner_elsewhere_is_taken_over_after_stale_after(tmp_path):
     assert source == TRAINED and calls == [1]
     assert time.monotonic() - tic >= 0.9, "a live claim is respected until its heartbeat is stale"
     assert store.state("k") == "ready"
+
+
+def test_methods_that_train_task_one_with_the_set_do_not_fill_the_store(tmp_path, monkeypatch):
+    """ViT methods (PILOT) train task 1 with the sampled set: a stored model per set would only cost disk."""
+    monkeypatch.setattr(ALGORITHMS.get("replay"), "fixed_first_task", False)
+    outcome = run_ordering(job_for("replay", {"epochs": 2, "batch_size": 16}), load(DATA),
+                           first_tasks=FirstTaskStore(tmp_path / "store"))
+    assert outcome.first_task == TRAINED and not (tmp_path / "store").exists()
