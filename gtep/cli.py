@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gtep.config import ConfigError, ExperimentConfig, ResolvedExperiment, load_config, load_preset, preset_names, preset_text, resolve
+from gtep.report.command import report_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="GTEP: tune continual-learning hyperparameters on one scenario, evaluate them on a disjoint one.")
@@ -558,6 +559,9 @@ def presets() -> None:
         table.add_row(name, doc["algorithm"], str(doc["scenario"]["increments"]), datasets,
                       f"{search.get('trials', 30)} x {search.get('orderings', 5)}", comment[:120])
     console.print(table)
+
+
+app.command("report")(report_command)
 
 
 if __name__ == "__main__":

@@ -77,3 +77,37 @@ def summarize(matrix: np.ndarray, test_counts: Sequence[int]) -> dict[str, float
         "old_acc": old,
         "new_acc": new,
     }
+
+
+def harmonic_mean_gap(tuning: tuple[float, float], evaluation: tuple[float, float]) -> float:
+    """Overestimation gap (paper section 3.1, Figures 4b and 7b): the tuning phase's harmonic mean of (Acc, AvgAcc)
+    minus the evaluation phase's. Positive: the tuning scenario overstated what H* achieves on unseen data.
+    Each pair holds the means over orderings; NaN when either phase diverged."""
+    return harmonic_mean(*map(float, tuning)) - harmonic_mean(*map(float, evaluation))
+
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-b between two scorings of the same items (Kendall 1945), ties counted on either side:
+
+        tau_b = (n_c - n_d) / sqrt((n_0 - n_x) * (n_0 - n_y)),  n_0 = n(n-1)/2,
+
+    n_c / n_d: concordant / discordant pairs, n_x / n_y: pairs tied in x / in y. The report uses it for the change
+    of the algorithms' ranking between the tuning and the evaluation phase (paper Figure 4b: the order of
+    publication in the tuning phase is not the order in the evaluation phase). Pairs with a NaN are dropped;
+    NaN when fewer than two items remain or either side is constant."""
+    a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"kendall_tau_b needs two equally long sequences, got {a.shape} and {b.shape}")
+    keep = ~(np.isnan(a) | np.isnan(b))
+    a, b = a[keep], b[keep]
+    if a.size < 2:
+        return float("nan")
+    upper = np.triu_indices(a.size, k=1)  # every unordered pair once
+    da = np.sign(a[:, None] - a[None, :])[upper]
+    db = np.sign(b[:, None] - b[None, :])[upper]
+    n0 = da.size
+    tied_x, tied_y = int(np.sum(da == 0)), int(np.sum(db == 0))
+    denominator = math.sqrt((n0 - tied_x) * (n0 - tied_y))
+    if denominator == 0:
+        return float("nan")
+    return float(np.sum(da * db) / denominator)

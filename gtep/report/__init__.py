@@ -1,1 +1,18 @@
-"""Tables and plots from tracked results."""
+"""Tables and plots from tracked results: `run_report` reads MLflow and writes the paper's tables and figures."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gtep.report.build import Report, run_report
+
+__all__ = ["Report", "run_report"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import lazily: `gtep.report.tables` is used by every phase command and must not pull in MLflow."""
+    if name in __all__:
+        from gtep.report import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module 'gtep.report' has no attribute {name!r}")

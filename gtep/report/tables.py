@@ -1,9 +1,12 @@
-"""Terminal tables (rich) for phases, search spaces and registries."""
+"""Terminal tables (rich) for phases, search spaces and registries, and the paper's result tables (Tables 7-22)
+as rich, Markdown and LaTeX for `gtep report`."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
+import pandas as pd
 from rich.table import Table
 
 
@@ -49,3 +52,90 @@ def hparams_table(hparams: dict[str, Any], title: str) -> Table:
     for key, value in hparams.items():
         table.add_row(key, str(value))
     return table
+
+
+# ---------------------------------------------------------------- the paper's tables (gtep report)
+
+PHASE_HEADERS = {"tune": "tuning (D^HT)", "conventional": "conventional (D^HT)", "evaluate": "evaluation (D^E)",
+                 "original": "Original (D^E)"}
+
+
+def paper_cell(stats: Any) -> str:
+    """'41.21 (1.06) / 59.82 (1.48)': Acc / AvgAcc in percent, std over orderings in parentheses (paper Tables
+    7-22); 'NaN (k/S diverged)' when k orderings diverged, as the paper prints BEEF."""
+    if stats["diverged"]:
+        return f"NaN ({int(stats['diverged'])}/{int(stats['orderings'])} diverged)"
+    if not stats["orderings"]:
+        return "-"
+    return (f"{100 * stats['acc']:.2f} ({100 * stats['acc_std']:.2f}) / "
+            f"{100 * stats['avg_acc']:.2f} ({100 * stats['avg_acc_std']:.2f})")
+
+
+def paper_table(summary: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
+    """One scenario and pairing as the paper prints it: algorithms as rows, per phase 'Acc / AvgAcc' mean (std);
+    then the overestimation gap of the harmonic mean and the rank in each phase ('2 → 1'). The datasets are the
+    pairing's, named in the table's title."""
+    columns: dict[str, dict[str, str]] = {}
+    for phase in PHASE_HEADERS:  # the column order: tuning data first, then unseen data
+        part = summary[summary["phase"] == phase]
+        if part.empty:
+            continue
+        columns[PHASE_HEADERS[phase]] = {r["label"]: paper_cell(r) for _, r in part.iterrows()}
+    table = pd.DataFrame(columns)
+    if not gaps.empty:
+        by_label = gaps.set_index("label")
+        table["gap HM (pp)"] = [pct(by_label.at[label, "gap"]) if label in by_label.index else "" for label in table.index]
+        table["rank tune → eval"] = [_ranks(by_label, label) for label in table.index]
+    table.index.name = "algorithm"
+    return table.sort_index().fillna("-")
+
+
+def _ranks(by_label: pd.DataFrame, label: str) -> str:
+    if label not in by_label.index:
+        return ""
+    a, b = by_label.at[label, "rank_tuning"], by_label.at[label, "rank_evaluation"]
+    return " → ".join("-" if math.isnan(v) else str(int(v)) for v in (a, b))
+
+
+def rich_frame(frame: pd.DataFrame, title: str, caption: str = "") -> Table:
+    """A string frame as a terminal table, its index as the first column."""
+    table = Table(title=title, caption=caption or None)
+    table.add_column(frame.index.name or "", no_wrap=True)
+    for column in frame.columns:
+        table.add_column(str(column), justify="right")
+    for label, row in frame.iterrows():
+        table.add_row(str(label), *[str(v) for v in row])
+    return table
+
+
+def markdown_frame(frame: pd.DataFrame) -> str:
+    """A GitHub-flavoured Markdown table (no tabulate dependency); pipes in cells are escaped."""
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    header = [frame.index.name or "", *map(str, frame.columns)]
+    lines = ["| " + " | ".join(map(cell, header)) + " |", "|" + "|".join(["---"] + ["---:"] * len(frame.columns)) + "|"]
+    lines += ["| " + " | ".join(map(cell, [label, *row])) + " |" for label, row in frame.iterrows()]
+    return "\n".join(lines) + "\n"
+
+
+LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+                 "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "→": r"$\rightarrow$"}
+
+
+LATEX_SYMBOLS = {"D^HT": "$D^{HT}$", "D^E": "$D^{E}$", "H*": r"$\mathcal{H}^{*}$"}  # the paper's notation
+
+
+def latex_escape(text: Any) -> str:
+    parts = re.split("(" + "|".join(map(re.escape, LATEX_SYMBOLS)) + ")", str(text))
+    return "".join(LATEX_SYMBOLS.get(part) or "".join(LATEX_SPECIAL.get(ch, ch) for ch in part) for part in parts)
+
+
+def latex_frame(frame: pd.DataFrame, caption: str, label: str) -> str:
+    """A booktabs table as in the paper's appendix (needs \\usepackage{booktabs})."""
+    spec = "l" + "r" * len(frame.columns)
+    head = " & ".join(latex_escape(c) for c in [frame.index.name or "", *frame.columns])
+    body = "\n".join(" & ".join(latex_escape(c) for c in [label_, *row]) + r" \\" for label_, row in frame.iterrows())
+    return (f"\\begin{{table}}[t]\n\\centering\n\\caption{{{latex_escape(caption)}}}\n\\label{{{label}}}\n"
+            f"\\resizebox{{\\linewidth}}{{!}}{{%\n\\begin{{tabular}}{{{spec}}}\n\\toprule\n{head} \\\\\n\\midrule\n"
+            f"{body}\n\\bottomrule\n\\end{{tabular}}}}\n\\end{{table}}\n")

@@ -1,0 +1,53 @@
+"""`gtep report`: the command line of gtep.report.build.run_report (registered in gtep/cli.py).
+
+Kept apart from cli.py so the report's options live with the report; heavy imports (MLflow, pandas, matplotlib,
+Optuna) happen only when the command runs, so `gtep --help` stays fast.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+SelectorsArg = typer.Argument(None, help="study names, experiment names (gtep/<study>) or globs ('gtep/mx-*')",
+                              show_default=False)
+
+
+def report_command(
+        selectors: Optional[List[str]] = SelectorsArg,
+        matrix: Optional[str] = typer.Option(None, "--matrix", help="only phase runs of this gtep matrix "
+                                             "(tag gtep.matrix); with no selectors, every study of the store"),
+        formats: List[str] = typer.Option(["table"], "--format", "-f", help="table, md, csv, latex: repeat the option "
+                                         "or separate with commas (PNG plots are always written)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="folder for the report's files "
+                                           "(default: <output>/reports/<date-time>)"),
+        output: Path = typer.Option(Path("gtep-runs"), "--output", help="the runs folder whose mlflow.db to read"),
+        tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
+                                                   help="MLflow tracking URI (default: sqlite:///<output>/mlflow.db)"),
+        no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a run in gtep/reports"),
+) -> None:
+    """The paper's tables and figures from tracked studies: per scenario and dataset pairing, Acc / AvgAcc of
+    every algorithm in each phase, the overestimation gap, Kendall's tau between the phases' rankings, Original vs
+    H*, per-task curves, cost plots, and hyperparameter importance and convergence from the tuning trials.
+    Reads MLflow only; nothing is re-run."""
+    from gtep.cli import _run_guarded, console
+
+    def go() -> None:
+        from gtep.config import ConfigError
+        from gtep.report.build import check_formats, run_report
+        from gtep.report.collect import open_store
+
+        chosen = check_formats(formats)
+        uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
+        open_store(uri, "--tracking-uri" if tracking_uri else "--output")  # the option the user can fix
+        if out is not None and out.exists() and not out.is_dir():
+            raise ConfigError("--out", f"{out} is a file; give a folder for the report")
+        folder = out or output / "reports" / time.strftime("%Y%m%d-%H%M%S")
+        report = run_report(uri, list(selectors or []), matrix=matrix, out=folder, formats=chosen,
+                            console=console, log_to_mlflow=not no_log)
+        console.print(f"report files: {report.out} ({len(report.paths)} files)")
+        if report.run_id:
+            console.print(f"report run: {report.run_id} in experiment gtep/reports of {uri}")
+    _run_guarded(go)

@@ -1,0 +1,71 @@
+"""What the tuning trials say about the search: hyperparameter importance and best-so-far convergence.
+
+The paper draws R = 30 sets and reports that the best score converges within about 20 trials (section 4 and
+appendix A); the best-so-far curve against the number of trials shows whether a study's R was enough. Importance
+uses Optuna's evaluators on an in-memory study rebuilt from the trials, every hyperparameter a categorical over
+the values its trials drew (the sets are the paper's predefined discrete sets, Tables 4 and 5).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pandas as pd
+
+CONVERGENCE_MARK = 20  # the paper: the best hyperparameters are found within 20 of the 30 trials
+
+
+def trial_scores(trials: pd.DataFrame, selection: str) -> pd.Series:
+    """The selection score of each trial (indexed by trial run id): the harmonic mean of the orderings' mean Acc
+    and AvgAcc (the paper's), or the mean of per-ordering harmonic means; NaN for a set with a diverged ordering."""
+    column = "mean_of_hmeans" if selection == "mean_of_hmeans" else "hmean"
+    scores = trials.set_index("run_id")[column].astype(float)
+    diverged = trials.set_index("run_id")["diverged_orderings"].fillna(0) > 0
+    return scores.where(~diverged)
+
+
+def best_so_far(trials: pd.DataFrame, selection: str = "hmean_of_means") -> pd.DataFrame:
+    """Best score after n trials, n = 1..R, trials taken in the order they were drawn (set index)."""
+    ordered = trials.sort_values("set_index", kind="stable")
+    scores = trial_scores(ordered, selection).reindex(ordered["run_id"]).to_numpy(dtype=float)
+    best = np.fmax.accumulate(np.where(np.isnan(scores), -np.inf, scores)) if len(scores) else scores
+    best = np.where(np.isinf(best), np.nan, best)
+    return pd.DataFrame({"trial": np.arange(1, len(scores) + 1), "set_index": ordered["set_index"].to_numpy(),
+                         "score": scores, "best_so_far": best})
+
+
+def trials_to_best(curve: pd.DataFrame) -> float:
+    """The number of trials after which the best-so-far score reached its final value (NaN if none is finite)."""
+    values = curve["best_so_far"].to_numpy(dtype=float)
+    if not len(values) or np.all(np.isnan(values)):
+        return math.nan
+    final = np.nanmax(values)
+    return float(curve["trial"].to_numpy()[np.argmax(values >= final)])
+
+
+def hyperparameter_importance(trials: pd.DataFrame, hparams: pd.DataFrame, selection: str = "hmean_of_means",
+                              seed: int = 0) -> pd.DataFrame:
+    """Optuna's fANOVA importance (Hutter et al. 2014; `optuna.importance.FanovaImportanceEvaluator`, seeded) of each
+    hyperparameter that varied, for the selection score, normalised to sum to 1. Diverged sets are left out.
+    Empty when fewer than two sets scored or the scores do not vary (nothing to attribute)."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
+
+    scores = trial_scores(trials, selection).dropna()
+    wide = hparams.pivot(index="trial_run_id", columns="name", values="value").reindex(scores.index)
+    varying = [name for name in wide.columns if wide[name].nunique(dropna=True) > 1 and wide[name].notna().all()]
+    empty = pd.DataFrame(columns=["hyperparameter", "importance"])
+    if len(scores) < 2 or not varying or np.ptp(scores.to_numpy()) == 0:
+        return empty
+    distributions = {name: CategoricalDistribution(sorted(wide[name].unique(), key=str)) for name in varying}
+    frozen = [optuna.trial.create_trial(params={n: wide.at[run, n] for n in varying}, distributions=distributions,
+                                        value=float(score)) for run, score in scores.items()]
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    study.add_trials(frozen)
+    with warnings.catch_warnings():  # few trials make fANOVA's forest warn; the numbers are still what it found
+        warnings.simplefilter("ignore")
+        found = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=seed), normalize=True)
+    return pd.DataFrame({"hyperparameter": list(found), "importance": [float(v) for v in found.values()]})

@@ -1,0 +1,148 @@
+"""From the store's runs to the numbers the paper reports (pure pandas and numpy; no MLflow here).
+
+Per scenario and dataset pairing (one paper table, Tables 7-22) and per algorithm:
+  tuning       H*'s orderings in the tuning phase (the best trial's ordering runs)
+  conventional H* re-run on D^HT's classes with fresh orderings (the conventional protocol's number)
+  evaluation   H* on D^E (the evaluate phase's ordering runs)
+  original     the authors' `original` preset on D^E (paper Figure 4a, Table 7)
+each as Acc and AvgAcc, mean and std over orderings; then the overestimation gap and the change of ranking.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from gtep.protocol.metrics import harmonic_mean, harmonic_mean_gap, kendall_tau_b
+from gtep.report.collect import EVALUATE_LIKE, StoreData
+
+GROUP = ["scenario", "pairing"]
+PHASES = ("tune", "conventional", "evaluate", "original")  # the paper's column order: tuning, then unseen data
+COST_METRICS = ("params_total", "params_trainable", "train_seconds", "forgetting")
+RANKED = ("hmean", "acc", "avg_acc")
+
+
+def summarize_orderings(rows: pd.DataFrame) -> dict[str, float]:
+    """Mean and population std over orderings, as `summarize_units` does when a phase ends: a diverged ordering
+    makes the means NaN (the paper's NaN for BEEF) while the std and costs describe the finished ones."""
+    finished = rows[rows["status"] != "diverged"]
+    diverged = len(rows) - len(finished)
+    out: dict[str, float] = {"orderings": float(len(rows)), "diverged": float(diverged)}
+    for key in ("acc", "avg_acc"):
+        values = finished[key].to_numpy(dtype=float)
+        out[key] = float(np.mean(values)) if len(values) and not diverged else math.nan
+        out[f"{key}_std"] = float(np.std(values)) if len(values) else math.nan
+    out["hmean"] = harmonic_mean(out["acc"], out["avg_acc"])
+    for key in COST_METRICS:
+        values = finished[key].dropna().to_numpy(dtype=float)
+        out[key] = float(np.mean(values)) if len(values) else math.nan
+    return out
+
+
+def best_trial_id(data: StoreData, phase: pd.Series) -> str | None:
+    """H*'s trial run: the tuning phase's gtep.best_trial_run_id tag, else its trial with gtep.best_set_index."""
+    own = data.trials[data.trials["phase_run_id"] == phase["run_id"]]
+    if phase["best_trial_run_id"] in set(own["run_id"]):
+        return str(phase["best_trial_run_id"])
+    index = phase["best_set_index_tag"] or phase["best_set_index"]
+    try:
+        hits = own[own["set_index"] == int(float(index))]
+    except (TypeError, ValueError):
+        return None
+    return str(hits["run_id"].iloc[0]) if len(hits) else None
+
+
+def phase_orderings(data: StoreData, phase: pd.Series) -> pd.DataFrame:
+    """The ordering runs behind a phase's column. A tuning phase with no H* (every set diverged) shows all of its
+    orderings, so its cell reads NaN with their diverged count."""
+    rows = data.orderings[data.orderings["phase_run_id"] == phase["run_id"]]
+    if phase["phase"] == "tune":
+        best = best_trial_id(data, phase)
+        if best is not None:
+            rows = rows[rows["trial_run_id"] == best]
+    return rows.sort_values("ordering")
+
+
+def algorithm_labels(phases: pd.DataFrame) -> pd.Series:
+    """The table's row name: the algorithm, with its study when one group holds the algorithm twice."""
+    studies = phases.groupby([*GROUP, "algorithm"])["study"].transform("nunique")
+    return phases["algorithm"].where(studies <= 1, phases["algorithm"] + " [" + phases["study"] + "]")
+
+
+def phase_summaries(data: StoreData) -> pd.DataFrame:
+    """One row per (scenario, pairing, algorithm, phase) with the means, stds, diverged counts and costs."""
+    phases = data.phases[data.phases["phase"].isin(PHASES)].copy()
+    phases["label"] = algorithm_labels(phases)
+    rows = []
+    for _, phase in phases.iterrows():
+        stats = summarize_orderings(phase_orderings(data, phase))
+        rows.append({**{k: phase[k] for k in (*GROUP, "similarity", "label", "algorithm", "study", "phase",
+                                              "dataset", "backbone", "run_id")}, **stats})
+    frame = pd.DataFrame(rows)
+    order = {p: i for i, p in enumerate(PHASES)}
+    return frame.sort_values([*GROUP, "label", "phase"], key=lambda c: c.map(order) if c.name == "phase" else c,
+                             kind="stable").reset_index(drop=True)
+
+
+def _pivot(summary: pd.DataFrame, phase: str, columns: tuple[str, ...]) -> pd.DataFrame:
+    part = summary[summary["phase"] == phase].set_index([*GROUP, "label"])
+    return part[list(columns)]
+
+
+def gaps(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per algorithm: the harmonic means of both phases, the overestimation gap (tuning minus evaluation,
+    paper Figures 4b and 7b) and the algorithm's rank in each phase (1 = best, by harmonic mean)."""
+    tune = _pivot(summary, "tune", ("acc", "avg_acc", "hmean"))
+    evaluate = _pivot(summary, "evaluate", ("acc", "avg_acc", "hmean"))
+    both = tune.join(evaluate, how="inner", lsuffix="_tuning", rsuffix="_evaluation").reset_index()
+    if both.empty:
+        return pd.DataFrame(columns=[*GROUP, "label", "hmean_tuning", "hmean_evaluation", "gap", "rank_tuning",
+                                     "rank_evaluation"])
+    both["gap"] = [harmonic_mean_gap((r.acc_tuning, r.avg_acc_tuning), (r.acc_evaluation, r.avg_acc_evaluation))
+                   for r in both.itertuples()]
+    for phase in ("tuning", "evaluation"):
+        both[f"rank_{phase}"] = both.groupby(GROUP)[f"hmean_{phase}"].rank(ascending=False, method="min")
+    return both
+
+
+def rankings(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per scenario and pairing: Kendall's tau-b between the algorithms' tuning-phase and evaluation-phase scores
+    (harmonic mean, Acc, AvgAcc). tau = 1: the tuning phase ranks the algorithms as unseen data does; lower: the
+    conventional protocol would have ordered them differently (paper section 4.1, Figure 4)."""
+    rows = []
+    tune = _pivot(summary, "tune", RANKED)
+    evaluate = _pivot(summary, "evaluate", RANKED)
+    both = tune.join(evaluate, how="inner", lsuffix="_tuning", rsuffix="_evaluation")
+    for group, part in both.groupby(level=[0, 1], sort=True):
+        for metric in RANKED:
+            x, y = part[f"{metric}_tuning"], part[f"{metric}_evaluation"]
+            usable = x.notna() & y.notna()
+            rows.append({"scenario": group[0], "pairing": group[1], "metric": metric, "algorithms": int(usable.sum()),
+                         "tau": kendall_tau_b(x.to_numpy(), y.to_numpy()),
+                         "order_tuning": _order(x[usable]), "order_evaluation": _order(y[usable])})
+    return pd.DataFrame(rows, columns=[*GROUP, "metric", "algorithms", "tau", "order_tuning", "order_evaluation"])
+
+
+def _order(scores: pd.Series) -> str:
+    """'a > b > c', best first, by label on ties so the text is stable."""
+    items = sorted(((float(v), str(k[-1])) for k, v in scores.items()), key=lambda p: (-p[0], p[1]))
+    return " > ".join(name for _, name in items)
+
+
+def task_curves(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
+    """Acc_t per task, mean and std over the finished orderings of each evaluation-like phase (paper Figures
+    6a and 9a); a diverged ordering has no complete curve and is left out, as from the means."""
+    rows = []
+    for _, phase in summary[summary["phase"].isin(EVALUATE_LIKE)].iterrows():
+        runs = data.orderings[(data.orderings["phase_run_id"] == phase["run_id"])
+                              & (data.orderings["status"] != "diverged")]["run_id"]
+        steps = data.steps[data.steps["run_id"].isin(runs)]
+        for t, values in steps.groupby("t")["acc"]:
+            rows.append({**{k: phase[k] for k in (*GROUP, "label", "phase")}, "t": int(t), "mean": float(values.mean()),
+                         "std": float(np.std(values.to_numpy(dtype=float))), "orderings": int(len(values))})
+    return pd.DataFrame(rows, columns=[*GROUP, "label", "phase", "t", "mean", "std", "orderings"])
+
+
+def groups(summary: pd.DataFrame) -> list[tuple[str, str]]:
+    return [tuple(g) for g in summary[GROUP].drop_duplicates().itertuples(index=False)]

@@ -1,0 +1,231 @@
+"""gtep report over a real tracked study: replay and icarl, each `gtep run` plus `gtep evaluate --hparams original`
+through the CLI into one sqlite MLflow store; every table value is then checked against the store, read here
+independently with MlflowClient."""
+import logging
+import math
+import statistics
+
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from gtep.cli import app
+from gtep.report import run_report
+
+ALGORITHMS = ("replay", "icarl")
+R, S = 2, 2
+CONFIG = {
+    "study": "rep",
+    "algorithm": "replay",
+    "backbone": "resnet8",
+    "scenario": {"increments": "3x2"},
+    "datasets": {"split": {"dataset": "synthetic:classes=14,train=20,test=8,noise=150", "classes_per_phase": 6,
+                           "seed": 1}},
+    "search": {"trials": R, "orderings": S},
+    "first_task": {"epochs": 3, "milestones": [2], "batch_size": 16},
+    "training": {"memory_size": 12, "epoch_scale": 0.02},
+    "compute": {"cpus_per_trial": 1, "max_concurrent": 2},
+    "seed": 3,
+}
+PNGS = ("task_curves", "acc_vs_params", "acc_vs_time", "original_vs_hstar", "convergence")
+
+
+def invoke(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    return result
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    config = root / "exp.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    out = root / "out"
+    # one local Ray for the four commands (each would start and stop its own otherwise)
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        for algorithm in ALGORITHMS:
+            common = ["--config", config, "--output", out, "--algorithm", algorithm, "--study", f"rep-{algorithm}"]
+            invoke("run", *common)
+            invoke("evaluate", *common, "--hparams", "original")
+    finally:
+        ray.shutdown()
+    uri = f"sqlite:///{out / 'mlflow.db'}"
+    report = run_report(uri, ["rep-*"], out=root / "report", formats=("table", "md", "csv", "latex"))
+    return {"root": root, "out": out, "uri": uri, "client": MlflowClient(tracking_uri=uri), "report": report}
+
+
+# ---------------------------------------------------------------- the store, read by hand
+
+def runs(client, experiment, query):
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id], query, max_results=1000)
+
+
+def phase_run(client, algorithm, label):
+    """The latest finished phase run of a label, found without the report's code."""
+    found = [r for r in runs(client, f"gtep/rep-{algorithm}", "tags.`gtep.level` = 'phase'")
+             if r.info.status == "FINISHED"]
+    if label == "original":
+        found = [r for r in found if r.data.tags.get("gtep.hparams_source") == "preset:original"
+                 or r.data.tags["gtep.phase"] == "original"]
+    else:
+        found = [r for r in found if r.data.tags["gtep.phase"] == label
+                 and r.data.tags.get("gtep.hparams_source", "tuning") == "tuning"]
+    return max(found, key=lambda r: r.info.start_time)
+
+
+def children(client, algorithm, parent_id):
+    return runs(client, f"gtep/rep-{algorithm}", f"tags.`mlflow.parentRunId` = '{parent_id}'")
+
+
+def ordering_runs(client, algorithm, label):
+    phase = phase_run(client, algorithm, label)
+    if label == "tune":
+        trials = [client.get_run(phase.data.tags["gtep.best_trial_run_id"])]
+    else:
+        trials = children(client, algorithm, phase.info.run_id)
+    return [o for t in trials for o in children(client, algorithm, t.info.run_id)]
+
+
+def by_hand(client, algorithm, label):
+    units = ordering_runs(client, algorithm, label)
+    assert len(units) == S and all(u.data.tags["gtep.status"] == "finished" for u in units)
+    acc = [u.data.metrics["acc"] for u in units]
+    avg = [u.data.metrics["avg_acc"] for u in units]
+    out = {"acc": statistics.fmean(acc), "acc_std": statistics.pstdev(acc), "avg_acc": statistics.fmean(avg),
+           "avg_acc_std": statistics.pstdev(avg)}
+    out["hmean"] = 2 * out["acc"] * out["avg_acc"] / (out["acc"] + out["avg_acc"])
+    out["cell"] = (f"{100 * out['acc']:.2f} ({100 * out['acc_std']:.2f}) / "
+                   f"{100 * out['avg_acc']:.2f} ({100 * out['avg_acc_std']:.2f})")
+    return out
+
+
+def only_table(report):
+    assert len(report.tables) == 1  # one scenario, one pairing
+    return next(iter(report.tables.items()))
+
+
+COLUMNS = {"tune": "tuning (D^HT)", "evaluate": "evaluation (D^E)", "original": "Original (D^E)"}
+
+
+# ---------------------------------------------------------------- checks
+
+def test_every_table_cell_equals_the_store(tracked):
+    client, report = tracked["client"], tracked["report"]
+    (scenario, pairing), table = only_table(report)
+    assert scenario == "3+3" and pairing.count("synthetic:classes=14") == 2
+    assert sorted(table.index) == sorted(ALGORITHMS)
+    for algorithm in ALGORITHMS:
+        for label, column in COLUMNS.items():
+            hand = by_hand(client, algorithm, label)
+            assert table.at[algorithm, column] == hand["cell"], (algorithm, label)
+            row = report.summary[(report.summary["label"] == algorithm) & (report.summary["phase"] == label)].iloc[0]
+            for key in ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean"):
+                assert row[key] == pytest.approx(hand[key], abs=1e-12), (algorithm, label, key)
+            assert row["run_id"] == phase_run(client, algorithm, label).info.run_id
+
+
+def test_table_agrees_with_the_phase_runs_own_metrics(tracked):
+    client, summary = tracked["client"], tracked["report"].summary
+    for algorithm in ALGORITHMS:
+        tune = phase_run(client, algorithm, "tune").data.metrics
+        evaluate = phase_run(client, algorithm, "evaluate").data.metrics
+        row = summary[(summary["label"] == algorithm) & (summary["phase"] == "tune")].iloc[0]
+        assert (row["acc"], row["avg_acc"], row["acc_std"]) == pytest.approx(
+            (tune["best_acc"], tune["best_avg_acc"], tune["best_acc_std"]))
+        row = summary[(summary["label"] == algorithm) & (summary["phase"] == "evaluate")].iloc[0]
+        assert (row["acc"], row["avg_acc"], row["hmean"]) == pytest.approx(
+            (evaluate["acc"], evaluate["avg_acc"], evaluate["hmean"]))
+
+
+def test_gap_and_kendall_tau_by_hand(tracked):
+    client, report = tracked["client"], tracked["report"]
+    (_, _), table = only_table(report)
+    tune = {a: by_hand(client, a, "tune")["hmean"] for a in ALGORITHMS}
+    evaluate = {a: by_hand(client, a, "evaluate")["hmean"] for a in ALGORITHMS}
+    gaps = report.gaps.set_index("label")
+    for algorithm in ALGORITHMS:
+        assert gaps.at[algorithm, "gap"] == pytest.approx(tune[algorithm] - evaluate[algorithm], abs=1e-12)
+        assert table.at[algorithm, "gap HM (pp)"] == f"{100 * (tune[algorithm] - evaluate[algorithm]):.2f}"
+    # two algorithms: one pair, concordant (+1) or discordant (-1); a tie on either side leaves no ranking (NaN)
+    product = (tune["replay"] - tune["icarl"]) * (evaluate["replay"] - evaluate["icarl"])
+    tau = report.ranking.set_index("metric").at["hmean", "tau"]
+    assert (math.isnan(tau) and product == 0) or tau == math.copysign(1.0, product)
+
+
+def test_convergence_and_importance_from_the_tuning_trials(tracked):
+    client, report = tracked["client"], tracked["report"]
+    for algorithm in ALGORITHMS:
+        phase = phase_run(client, algorithm, "tune")
+        trials = sorted(children(client, algorithm, phase.info.run_id), key=lambda t: int(t.data.tags["gtep.set_index"]))
+        scores = [t.data.metrics["hmean"] for t in trials]
+        curve = report.convergence[report.convergence["label"] == algorithm].sort_values("trial")
+        assert list(curve["score"]) == pytest.approx(scores)
+        assert list(curve["best_so_far"]) == pytest.approx([max(scores[: i + 1]) for i in range(len(scores))])
+        importance = report.importance[report.importance["label"] == algorithm]
+        varied = {k for k in trials[0].data.params if not k.startswith("gtep.")
+                  and len({t.data.params[k] for t in trials}) > 1}
+        if len(set(scores)) > 1:
+            assert set(importance["hyperparameter"]) == varied
+            assert importance["importance"].sum() == pytest.approx(1.0)
+        else:
+            assert importance.empty
+
+
+def test_plots_exist_and_are_png(tracked):
+    report = tracked["report"]
+    folders = {p.parent for p in report.paths if p.suffix == ".png"}
+    assert len(folders) == 1
+    folder = folders.pop()
+    names = list(PNGS) + (["importance"] if not report.importance.empty else [])
+    for name in names:
+        png = folder / f"{name}.png"
+        assert png.exists() and png.stat().st_size > 1000, name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for name in ("report.md", "summary.csv", "ranking.csv", "ranking.tex"):
+        assert (report.out / name).stat().st_size > 0
+    assert (folder / "table.tex").exists() and (folder / "table.csv").exists()
+
+
+def test_report_run_holds_the_files(tracked):
+    client, report = tracked["client"], tracked["report"]
+    run = client.get_run(report.run_id)
+    assert run.data.tags["gtep.level"] == "report" and run.data.tags["gtep.sources"] == "rep-*"
+    assert run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "gtep/reports"
+    top = {a.path for a in client.list_artifacts(report.run_id)}
+    assert {"report.md", "summary.csv", "ranking.tex"} <= top
+    folder = next(a.path for a in client.list_artifacts(report.run_id) if a.is_dir)
+    inside = {a.path.split("/")[-1] for a in client.list_artifacts(report.run_id, folder)}
+    assert {f"{name}.png" for name in PNGS} <= inside
+
+
+def test_report_command(tracked, tmp_path):
+    out = tracked["out"]
+    result = invoke("report", "rep-replay", "gtep/rep-icarl", "--output", out, "--format", "table,md,csv", "-f", "latex",
+                    "--out", tmp_path / "cli", "--no-log")
+    assert "Kendall's tau" in result.output and "gap HM" in result.output
+    assert (tmp_path / "cli" / "report.md").exists() and (tmp_path / "cli" / "ranking.tex").exists()
+    assert by_hand(tracked["client"], "icarl", "evaluate")["cell"] in (tmp_path / "cli" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("args, option", [
+    (["rep-*", "--format", "pdf"], "--format"),
+    (["nothing-here"], "SELECTORS"),
+    ([], "SELECTORS"),
+    (["rep-*", "--matrix", "no-such-matrix"], "SELECTORS"),
+])
+def test_report_command_refuses_bad_input(tracked, tmp_path, args, option):
+    result = CliRunner().invoke(app, ["report", *args, "--output", str(tracked["out"]), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and option in result.output, result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_report_command_without_a_store(tmp_path):
+    result = CliRunner().invoke(app, ["report", "rep-*", "--output", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "--output" in result.output and "no MLflow store" in result.output
+    assert not (tmp_path / "none").exists()

@@ -1,0 +1,159 @@
+"""The report's frames from a hand-built store (no MLflow): cells, NaN for divergence, gap, tau with a rank change,
+the choice of phase runs, and the files and plots written."""
+import math
+
+import pandas as pd
+import pytest
+
+from gtep.report import build, collect
+from gtep.report.collect import StoreData
+from gtep.report.importance import best_so_far, trials_to_best
+
+GROUP = ("10+5+5", "D1 → D2")
+
+
+def phase(run_id, study, label, algorithm, dataset, **extra):
+    row = {"run_id": run_id, "experiment": f"gtep/{study}", "study": study, "phase": label, "status": "FINISHED",
+           "start_time": 1, "attempt": "a", "matrix": "", "cell": "", "scenario": GROUP[0], "pairing": GROUP[1],
+           "similarity": "low", "algorithm": algorithm, "backbone": "resnet32", "dataset": dataset,
+           "increments": "10+5+5", "selection": "hmean_of_means", "best_trial_run_id": "", "best_set_index_tag": "",
+           "best_set_index": math.nan, "diverged": 0.0}
+    row.update(extra)
+    return row
+
+
+def hand_store() -> StoreData:
+    """Three algorithms plus one that diverges in the evaluation phase. By harmonic mean the tuning phase ranks
+    a > b > c, the evaluation phase b > a > c: one swapped pair of three, tau = 1/3."""
+    phases, trials, orderings = [], [], []
+    plan = {  # algorithm: (tuning set 1 (H*) orderings, tuning set 0 orderings, evaluation orderings) as (acc, avg_acc)
+        "a": ([(0.6, 0.7), (0.8, 0.9)], [(0.1, 0.1), (0.1, 0.1)], [(0.40, 0.50), (0.40, 0.60)]),
+        "b": ([(0.5, 0.6), (0.5, 0.6)], [(0.9, 0.9), (None, None)], [(0.50, 0.60), (0.60, 0.60)]),
+        "c": ([(0.3, 0.4), (0.3, 0.4)], [(0.2, 0.2), (0.2, 0.2)], [(0.20, 0.30), (0.20, 0.30)]),
+        "d": ([(0.2, 0.3), (0.2, 0.3)], [(0.1, 0.1), (0.1, 0.1)], [(0.30, 0.40), (None, None)]),
+    }
+    for name, (best, other, evaluation) in plan.items():
+        phases.append(phase(f"T{name}", name, "tune", name, "D1", best_trial_run_id=f"T{name}/1",
+                            best_set_index_tag="1", best_set_index=1.0))
+        phases.append(phase(f"E{name}", name, "evaluate", name, "D2"))
+        for set_index, units in ((0, other), (1, best)):
+            trial = f"T{name}/{set_index}"
+            diverged = sum(acc is None for acc, _ in units)
+            hm = [2 * a * b / (a + b) for a, b in units if a is not None]
+            score = math.nan if diverged else 2 * (sum(a for a, _ in units) / 2) * (sum(b for _, b in units) / 2) / (
+                sum(a for a, _ in units) / 2 + sum(b for _, b in units) / 2)
+            trials.append({"run_id": trial, "phase_run_id": f"T{name}", "set_index": set_index, "status": "FINISHED",
+                           "start_time": 1, "hmean": score, "mean_of_hmeans": sum(hm) / len(hm),
+                           "diverged_orderings": float(diverged), "orderings": 2.0})
+            orderings += ordering_rows(trial, f"T{name}", set_index, units)
+        trials.append({"run_id": f"E{name}/0", "phase_run_id": f"E{name}", "set_index": -1, "status": "FINISHED"})
+        orderings += ordering_rows(f"E{name}/0", f"E{name}", -1, evaluation)
+    hparams = pd.DataFrame([{"trial_run_id": t["run_id"], "name": "lr", "value": str(0.1 * (t["set_index"] + 1))}
+                            for t in trials if t["run_id"].startswith("T")])
+    steps = pd.DataFrame([{"run_id": o["run_id"], "t": t, "acc": o["acc"] + (2 - t) * 0.1}
+                          for o in orderings if o["phase_run_id"].startswith("E") and o["status"] == "finished"
+                          for t in (1, 2)])
+    tuned = pd.DataFrame([t for t in trials if t["run_id"].startswith("T")])
+    return StoreData(pd.DataFrame(phases), tuned, hparams, pd.DataFrame(orderings), steps)
+
+
+def ordering_rows(trial, phase_run_id, set_index, units):
+    rows = []
+    for s, (acc, avg) in enumerate(units):
+        rows.append({"run_id": f"{trial}/o{s}", "trial_run_id": trial, "phase_run_id": phase_run_id,
+                     "set_index": set_index, "ordering": s, "status": "diverged" if acc is None else "finished",
+                     "acc": math.nan if acc is None else acc, "avg_acc": math.nan if avg is None else avg,
+                     "params_total": 1000.0, "params_trainable": 1000.0, "train_seconds": 10.0 + s,
+                     "forgetting": 0.1})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def report():
+    return build.build_frames(hand_store())
+
+
+def test_cells_are_mean_and_std_of_h_star_orderings(report):
+    table = report.tables[GROUP]
+    # a's H* is set 1 (tag), not the better-looking set 0 of b: means 0.7 / 0.8, population std 0.1 / 0.1
+    assert table.at["a", "tuning (D^HT)"] == "70.00 (10.00) / 80.00 (10.00)"
+    assert table.at["a", "evaluation (D^E)"] == "40.00 (0.00) / 55.00 (5.00)"
+    assert table.at["b", "evaluation (D^E)"] == "55.00 (5.00) / 60.00 (0.00)"
+
+
+def test_diverged_orderings_show_nan_with_their_count(report):
+    table = report.tables[GROUP]
+    assert table.at["d", "evaluation (D^E)"] == "NaN (1/2 diverged)"
+    row = report.summary[(report.summary["label"] == "d") & (report.summary["phase"] == "evaluate")].iloc[0]
+    assert math.isnan(row["acc"]) and row["diverged"] == 1 and row["orderings"] == 2
+    assert table.at["d", "gap HM (pp)"] == "NaN"
+
+
+def test_gap_and_ranks_by_hand(report):
+    gaps = report.gaps.set_index("label")
+    hm = lambda a, b: 2 * a * b / (a + b)  # noqa: E731
+    assert gaps.at["a", "gap"] == pytest.approx(hm(0.7, 0.8) - hm(0.4, 0.55))
+    assert gaps.at["b", "gap"] == pytest.approx(hm(0.5, 0.6) - hm(0.55, 0.6))
+    assert report.tables[GROUP].at["a", "gap HM (pp)"] == f"{100 * (hm(0.7, 0.8) - hm(0.4, 0.55)):.2f}"
+    assert (gaps.at["a", "rank_tuning"], gaps.at["a", "rank_evaluation"]) == (1, 2)
+    assert report.tables[GROUP].at["b", "rank tune → eval"] == "2 → 1"
+
+
+def test_tau_sees_the_rank_change(report):
+    ranking = report.ranking.set_index("metric")
+    assert ranking.at["hmean", "algorithms"] == 3  # d diverged in evaluation: left out of the ranking
+    assert ranking.at["hmean", "tau"] == pytest.approx(1 / 3)
+    assert ranking.at["hmean", "order_tuning"] == "a > b > c"
+    assert ranking.at["hmean", "order_evaluation"] == "b > a > c"
+
+
+def test_curves_leave_out_diverged_orderings(report):
+    d = report.curves[(report.curves["label"] == "d")]
+    assert set(d["orderings"]) == {1}
+    a1 = report.curves[(report.curves["label"] == "a") & (report.curves["t"] == 1)].iloc[0]
+    assert a1["mean"] == pytest.approx(0.5) and a1["std"] == pytest.approx(0.0)
+
+
+def test_convergence_and_importance_from_trials(report):
+    conv = report.convergence[report.convergence["label"] == "b"].sort_values("trial")
+    # b's set 0 diverged: it does not count, the best so far starts at set 1
+    assert math.isnan(conv["best_so_far"].iloc[0]) and conv["best_so_far"].iloc[1] == pytest.approx(0.5 * 1.2 / 1.1)
+    assert set(report.importance["label"]) == {"a", "c", "d"}  # b has one scored set: nothing to attribute
+    for _, part in report.importance.groupby("label"):
+        assert part["importance"].sum() == pytest.approx(1.0)
+    curve = best_so_far(pd.DataFrame({"run_id": list("pqrs"), "set_index": [0, 1, 2, 3], "hmean": [0.2, 0.5, 0.4, 0.5],
+                                      "diverged_orderings": [0, 0, 0, 0]}))
+    assert list(curve["best_so_far"]) == [0.2, 0.5, 0.5, 0.5] and trials_to_best(curve) == 2
+
+
+def test_latest_usable_phase_run_wins():
+    rows = pd.DataFrame([
+        phase("old", "s", "evaluate", "a", "D2", start_time=1),
+        phase("new", "s", "evaluate", "a", "D2", start_time=2),
+        phase("crashed", "s", "evaluate", "a", "D2", start_time=3, status="FAILED"),
+        phase("running", "s", "evaluate", "a", "D2", start_time=4, status="RUNNING"),
+        phase("orig", "s", "original", "a", "D2", start_time=0),
+        phase("nan", "t", "evaluate", "a", "D2", start_time=5, status="FAILED", diverged=2.0),
+    ])
+    chosen = collect.latest_phases(rows, pd.DataFrame(columns=["phase_run_id", "diverged_orderings"]))
+    assert sorted(chosen["run_id"]) == ["nan", "new", "orig"]
+
+
+def test_files_and_plots(report, tmp_path):
+    paths = build.write_files(report, tmp_path, ("md", "csv", "latex"))
+    folder = tmp_path / build.slug(*GROUP)
+    for name in ("task_curves", "acc_vs_params", "acc_vs_time", "convergence", "importance"):
+        png = folder / f"{name}.png"
+        assert png in paths and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+    assert not (folder / "original_vs_hstar.png").exists()  # no original phase in this store
+    assert "NaN (1/2 diverged)" in (tmp_path / "report.md").read_text()
+    assert r"$D^{HT}$" in (folder / "table.tex").read_text()
+    assert pd.read_csv(tmp_path / "ranking.csv").loc[0, "tau"] == pytest.approx(1 / 3)
+
+
+def test_unknown_format_is_refused():
+    from gtep.config import ConfigError
+
+    assert build.check_formats(["md,csv", "latex", "md"]) == ("md", "csv", "latex")
+    with pytest.raises(ConfigError, match="--format"):
+        build.check_formats(["pdf"])
