@@ -55,14 +55,16 @@ def test_end_task_aligns_new_row_norms_to_old(wa_run):
     assert len(heads) == 3
     known, before, after = heads[0]
     assert known == 0 and torch.equal(before[0], after[0])  # nothing to align on the first task
+    gaps = []
     for known, (w0, b0), (w1, b1) in heads[1:]:
         old0, new0 = mean_norms(w0, known)
         old1, new1 = mean_norms(w1, known)
-        assert abs(old0 - new0) / old0 > 0.02  # training left the norms unequal
+        gaps.append(abs(old0 - new0) / old0)
         assert old1 == pytest.approx(new1, rel=1e-5)  # aligning made them equal
         assert torch.equal(w1[:known], w0[:known]) and torch.equal(b1, b0)  # old rows and biases untouched
         gamma = old0 / new0
         assert torch.allclose(w1[known:], w0[known:] * gamma, rtol=1e-5)  # one common factor for new rows
+    assert max(gaps) > 0.02  # training left the norms unequal, so aligning had something to do
 
 
 def test_align_weights_uses_the_ratio_of_mean_norms():
