@@ -15,9 +15,10 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -60,6 +61,9 @@ class TrackingJournal:
         self.last_error: str = ""
         self._failed_at = 0.0
         self._next_seq = state.applied + 1
+        self._created: set[str] = set()  # keys of the runs this process created (no run had them before)
+        self._attempted: set[int] = set()  # create operations this process has sent at least once
+        self._batched = 0  # inside batch(): journal now, apply when the batch ends
         self._read_pending()
 
     # ---- opening -------------------------------------------------------------------------------
@@ -113,7 +117,20 @@ class TrackingJournal:
         with open(self.journal_path, "a") as fh:
             fh.write(json.dumps(op, default=str) + "\n")
         self.pending.append(op)
-        self.flush()
+        if not self._batched:
+            self.flush()
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Journal the writes made inside, then apply them in one flush with one save of state.json (a
+        unit's run is four writes; saving the state after each cost the driver ~7 ms per unit)."""
+        self._batched += 1
+        try:
+            yield
+        finally:
+            self._batched -= 1
+            if not self._batched:
+                self.flush()
 
     def create_run(self, key: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None) -> None:
         self._append({"op": "create_run", "key": key, "name": name, "parent": parent, "tags": tags or {}})
@@ -156,17 +173,22 @@ class TrackingJournal:
         """Apply what is pending, in order; stop at the first failure. Returns how many remain."""
         if self.pending and not force and time.monotonic() - self._failed_at < RETRY_AFTER_SECONDS:
             return len(self.pending)
-        while self.pending:
-            op = self.pending[0]
-            try:
-                self._apply(op)
-            except Exception as err:  # noqa: BLE001 - any failure to reach the store means: keep it and retry
-                self.last_error = f"{err.__class__.__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-                self._failed_at = time.monotonic()
-                return len(self.pending)
-            self.pending.pop(0)
-            self.state.applied = op["seq"]
-            self._save_state()
+        applied = self.state.applied
+        try:
+            while self.pending:
+                op = self.pending[0]
+                try:
+                    self._apply(op)
+                except Exception as err:  # noqa: BLE001 - any failure to reach the store means: keep it and retry
+                    self.last_error = f"{err.__class__.__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+                    self._failed_at = time.monotonic()
+                    return len(self.pending)
+                self.pending.pop(0)
+                self.state.applied = op["seq"]
+        finally:
+            # once per flush: a crash before this save re-applies the flush's writes, which are idempotent
+            if self.state.applied != applied:
+                self._save_state()
         self.last_error = ""
         return 0
 
@@ -184,12 +206,18 @@ class TrackingJournal:
         if kind == "create_run":
             if key in self.state.runs:
                 return
-            run_id = self._existing(key)
+            # A child is created after its parent, so under a parent this process created a run can exist only
+            # if an earlier try of this very operation reached the store: only then is the lookup needed (a
+            # search per run: an eighth of the driver's MLflow time per unit on sqlite, a round trip on a server).
+            fresh = op["parent"] in self._created and op["seq"] not in self._attempted
+            self._attempted.add(op["seq"])
+            run_id = None if fresh else self._existing(key)
             if run_id is None:
                 tags = {**self._resolve(op["tags"]), "gtep.key": key, MLFLOW_RUN_NAME: op["name"]}
                 if op["parent"]:
                     tags[MLFLOW_PARENT_RUN_ID] = self.state.runs[op["parent"]]
                 run_id = self.client.create_run(self.state.experiment_id, run_name=op["name"], tags=tags).info.run_id
+                self._created.add(key)
             self.state.runs[key] = run_id
             return
         run_id = self.state.runs[key]

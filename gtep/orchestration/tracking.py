@@ -153,7 +153,8 @@ class MlflowWriter(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         if "ordering" in result:
-            self.log_ordering(self.set_index_of(trial), result)
+            with self.journal.batch():  # a unit's writes reach the store in one flush
+                self.log_ordering(self.set_index_of(trial), result)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         set_index = self.set_index_of(trial)

@@ -80,9 +80,10 @@ def test_a_server_outage_mid_study_costs_no_metric(tmp_path):
     server = MlflowServer(tmp_path).start()
     study_dir = tmp_path / "out" / "outage"
     try:
-        # units of several seconds, so that the study is still running when the server is back
+        # units of several seconds, so that the study is still running when the server is back (trials reuse
+        # their Ray workers, so nothing but the units themselves keeps the study going that long)
         config = write_config(tmp_path, tiny_study("outage", trials=4, orderings=2, epochs=20,
-                                                   training={**QUICK, "epoch_scale": 0.1}))
+                                                   training={**QUICK, "epoch_scale": 0.3}))
         driver = gtep("tune", "--config", str(config), "--output", str(tmp_path / "out"), "--tracking-uri", server.uri,
                       log=tmp_path / "tune.log")
         wait_for(lambda: count(study_dir, "unit_trained") >= 1, 300, "a first unit")
