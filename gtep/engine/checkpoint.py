@@ -3,7 +3,8 @@
 A learner's structure grows with the tasks (heads, backbones, bias layers, adapters), so the whole learner
 object is saved rather than a state dict that would need the structure rebuilt first. Loading stays
 `weights_only=True`: the unpickler builds only tensors, plain containers and the classes on an allowlist,
-which is every class defined in gtep itself, torch.nn and timm. It never runs a callable named by the file.
+which is every class defined in gtep itself, torch.nn, timm and the modules of $GTEP_PLUGINS. It never
+runs a callable named by the file.
 """
 from __future__ import annotations
 
@@ -31,10 +32,17 @@ def fingerprint(spec: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _is_safe_module(name: str, plugins: list[str]) -> bool:
+    """gtep, torch.nn and timm, plus the plugin modules of $GTEP_PLUGINS (gtep.algorithms): the user already
+    chose to run their code, so rebuilding their learner classes trusts nothing new."""
+    return name.startswith(SAFE_MODULE_PREFIXES) or any(name == p or name.startswith(f"{p}.") for p in plugins)
+
+
 def _safe_classes() -> list[type]:
     classes = []
+    plugins = [name.strip() for name in os.environ.get("GTEP_PLUGINS", "").split(",") if name.strip()]
     for name, module in list(sys.modules.items()):
-        if module is None or not name.startswith(SAFE_MODULE_PREFIXES):
+        if module is None or not _is_safe_module(name, plugins):
             continue
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if getattr(obj, "__module__", "") == name:

@@ -1,0 +1,103 @@
+"""Algorithms from outside the package: modules named in GTEP_PLUGINS are imported after the built-ins.
+
+Each case runs in a fresh interpreter, as Ray's workers do: the registry is filled at import time, so the
+variable must be set before gtep.algorithms is first imported.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PLUGIN = '''
+"""A plugin algorithm with a network class of its own (checkpoints must be able to rebuild it)."""
+import torch
+from torch import nn
+
+from gtep.algorithms import ALGORITHMS, CommonParams, IncrementalLearner
+
+
+class CountingNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+        self.classes = 0
+
+    def expand(self, total):
+        self.classes = max(self.classes, total)
+
+    def forward(self, x):
+        logits = self.scale * torch.zeros(len(x), max(self.classes, 1), device=x.device)
+        return {"logits": logits, "features": logits}
+
+
+@ALGORITHMS.register("my_method")
+class MyMethod(IncrementalLearner):
+    Params = CommonParams
+    uses_memory = False
+
+    def build_network(self):
+        return CountingNet()
+
+    def learn_task(self, task, fit):
+        pass
+'''
+
+
+def run_python(code: str, plugins: str, path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GTEP_PLUGINS": plugins,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(path), os.environ.get("PYTHONPATH", "")]))}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          cwd=path)
+
+
+def test_a_plugin_module_registers_its_algorithm_and_its_checkpoints_load(tmp_path):
+    (tmp_path / "my_plugin.py").write_text(PLUGIN)
+    code = """
+        from pathlib import Path
+
+        import torch
+
+        from gtep.algorithms import ALGORITHMS
+        from gtep.data import resolve_dataset
+        from gtep.engine import OrderingJob, run_ordering
+        from gtep.engine.checkpoint import fingerprint, load_checkpoint
+
+        assert "my_method" in ALGORITHMS and "replay" in ALGORITHMS, ALGORITHMS.names()
+        data = resolve_dataset("synthetic:classes=4,train=4,test=2,size=8").load()
+        job = OrderingJob("my_method", {"epochs": 1}, "resnet8", (2, 2), (0, 1, 2, 3), seed=0, ordering=0)
+        checkpoint = Path("ordering.pt")
+        outcome = run_ordering(job, data, checkpoint=checkpoint)
+        assert outcome.status == "finished" and len(outcome.acc_matrix) == 2, outcome
+        saved = load_checkpoint(checkpoint, fingerprint(job), torch.device("cpu"))
+        assert saved is not None and saved.tasks_done == 1
+        assert type(saved.learner.net).__name__ == "CountingNet"
+        print("ok")
+    """
+    result = run_python(code, " my_plugin , ", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_without_the_variable_no_plugin_is_registered(tmp_path):
+    (tmp_path / "my_plugin.py").write_text(PLUGIN)
+    result = run_python("from gtep.algorithms import ALGORITHMS; print('my_method' in ALGORITHMS)", "", tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_a_module_that_cannot_be_imported_is_a_clear_error(tmp_path):
+    result = run_python("import gtep.algorithms", "no_such_gtep_plugin", tmp_path)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "GTEP_PLUGINS" in last and "'no_such_gtep_plugin'" in last and "PYTHONPATH" in last, result.stderr
+
+
+def test_a_plugin_that_fails_while_importing_names_the_variable(tmp_path):
+    (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('boom')\n")
+    result = run_python("import gtep.algorithms", "broken_plugin", tmp_path)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "GTEP_PLUGINS" in last and "'broken_plugin'" in last and "boom" in last, result.stderr
