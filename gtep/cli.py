@@ -1,6 +1,7 @@
 """The gtep command line: parse, validate everything, then call one function.
 
 gtep run | tune | evaluate    the protocol's phases on Ray Tune, tracked in MLflow
+gtep matrix                  algorithms x scenarios x dataset pairings, one study per cell (gtep matrices)
 gtep ui                      the MLflow UI over the study's store, on 127.0.0.1
 gtep algorithms | spaces | presets   what is registered
 """
@@ -19,6 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gtep.config import ConfigError, ExperimentConfig, ResolvedExperiment, load_config, load_preset, preset_names, preset_text, resolve
+from gtep.matrix_command import matrices_command, matrix_command
 from gtep.report.command import report_command
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -40,11 +42,19 @@ StudyOpt = typer.Option(None, "--study", help="override the study name (its fold
 BackboneOpt = typer.Option(None, "--backbone", help="override the backbone (resnet32, resnet18, any timm ViT...)")
 WeightsOpt = typer.Option(None, "--weights", help="pretrained ViT weights: safetensors or a state dict (gtep pretrain)")
 ResumeOpt = typer.Option(None, "--resume", help="continue the study in OUTPUT/STUDY after a crash, with its own config")
+ProtocolOpt = typer.Option("gtep", "--protocol", help="gtep, or conventional: also re-run H* on the tuning classes "
+                           "(fresh orderings S..2S-1), the practice the paper criticises (section 3.1)")
 
 
 def fail(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def check_protocol(protocol: str) -> str:
+    if protocol not in ("gtep", "conventional"):
+        raise ConfigError("--protocol", f"{protocol!r} is not a protocol; choose gtep or conventional")
+    return protocol
 
 
 def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any) -> ExperimentConfig:
@@ -208,12 +218,15 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
              orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt,
              algorithm: Optional[str] = AlgorithmOpt, max_concurrent: Optional[int] = ConcurrentOpt,
              study: Optional[str] = StudyOpt,
-         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt) -> None:
-    """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std."""
+         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
+         protocol: str = ProtocolOpt) -> None:
+    """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std
+    (--protocol conventional: over S fresh orderings of the tuning classes D^HT instead)."""
     def go():
-        from gtep.orchestration.phases import best_from_run, evaluate_phase, ray_session
+        from gtep.orchestration.phases import best_from_run, conventional_phase, evaluate_phase, ray_session
         from gtep.report.tables import phase_summary
 
+        check_protocol(protocol)
         if through_ray_client(address, config):
             return
         resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address,
@@ -232,8 +245,15 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
                                   "or pass --best, --tuning-run or --hparams")
             chosen = load_best_file(resolved, default, None, None)
         with ray_session(resolved.config.compute.ray_address):
-            outcome = evaluate_phase(resolved, chosen, console)
-        console.print(phase_summary(outcome.summary, resolved.evaluation.dataset, "Evaluation phase"))
+            if protocol == "conventional":
+                outcome = conventional_phase(resolved, chosen, console)
+            else:
+                outcome = evaluate_phase(resolved, chosen, console)
+        if protocol == "conventional":
+            console.print(phase_summary(outcome.summary, resolved.tuning.dataset,
+                                        "Conventional protocol: H* on the tuning classes (fresh orderings)"))
+        else:
+            console.print(phase_summary(outcome.summary, resolved.evaluation.dataset, "Evaluation phase"))
         _print_store(resolved)
     _run_guarded(go)
 
@@ -244,13 +264,17 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
         max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
          backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
-         resume: Optional[Path] = ResumeOpt) -> None:
+         resume: Optional[Path] = ResumeOpt, protocol: str = ProtocolOpt,
+         with_original: bool = typer.Option(False, "--with-original", help="also evaluate the algorithm's original "
+                                            "preset on D^E beside H* (the paper's 'Original')")) -> None:
     """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side. No options: the embedded default."""
     def go():
-        from gtep.orchestration.phases import evaluate_phase, ray_session, tune_phase
+        from gtep.orchestration.phases import (conventional_phase, evaluate_phase, original_best, original_phase,
+                                               ray_session, tune_phase)
         from gtep.orchestration.study import read_best
         from gtep.report.tables import hparams_table, phase_comparison
 
+        check_protocol(protocol)
         if through_ray_client(address, config):
             return
         start = time.perf_counter()
@@ -260,12 +284,21 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         cfg = resolved.config
         console.print(f"[bold]gtep run[/] study={cfg.study} algorithm={cfg.algorithm} backbone={cfg.backbone} "
                       f"scenario={cfg.scenario.increments} R={cfg.search.trials} S={cfg.search.orderings}")
+        if with_original:
+            original_best(resolved)  # a missing preset is an error before any compute
+        extra = {}
         with ray_session(cfg.compute.ray_address):
             tuned = tune_phase(resolved, console, resume=resume is not None)
-            evaluated = evaluate_phase(resolved, read_best(tuned.paths.best), console, resume=resume is not None)
+            best = read_best(tuned.paths.best)
+            evaluated = evaluate_phase(resolved, best, console, resume=resume is not None)
+            if protocol == "conventional":
+                extra["conventional"] = conventional_phase(resolved, best, console, resume=resume is not None).summary
+            if with_original:
+                extra["original"] = original_phase(resolved, console, resume=resume is not None).summary
         console.print(hparams_table(tuned.hparams, f"H* (set {tuned.set_index} of {cfg.search.trials})"))
         console.print(phase_comparison(tuned.summary, evaluated.summary, resolved.tuning.dataset,
-                                       resolved.evaluation.dataset, f"GTEP: {cfg.algorithm} on {cfg.scenario.increments}"))
+                                       resolved.evaluation.dataset, f"GTEP: {cfg.algorithm} on {cfg.scenario.increments}",
+                                       extra=extra))
         console.print(f"study folder: {tuned.paths.root}  (best.yaml, manifest.json, *_results.csv)")
         _print_store(resolved)
         console.print(f"wall time: {time.perf_counter() - start:.0f} s")
@@ -559,9 +592,14 @@ def presets() -> None:
         table.add_row(name, doc["algorithm"], str(doc["scenario"]["increments"]), datasets,
                       f"{search.get('trials', 30)} x {search.get('orderings', 5)}", comment[:120])
     console.print(table)
+    from gtep.matrix import matrix_preset_names
+
+    console.print(f"matrix presets (gtep matrix --preset NAME; gtep matrices): {', '.join(matrix_preset_names())}")
 
 
 app.command("report")(report_command)
+app.command("matrix")(matrix_command)
+app.command("matrices")(matrices_command)
 
 
 if __name__ == "__main__":

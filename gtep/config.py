@@ -266,7 +266,9 @@ class ResolvedExperiment:
     space_path: Path
 
     def phase(self, name: str) -> PhaseSpec:
-        return self.tuning if name == "tune" else self.evaluation
+        """The data of a phase label: D^HT for tune and conventional (H* re-run where it was tuned, paper section
+        3.1), D^E for evaluate and original."""
+        return self.tuning if name in ("tune", "conventional") else self.evaluation
 
 
 def _check_classes(field: str, classes: list[int], available: int) -> None:

@@ -22,12 +22,13 @@ def pct(value: float) -> str:
 
 
 def phase_comparison(tuning: dict[str, Any], evaluation: dict[str, Any], tuning_label: str, evaluation_label: str,
-                     title: str) -> Table:
-    """Both phases side by side: Acc and AvgAcc (mean ± std over orderings), their harmonic mean, the gap."""
+                     title: str, extra: dict[str, dict[str, Any]] | None = None) -> Table:
+    """Both phases side by side: Acc and AvgAcc (mean ± std over orderings), their harmonic mean, the gap.
+    `extra` adds labelled rows after them, e.g. {"conventional": ..., "original": ...}; the gap stays tuning - eval."""
     table = Table(title=title, caption=f"D^HT = {tuning_label}   D^E = {evaluation_label}")
     for column in ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", "diverged"):
         table.add_column(column, justify="left" if column == "phase" else "right", no_wrap=True)
-    for name, s in (("tuning", tuning), ("evaluation", evaluation)):
+    for name, s in (("tuning", tuning), ("evaluation", evaluation), *(extra or {}).items()):
         table.add_row(name, pm(s["acc"], s["acc_std"]), pm(s["avg_acc"], s["avg_acc_std"]), pct(s["hmean"]),
                       f"{int(s['diverged'])}/{int(s['orderings'])}")
     gap = tuning["hmean"] - evaluation["hmean"]

@@ -1,0 +1,123 @@
+"""`gtep matrix` and `gtep matrices`: the command line of a matrix of studies (registered in gtep/cli.py).
+
+Kept apart from cli.py as `gtep report` is; heavy imports (Ray, MLflow) happen only when a command runs.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def matrix_command(
+        config: Optional[Path] = typer.Option(None, "--config", "-c", help="matrix YAML file"),
+        preset: Optional[str] = typer.Option(None, "--preset", help="a matrix shipped with gtep (gtep matrices)"),
+        output: Optional[Path] = typer.Option(None, "--output", help="parent of the matrix folder <output>/<matrix> "
+                                              "[base.tracking.output or ./gtep-runs]"),
+        tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
+                                                   help="MLflow tracking URI [sqlite:///<output>/<matrix>/mlflow.db]"),
+        address: Optional[str] = typer.Option(None, "--address", help="an existing Ray cluster (host:port, "
+                                              "ray://host:10001, auto)"),
+        trials: Optional[int] = typer.Option(None, "--trials", help="R of every cell"),
+        orderings: Optional[int] = typer.Option(None, "--orderings", help="S of every cell"),
+        max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", help="trials running at once"),
+        retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed cells again (resuming them)"),
+        check: bool = typer.Option(False, "--check", help="validate every cell and list them; run nothing"),
+        no_report: bool = typer.Option(False, "--no-report", help="skip the report over the matrix at the end"),
+) -> None:
+    """Algorithms x scenarios x dataset pairings (paper Tables 1-2) as one batch: each cell a study with its own
+    folder and MLflow lineage, run one after another on the Ray cluster, resumable cell by cell (rerun the same
+    command), then the report over the whole matrix."""
+    from gtep.cli import _run_guarded, console, through_ray_client
+
+    def go() -> None:
+        from gtep.config import ConfigError
+        from gtep.matrix import load_matrix, load_matrix_preset, matrix_root, resolve_cells
+
+        if config and preset:
+            raise ConfigError("--preset", "give either --config or --preset, not both")
+        if not config and not preset:
+            raise ConfigError("--config", "give a matrix file (--config m.yaml) or a matrix preset (--preset small; "
+                              "gtep matrices lists them)")
+        if through_ray_client(address, config):
+            return
+        matrix = load_matrix(config) if config else load_matrix_preset(preset)
+        overrides = {"tracking.tracking_uri": tracking_uri, "compute.ray_address": address, "search.trials": trials,
+                     "search.orderings": orderings, "compute.max_concurrent": max_concurrent}
+        cells = resolve_cells(matrix, output, overrides)  # every cell before any compute; nothing written
+        root = matrix_root(matrix, output).resolve()
+        first = cells[0].resolved.config
+        run_matrix_cells(matrix, cells, root, first.tracking_uri, first.compute.ray_address, check=check,
+                         retry_failed=retry_failed, report=not no_report, console=console)
+    _run_guarded(go)
+
+
+def run_matrix_cells(matrix, cells, root: Path, tracking_uri: str, address: Optional[str], *, check: bool,
+                     retry_failed: bool, report: bool, console) -> None:
+    from gtep.orchestration.matrix import STATE_FILE, cells_table, report_matrix, run_matrix
+    from gtep.orchestration.phases import check_address, check_tracking
+
+    check_address(address)
+    check_tracking(tracking_uri)
+    if check:
+        console.print(cell_listing(cells, root / STATE_FILE))
+        return
+    plans = run_matrix(matrix, cells, root, console, address=address, retry_failed=retry_failed)
+    console.print(cells_table(matrix, root / STATE_FILE, cells))
+    if report and any(p.action in ("finished", "skip") for p in plans):
+        report_matrix(matrix, tracking_uri, root, console)
+    console.print(f"matrix folder: {root}  (matrix.json, one study folder per cell)\nMLflow store: {tracking_uri}")
+    failed = [p.rc.cell.name for p in plans if p.action in ("failed", "skip-failed")]
+    if failed:
+        console.print(f"[red]{len(failed)} cell(s) failed[/] (errors in {root / STATE_FILE}); rerun with "
+                      "--retry-failed to run them again")
+        raise typer.Exit(1)
+
+
+def cell_listing(cells, state_path: Path):
+    """`gtep matrix --check`: what each cell would run, and its status when the matrix ran before."""
+    import json
+
+    from rich.table import Table
+
+    states = json.loads(state_path.read_text())["cells"] if state_path.exists() else {}
+    table = Table(title=f"{len(cells)} cells, all valid", caption=str(state_path.parent))
+    for column in ("cell", "scenario", "D^HT", "D^E", "similarity", "backbone", "R x S", "status"):
+        table.add_column(column, no_wrap=column == "cell")
+    for rc in cells:
+        r, cfg = rc.resolved, rc.resolved.config
+        table.add_row(rc.cell.name, str(cfg.scenario.increments), f"{r.tuning.dataset} ({len(r.tuning.classes)})",
+                      f"{r.evaluation.dataset} ({len(r.evaluation.classes)})", rc.cell.similarity, cfg.backbone,
+                      f"{cfg.search.trials} x {cfg.search.orderings}",
+                      states.get(rc.cell.name, {}).get("status", "pending"))
+    return table
+
+
+def matrices_command(show: Optional[str] = typer.Option(None, "--show", help="print a matrix preset's YAML "
+                                                       "(to copy and edit)")) -> None:
+    """Matrices shipped with gtep (use with gtep matrix --preset NAME)."""
+    from gtep.cli import _run_guarded, console
+
+    def go() -> None:
+        import yaml
+        from rich.table import Table
+
+        from gtep.matrix import matrix_preset_names, matrix_preset_text
+
+        if show:
+            print(matrix_preset_text(show), end="")
+            return
+        table = Table(title="matrix presets")
+        for column in ("name", "algorithms", "scenarios", "pairings", "cells", "description"):
+            table.add_column(column, no_wrap=column == "name")
+        for name in matrix_preset_names():
+            text = matrix_preset_text(name)
+            doc = yaml.safe_load(text)
+            comment = " ".join(line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#"))
+            pairings = ", ".join(f"{p} ({spec['similarity']})" for p, spec in doc["pairings"].items())
+            cells = len(doc["algorithms"]) * len(doc["scenarios"]) * len(doc["pairings"])
+            table.add_row(name, ", ".join(doc["algorithms"]), ", ".join(doc["scenarios"]), pairings, str(cells),
+                          comment.split(". ")[0][:120])
+        console.print(table)
+    _run_guarded(go)

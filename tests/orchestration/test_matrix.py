@@ -1,0 +1,235 @@
+"""`gtep matrix` end to end on real Ray and a sqlite MLflow store: every cell a study with the matrix tags, the
+original and conventional phases beside tune and evaluate, the state file, a rerun that only runs the cell marked
+pending, and a failed cell that does not stop the matrix.
+
+Ray is started once for the module; the command joins it instead of starting its own.
+"""
+import json
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from gtep.cli import app
+from gtep.spaces import load_space
+
+runner = CliRunner()
+PHASES = ("tune", "evaluate", "original", "conventional")
+MATRIX_TAGS = ("matrix", "cell", "scenario", "pairing", "similarity")
+FIRST_TASK = {"epochs": 2, "milestones": [1], "batch_size": 16}
+TINY = {"backbone": "resnet8", "search": {"trials": 2, "orderings": 2}, "first_task": FIRST_TASK,
+        "training": {"memory_size": 12, "epoch_scale": 0.005}, "compute": {"max_concurrent": 2}}
+MATRIX = {
+    "matrix": "mx",
+    "algorithms": ["replay", "icarl"],
+    "scenarios": {"2tasks": "3x2"},
+    "pairings": {
+        "split": {"similarity": "high",
+                  "datasets": {"split": {"dataset": "synthetic:classes=14,train=12,test=4", "classes_per_phase": 6}}},
+        "low": {"similarity": "low",
+                "datasets": {"tuning": {"dataset": "synthetic:classes=6,train=12,test=4,seed=1"},
+                             "evaluation": {"dataset": "synthetic:classes=6,train=12,test=4,seed=2"}}},
+    },
+    "base": TINY,
+    "original": True,
+    "protocol": "conventional",
+}
+CELLS = ["mx-replay-2tasks-split", "mx-icarl-2tasks-split", "mx-replay-2tasks-low", "mx-icarl-2tasks-low"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def gtep_matrix(folder: Path, doc: dict, *extra: str):
+    path = folder / f"{doc['matrix']}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))  # the file's order is the cells' order
+    return runner.invoke(app, ["matrix", "--config", str(path), "--output", str(folder / "out"), *extra],
+                         env={"COLUMNS": "200"})
+
+
+def runs(client: MlflowClient, cell: str, **tags):
+    experiment = client.get_experiment_by_name(f"gtep/{cell}")
+    found = client.search_runs([experiment.experiment_id], max_results=1000)
+    return [r for r in found if all(r.data.tags.get(f"gtep.{k}") == v for k, v in tags.items())]
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("matrix")
+    result = gtep_matrix(folder, MATRIX)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    root = folder / "out" / "mx"
+    return {"folder": folder, "root": root, "output": result.output,
+            "client": MlflowClient(tracking_uri=f"sqlite:///{root.resolve()}/mlflow.db")}
+
+
+def manifest(root: Path, cell: str) -> dict:
+    return json.loads((root / cell / "manifest.json").read_text())
+
+
+def test_every_cell_ran_every_phase_as_a_tagged_study(matrix):
+    state = json.loads((matrix["root"] / "matrix.json").read_text())
+    assert set(state["cells"]) == set(CELLS)
+    for cell in CELLS:
+        record = state["cells"][cell]
+        assert record["status"] == "finished" and record["phases"] == list(PHASES)
+        assert set(record["hmean"]) == set(PHASES) and record["wall_seconds"] > 0
+        pairing = cell.rsplit("-", 1)[1]
+        for phase in PHASES:
+            run, = runs(matrix["client"], cell, level="phase", phase=phase)
+            assert run.info.status == "FINISHED"
+            assert {t: run.data.tags[f"gtep.{t}"] for t in MATRIX_TAGS} == {
+                "matrix": "mx", "cell": cell, "scenario": "2tasks", "pairing": pairing,
+                "similarity": "high" if pairing == "split" else "low"}
+            orderings = runs(matrix["client"], cell, level="ordering", phase=phase)
+            assert len(orderings) == (4 if phase == "tune" else 2)
+            assert all(len(matrix["client"].get_metric_history(r.info.run_id, "acc_t")) == 2 for r in orderings)
+    for cell in CELLS:  # a phase label's units live in its own folder
+        units = {p.name.split("-")[0] for p in (matrix["root"] / cell / "units").iterdir()}
+        assert units == set(PHASES)
+
+
+def test_conventional_reran_h_star_on_the_tuning_classes_over_fresh_orderings(matrix):
+    for cell in CELLS:
+        m = manifest(matrix["root"], cell)
+        best = yaml.safe_load((matrix["root"] / cell / "best.yaml").read_text())
+        conventional, tuned, evaluated = (m["phases"][p] for p in ("conventional", "tune", "evaluate"))
+        assert conventional["classes"] == tuned["classes"] and conventional["dataset"] == tuned["dataset"]
+        assert conventional["hparams"] == best["hparams"] == evaluated["hparams"]
+        assert evaluated["classes"] != tuned["classes"] or evaluated["dataset"] != tuned["dataset"]
+        assert conventional["orderings"] == [2, 3]
+        assert {u["ordering"] for k, u in m["units"].items() if k.startswith("conventional/")} == {2, 3}
+        run, = runs(matrix["client"], cell, level="phase", phase="conventional")
+        assert run.data.tags["gtep.tuning_run_id"] == best["tuning_run_id"]
+        for ordering in runs(matrix["client"], cell, level="ordering", phase="conventional"):
+            assert ordering.data.tags["gtep.ordering"] in {"2", "3"}
+            assert ordering.data.params["gtep.dataset"] == tuned["dataset"]
+
+
+def test_original_trained_the_presets_values_beside_h_star(matrix):
+    for cell in CELLS:
+        algorithm = cell.split("-")[1]
+        preset = load_space(algorithm).presets["original"]
+        m = manifest(matrix["root"], cell)
+        assert m["phases"]["original"]["hparams"] == preset
+        assert m["phases"]["original"]["classes"] == m["phases"]["evaluate"]["classes"]
+        run, = runs(matrix["client"], cell, level="phase", phase="original")
+        assert run.data.tags["gtep.hparams_source"] == "preset:original"
+        for ordering in runs(matrix["client"], cell, level="ordering", phase="original"):
+            assert ordering.data.params["lr"] == str(preset["lr"])
+            assert ordering.data.params["epochs"] == str(preset["epochs"])
+
+
+def test_the_cells_table_and_the_report_over_the_matrix(matrix):
+    output = matrix["output"]
+    assert "matrix mx" in output and "conventional HM" in output and "original HM" in output
+    assert all(cell in output for cell in CELLS)
+    report = matrix["root"] / "report"
+    assert report.is_dir() and any(report.rglob("*.md")) and any(report.rglob("*.csv")), output
+
+
+def test_a_rerun_resumes_only_the_unfinished_cell(matrix):
+    """A cell left `running` with one phase missing (a driver killed during its conventional phase) resumes:
+    its finished phases are kept (no new run), the missing one runs; the finished cells are not touched."""
+    root, client, again = matrix["root"], matrix["client"], "mx-icarl-2tasks-low"
+    state = json.loads((root / "matrix.json").read_text())
+    state["cells"][again]["status"] = "running"
+    (root / "matrix.json").write_text(json.dumps(state))
+    m = manifest(root, again)
+    m["phases"].pop("conventional")
+    m["units"] = {k: u for k, u in m["units"].items() if not k.startswith("conventional/")}
+    (root / again / "manifest.json").write_text(json.dumps(m))
+    before = {cell: sorted(r.info.run_id for r in runs(client, cell)) for cell in CELLS}
+    events = {cell: (root / cell / "events.jsonl").read_text() for cell in CELLS}
+    kept = {p: runs(client, again, level="phase", phase=p)[0].info.run_id for p in PHASES[:3]}
+
+    result = gtep_matrix(matrix["folder"], MATRIX, "--no-report")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert "(1 to run, 3 finished" in result.output and "resuming" in result.output
+    after = {cell: sorted(r.info.run_id for r in runs(client, cell)) for cell in CELLS}
+    for cell in set(CELLS) - {again}:
+        assert after[cell] == before[cell], f"{cell} was run again"
+        assert (root / cell / "events.jsonl").read_text() == events[cell]
+    assert {p: [r.info.run_id for r in runs(client, again, level="phase", phase=p)] for p in kept} == \
+        {p: [run_id] for p, run_id in kept.items()}, "finished phases are reused, not re-run"
+    rerun = [r for r in runs(client, again, level="phase", phase="conventional") if r.info.run_id not in before[again]]
+    assert len(rerun) == 1 and rerun[0].info.status == "FINISHED"
+    trained = [json.loads(line) for line in (root / again / "events.jsonl").read_text().splitlines()
+               [len(events[again].splitlines()):]]
+    assert {e["phase"] for e in trained} == {"conventional"}
+    assert json.loads((root / "matrix.json").read_text())["cells"][again]["status"] == "finished"
+
+
+def test_failed_cells_are_kept_pending_ones_run_and_the_matrix_goes_on(tmp_path, monkeypatch):
+    """The state machine without training: a cell whose phases raise is recorded failed and the next one runs;
+    a rerun skips finished and failed cells, --retry-failed runs the failed one, a cell marked pending runs."""
+    from gtep.orchestration import matrix as orchestration
+    from gtep.protocol.selection import AllSetsDivergedError
+
+    doc = {**MATRIX, "matrix": "fx", "original": False, "protocol": "gtep"}
+    names = [cell.replace("mx-", "fx-") for cell in CELLS]
+    calls, failing = [], {names[0]}
+
+    def run_cell(rc, phases, console, resume):
+        calls.append(rc.cell.name)
+        if rc.cell.name in failing:
+            raise AllSetsDivergedError("all 2 hyperparameter sets diverged")
+        return {phase: 0.5 for phase in phases}
+
+    monkeypatch.setattr(orchestration, "run_cell", run_cell)
+    monkeypatch.setattr(orchestration, "check_resources", lambda resolved: None)
+    result = gtep_matrix(tmp_path, doc, "--no-report")
+    assert result.exit_code == 1 and calls == names, result.output
+    state_path = tmp_path / "out" / "fx" / "matrix.json"
+    cells = json.loads(state_path.read_text())["cells"]
+    assert cells[names[0]]["status"] == "failed" and "all 2 hyperparameter sets diverged" in cells[names[0]]["error"]
+    assert all(cells[n]["status"] == "finished" and cells[n]["phases"] == ["tune", "evaluate"] for n in names[1:])
+
+    calls.clear()
+    again = gtep_matrix(tmp_path, doc, "--no-report")
+    assert again.exit_code == 1 and calls == [] and "(0 to run, 3 finished, 1 failed and kept)" in again.output
+    assert "--retry-failed" in again.output
+    failing.clear()
+    assert gtep_matrix(tmp_path, doc, "--no-report", "--retry-failed").exit_code == 0 and calls == [names[0]]
+
+    calls.clear()
+    state = json.loads(state_path.read_text())
+    state["cells"][names[2]]["status"] = "pending"
+    state_path.write_text(json.dumps(state))
+    assert gtep_matrix(tmp_path, doc, "--no-report").exit_code == 0 and calls == [names[2]]
+
+    calls.clear()  # a finished cell whose config changed is refused before anything runs
+    changed = {**doc, "base": {**TINY, "seed": 7}}
+    refused = gtep_matrix(tmp_path, changed, "--no-report")
+    assert refused.exit_code == 2 and calls == [] and "ran with another 'seed'" in refused.stderr
+
+
+def test_run_with_original_and_the_conventional_protocol_prints_their_rows(tmp_path):
+    """The labelled phases on a single study through `gtep run` and `gtep evaluate --protocol conventional`."""
+    doc = {"study": "labelled", "algorithm": "replay", "scenario": {"increments": "3x2"},
+           "datasets": MATRIX["pairings"]["split"]["datasets"], **TINY, "search": {"trials": 1, "orderings": 1}}
+    path = tmp_path / "labelled.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    common = ["--config", str(path), "--output", str(tmp_path / "out")]
+    result = runner.invoke(app, ["run", *common, "--protocol", "conventional", "--with-original"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    rows = [line.split("│")[1].strip() for line in result.output.splitlines() if line.startswith("│")]
+    assert {"tuning", "evaluation", "conventional", "original", "gap"} <= set(rows)
+    m = json.loads((tmp_path / "out" / "labelled" / "manifest.json").read_text())
+    assert set(m["phases"]) == set(PHASES) and m["phases"]["conventional"]["orderings"] == [1]
+    evaluated = m["phases"]["evaluate"]
+
+    result = runner.invoke(app, ["evaluate", *common, "--protocol", "conventional"])
+    assert result.exit_code == 0 and "Conventional protocol" in result.output, result.output
+    after = json.loads((tmp_path / "out" / "labelled" / "manifest.json").read_text())["phases"]
+    assert after["evaluate"] == evaluated and after["conventional"]["attempt"] != m["phases"]["conventional"]["attempt"]
+    bad = runner.invoke(app, ["run", *common, "--protocol", "tuned"])
+    assert bad.exit_code == 2 and "--protocol" in bad.stderr
