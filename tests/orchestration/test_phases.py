@@ -63,6 +63,8 @@ def runs_of(client: MlflowClient, study: str, **tags):
     return [r for r in runs if all(r.data.tags.get(f"gtep.{k}") == v for k, v in tags.items())]
 
 
+# every method through both phases on Ray: ~5 minutes in all, so in the `slow` group (.ci/run runs it)
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS.names() if a not in ("finetune", "simplecil") and not ALGORITHMS.get(a).uses_pretrained])
 def test_every_algorithm_runs_both_phases(tmp_path, algorithm):
     result = gtep(tmp_path, "run", config(study=f"all-{algorithm}", algorithm=algorithm))
@@ -154,6 +156,8 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
         proc.wait(timeout=30)
 
 
+# every method through both phases on Ray: ~5 minutes in all, so in the `slow` group (.ci/run runs it)
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).uses_pretrained and a != "simplecil"])
 def test_every_pretrained_method_runs_both_phases_on_local_weights(tmp_path, algorithm):
     from tests.helpers import VIT, VIT_DATASET, pretrained_vit
