@@ -22,13 +22,15 @@ def matrix_command(
         trials: Optional[int] = typer.Option(None, "--trials", help="R of every cell"),
         orderings: Optional[int] = typer.Option(None, "--orderings", help="S of every cell"),
         max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", help="trials running at once"),
+        parallel_cells: int = typer.Option(1, "--parallel-cells", min=1, help="cells running at once, each a driver "
+                                           "process of its own on the one Ray cluster (output in <cell>/matrix-cell.log)"),
         retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed cells again (resuming them)"),
         check: bool = typer.Option(False, "--check", help="validate every cell and list them; run nothing"),
         no_report: bool = typer.Option(False, "--no-report", help="skip the report over the matrix at the end"),
 ) -> None:
     """Algorithms x scenarios x dataset pairings (paper Tables 1-2) as one batch: each cell a study with its own
-    folder and MLflow lineage, run one after another on the Ray cluster, resumable cell by cell (rerun the same
-    command), then the report over the whole matrix."""
+    folder and MLflow lineage, run on one Ray cluster (one after another, or --parallel-cells at once), resumable
+    cell by cell (rerun the same command), then the report over the whole matrix."""
     from gtep.cli import _run_guarded, console, through_ray_client
 
     def go() -> None:
@@ -49,12 +51,13 @@ def matrix_command(
         root = matrix_root(matrix, output).resolve()
         first = cells[0].resolved.config
         run_matrix_cells(matrix, cells, root, first.tracking_uri, first.compute.ray_address, check=check,
-                         retry_failed=retry_failed, report=not no_report, console=console)
+                         retry_failed=retry_failed, report=not no_report, console=console,
+                         parallel_cells=parallel_cells)
     _run_guarded(go)
 
 
 def run_matrix_cells(matrix, cells, root: Path, tracking_uri: str, address: Optional[str], *, check: bool,
-                     retry_failed: bool, report: bool, console) -> None:
+                     retry_failed: bool, report: bool, console, parallel_cells: int = 1) -> None:
     from gtep.orchestration.matrix import STATE_FILE, cells_table, report_matrix, run_matrix
     from gtep.orchestration.phases import check_address, check_tracking
 
@@ -63,7 +66,10 @@ def run_matrix_cells(matrix, cells, root: Path, tracking_uri: str, address: Opti
     if check:
         console.print(cell_listing(cells, root / STATE_FILE))
         return
-    plans = run_matrix(matrix, cells, root, console, address=address, retry_failed=retry_failed)
+    if parallel_cells > 1:
+        create_store(tracking_uri)  # cell drivers would otherwise race to create a fresh sqlite store's tables
+    plans = run_matrix(matrix, cells, root, console, address=address, retry_failed=retry_failed,
+                       parallel_cells=parallel_cells)
     console.print(cells_table(matrix, root / STATE_FILE, cells))
     if report and any(p.action in ("finished", "skip") for p in plans):
         report_matrix(matrix, tracking_uri, root, console)
@@ -73,6 +79,14 @@ def run_matrix_cells(matrix, cells, root: Path, tracking_uri: str, address: Opti
         console.print(f"[red]{len(failed)} cell(s) failed[/] (errors in {root / STATE_FILE}); rerun with "
                       "--retry-failed to run them again")
         raise typer.Exit(1)
+
+
+def create_store(tracking_uri: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    if tracking_uri.startswith("sqlite:///"):
+        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
 
 
 def cell_listing(cells, state_path: Path):

@@ -1,8 +1,11 @@
 """Running a matrix of GTEP studies (gtep matrix; the cells come resolved from gtep/matrix.py).
 
-One Ray session for the whole matrix; the cells run one after another and each Tuner gets the whole cluster
-for its trials (compute.max_concurrent of the cell), which is how the cells share it. Every phase run of a
-cell carries the matrix tags, so `gtep report --matrix NAME` reads the paper's tables from the one store.
+One Ray cluster for the whole matrix (started here, or joined with --address). By default the cells run one
+after another in this process, each Tuner asking for the whole cluster (compute.max_concurrent of the cell).
+With --parallel-cells N, up to N cells run at once, each in a driver process of its own joined to the same
+cluster (gtep/orchestration/matrix_cell.py), so one cell's trials fill the slots another cell's tail leaves
+idle; their terminal output goes to <cell>/matrix-cell.log. Every phase run of a cell carries the matrix tags,
+so `gtep report --matrix NAME` reads the paper's tables from the one store.
 
 <output>/<matrix>/matrix.json   each cell's status (pending, running, finished, failed), its config, phases,
                                 harmonic means and wall time: a rerun skips finished cells, resumes running
@@ -14,12 +17,16 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from gtep.config import ConfigError
@@ -115,9 +122,10 @@ def _finite(value: float) -> float | None:
 
 
 def run_matrix(matrix: MatrixConfig, cells: list[ResolvedCell], root: Path, console: Console,
-               address: str | None = None, retry_failed: bool = False) -> list[CellPlan]:
-    """Run the cells in one Ray session, one after another; a cell that fails is recorded and the matrix goes on.
-    Interrupting it (Ctrl-C, a killed driver) leaves the running cell `running`: the next run resumes it."""
+               address: str | None = None, retry_failed: bool = False, parallel_cells: int = 1) -> list[CellPlan]:
+    """Run the cells on one Ray cluster, `parallel_cells` at a time; a cell that fails is recorded and the matrix
+    goes on. Interrupting it (Ctrl-C, a killed driver) leaves the running cells `running`: the next run resumes
+    them."""
     phases = matrix.phases()
     state = MatrixState.open(root, matrix.matrix)
     check_state(state, cells)
@@ -131,36 +139,129 @@ def run_matrix(matrix: MatrixConfig, cells: list[ResolvedCell], root: Path, cons
     with ray_session(address):
         for plan in todo:  # every trial of every cell must fit some node: refused now, not after hours
             check_resources(plan.rc.resolved)
-        for number, plan in enumerate(todo, 1):
-            run_planned(plan, phases, state, console, f"[{number}/{len(todo)}]")
+        if parallel_cells > 1 and len(todo) > 1:
+            run_in_parallel(todo, phases, state, console, root, parallel_cells)
+        else:
+            for number, plan in enumerate(todo, 1):
+                run_planned(plan, phases, state, console, f"[{number}/{len(todo)}]")
     return plans
+
+
+def mark_running(plan: CellPlan, state: MatrixState) -> float:
+    """The cell's state before it starts; returns the wall time it already spent (when resumed)."""
+    cell = plan.rc.cell
+    state.update(cell.name, status="running", algorithm=cell.algorithm, scenario=cell.scenario, pairing=cell.pairing,
+                 similarity=cell.similarity, study_dir=str(cell.config.study_dir), error=None,
+                 config=cell.config.model_dump(mode="json"), started_at=time.time(),
+                 phases=[] if plan.action == "run" else plan.record.get("phases", []))
+    return float(plan.record.get("wall_seconds") or 0.0) if plan.action == "resume" else 0.0
+
+
+def mark_finished(plan: CellPlan, state: MatrixState, phases: list[str], hmeans: dict[str, float], wall: float,
+                  console: Console) -> None:
+    name = plan.rc.cell.name
+    state.update(name, status="finished", phases=phases, wall_seconds=round(wall, 1), finished_at=time.time(),
+                 hmean={k: _finite(v) for k, v in hmeans.items()})
+    plan.action, plan.record = "finished", state.cell(name)
+    console.print(f"[green]{name} finished[/] in {wall:.0f} s: " + ", ".join(
+        f"{k} HM {100 * v:.2f}" if _finite(v) is not None else f"{k} HM NaN" for k, v in hmeans.items()))
+
+
+def mark_failed(plan: CellPlan, state: MatrixState, message: str, wall: float, console: Console) -> None:
+    name = plan.rc.cell.name
+    state.update(name, status="failed", error=message[:2000], wall_seconds=round(wall, 1), finished_at=time.time())
+    console.print(f"[bold red]{name} failed[/] after {wall:.0f} s: {message}", highlight=False)
+    plan.action, plan.record = "failed", state.cell(name)
 
 
 def run_planned(plan: CellPlan, phases: list[str], state: MatrixState, console: Console, counter: str) -> None:
     cell = plan.rc.cell
     console.rule(f"{counter} {cell.name}  ({cell.algorithm}, {cell.scenario}, {cell.pairing}: {cell.similarity})"
                  + ("  resuming" if plan.action == "resume" else ""))
-    before = float(plan.record.get("wall_seconds") or 0.0) if plan.action == "resume" else 0.0
-    state.update(cell.name, status="running", algorithm=cell.algorithm, scenario=cell.scenario, pairing=cell.pairing,
-                 similarity=cell.similarity, study_dir=str(cell.config.study_dir), error=None,
-                 config=cell.config.model_dump(mode="json"), phases=[] if plan.action == "run" else
-                 plan.record.get("phases", []))
+    before = mark_running(plan, state)
     start = time.perf_counter()
     try:
         hmeans = run_cell(plan.rc, phases, console, resume=plan.action == "resume")
     except Exception as err:  # noqa: BLE001 - one cell's failure (all sets diverged, a crash) must not stop the matrix
-        wall = before + time.perf_counter() - start
-        message = f"{err.__class__.__name__}: {err}"
-        state.update(cell.name, status="failed", error=message[:2000], wall_seconds=round(wall, 1))
-        console.print(f"[bold red]{cell.name} failed[/] after {wall:.0f} s: {message}", highlight=False)
-        plan.action, plan.record = "failed", state.cell(cell.name)
+        mark_failed(plan, state, f"{err.__class__.__name__}: {err}", before + time.perf_counter() - start, console)
         return
-    wall = before + time.perf_counter() - start
-    state.update(cell.name, status="finished", phases=phases, wall_seconds=round(wall, 1),
-                 hmean={k: _finite(v) for k, v in hmeans.items()})
-    plan.action, plan.record = "finished", state.cell(cell.name)
-    console.print(f"[green]{cell.name} finished[/] in {wall:.0f} s: " + ", ".join(
-        f"{k} HM {100 * v:.2f}" if _finite(v) is not None else f"{k} HM NaN" for k, v in hmeans.items()))
+    mark_finished(plan, state, phases, hmeans, before + time.perf_counter() - start, console)
+
+
+@dataclass
+class CellProcess:
+    """A cell running in its own driver process (matrix_cell.py)."""
+
+    plan: CellPlan
+    process: subprocess.Popen
+    log: Path
+    result: Path
+    before: float
+    start: float = field(default_factory=time.perf_counter)
+
+
+def start_cell_process(plan: CellPlan, phases: list[str], state: MatrixState, address: str) -> CellProcess:
+    cell = plan.rc.cell
+    folder = Path(cell.config.study_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    log, result = folder / "matrix-cell.log", folder / "matrix-cell.result.json"
+    result.unlink(missing_ok=True)  # a result left by an earlier run must not be read as this run's
+    before = mark_running(plan, state)
+    job = {"cell": {"matrix": cell.matrix, "name": cell.name, "algorithm": cell.algorithm, "scenario": cell.scenario,
+                    "pairing": cell.pairing, "similarity": cell.similarity},
+           "config": cell.config.model_dump(mode="json"), "phases": phases, "resume": plan.action == "resume",
+           "address": address, "result": str(result), "parent_pid": os.getpid()}
+    with log.open("ab") as out:
+        process = subprocess.Popen([sys.executable, "-m", "gtep.orchestration.matrix_cell"], stdin=subprocess.PIPE,
+                                   stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "160"})
+    process.stdin.write(json.dumps(job).encode())
+    process.stdin.close()
+    return CellProcess(plan, process, log, result, before)
+
+
+def collect_cell(running: CellProcess, phases: list[str], state: MatrixState, console: Console) -> None:
+    """A cell process ended: its result file says finished (with the harmonic means) or failed (with the error)."""
+    wall = running.before + time.perf_counter() - running.start
+    result = json.loads(running.result.read_text()) if running.result.exists() else None
+    if result and result["status"] == "finished":
+        mark_finished(running.plan, state, phases, result["hmean"], wall, console)
+    else:
+        message = result["error"] if result else f"its driver exited with code {running.process.returncode}"
+        mark_failed(running.plan, state, f"{message} (log: {running.log})", wall, console)
+
+
+def run_in_parallel(todo: list[CellPlan], phases: list[str], state: MatrixState, console: Console, root: Path,
+                    parallel_cells: int) -> None:
+    """Up to `parallel_cells` cell drivers at once on the cluster this process holds; a bar counts the cells."""
+    import ray
+
+    address = ray.get_runtime_context().gcs_address  # the cells join this very cluster, local or not
+    waiting, running = list(todo), []
+    console.print(f"{min(parallel_cells, len(todo))} cells at a time, each a driver of its own; their output: "
+                  f"{root}/<cell>/matrix-cell.log")
+    progress = Progress(TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[now]}"),
+                        TimeElapsedColumn(), console=console)
+    try:
+        with progress:
+            bar = progress.add_task("cells", total=len(todo), now="")
+            while waiting or running:
+                while waiting and len(running) < parallel_cells:
+                    running.append(start_cell_process(waiting.pop(0), phases, state, address))
+                progress.update(bar, now="running: " + ", ".join(r.plan.rc.cell.name for r in running))
+                time.sleep(1.0)
+                for done in [r for r in running if r.process.poll() is not None]:
+                    running.remove(done)
+                    collect_cell(done, phases, state, progress.console)
+                    progress.advance(bar)
+    finally:  # Ctrl-C reached the cells too (one process group); a cell still alive is stopped, and stays `running`
+        for r in running:
+            if r.process.poll() is None:
+                r.process.terminate()
+        for r in running:
+            try:
+                r.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                r.process.kill()
 
 
 def _pct(value: Any) -> str:

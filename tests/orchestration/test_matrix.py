@@ -167,6 +167,79 @@ def test_a_rerun_resumes_only_the_unfinished_cell(matrix):
     assert json.loads((root / "matrix.json").read_text())["cells"][again]["status"] == "finished"
 
 
+def test_parallel_cells_share_the_cluster_and_give_the_sequential_results(matrix, tmp_path):
+    """--parallel-cells 2: two cells run at once, each a driver process of its own on the test's Ray cluster (one
+    trial each at a time, so both cells' trials hold the 2 CPUs together), and they select and score exactly what
+    the sequential run of the same cells did."""
+    split = ["mx-replay-2tasks-split", "mx-icarl-2tasks-split"]
+    doc = {**MATRIX, "pairings": {"split": MATRIX["pairings"]["split"]}, "original": False, "protocol": "gtep",
+           "base": {**TINY, "compute": {"max_concurrent": 1}}}
+    result = gtep_matrix(tmp_path, doc, "--parallel-cells", "2", "--no-report")
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    assert "2 cells at a time" in result.output
+    root = tmp_path / "out" / "mx"
+    cells = json.loads((root / "matrix.json").read_text())["cells"]
+    first, second = (cells[name] for name in split)
+    assert first["status"] == second["status"] == "finished"
+    assert first["started_at"] < second["finished_at"] and second["started_at"] < first["finished_at"], \
+        "the cells ran one after the other"
+    sequential = json.loads((matrix["root"] / "matrix.json").read_text())["cells"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{root.resolve()}/mlflow.db")
+    for name in split:
+        assert {p: cells[name]["hmean"][p] for p in ("tune", "evaluate")} == \
+            {p: sequential[name]["hmean"][p] for p in ("tune", "evaluate")}
+        assert manifest(root, name)["phases"]["tune"]["best_set_index"] == \
+            manifest(matrix["root"], name)["phases"]["tune"]["best_set_index"]
+        log = (root / name / "matrix-cell.log").read_text()
+        assert "tune " in log and "evaluate " in log, log
+        phases = {r.data.tags["gtep.phase"]: r.info.status for r in runs(client, name, level="phase")}
+        assert phases == {"tune": "FINISHED", "evaluate": "FINISHED"}
+
+
+CELL_DRIVER = """
+import os, sys, time
+from gtep.orchestration.matrix_cell import die_with_parent
+die_with_parent(int(sys.argv[1]))
+open(sys.argv[2], "w").write(str(os.getpid()))
+time.sleep(120)
+"""
+MATRIX_DRIVER = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, sys.argv[1], str(os.getpid()), sys.argv[2]])
+time.sleep(120)
+"""
+
+
+def test_a_cell_driver_dies_with_the_matrix_driver(tmp_path):
+    """A SIGKILLed matrix driver must not leave cells running that its rerun would resume a second time."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "cell.py").write_text(CELL_DRIVER)
+    (tmp_path / "matrix.py").write_text(MATRIX_DRIVER)
+    pid_file = tmp_path / "cell.pid"
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "matrix.py"), str(tmp_path / "cell.py"), str(pid_file)])
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()):
+        assert time.monotonic() < deadline and parent.poll() is None, "the cell process did not start"
+        time.sleep(0.1)
+    cell_pid = int(pid_file.read_text())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(cell_pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(cell_pid, signal.SIGKILL)
+    raise AssertionError("the cell process outlived its killed parent")
+
+
 def test_failed_cells_are_kept_pending_ones_run_and_the_matrix_goes_on(tmp_path, monkeypatch):
     """The state machine without training: a cell whose phases raise is recorded failed and the next one runs;
     a rerun skips finished and failed cells, --retry-failed runs the failed one, a cell marked pending runs."""
