@@ -10,8 +10,10 @@ GTEP_PLUGINS, set with PYTHONPATH before Ray starts so that Ray's workers import
 
 The units' own run time is their `train_seconds` (near zero here); Ray's start and shutdown are timed apart,
 since they are paid once per phase. Also printed: the driver's resident memory before Ray starts and after
-the phase (and its peak), the time the driver spent in gtep's callbacks (MLflow writer + progress), and the
-time workers spent inside their units (from events.jsonl). The last line is the overhead (target < 50 ms).
+the phase (and its peak), the time Ray Tune's loop spent in gtep's callbacks (journaling a unit's writes, the
+manifest, progress), the time the MLflow writer thread spent per kind of write (it runs beside the loop, so with
+units this short it is what bounds the phase), and the time workers spent inside their units (from events.jsonl).
+The last line is the overhead (target < 50 ms).
 
     .venv/bin/python benchmarks/controller_overhead.py [--sets 200 --orderings 5 --slots 2] [--profile FILE]
 
@@ -168,8 +170,9 @@ def main() -> None:
         print(f"ray start {ray_started - tic:.1f} s, tuning phase {wall:.1f} s, ray shutdown {shut_down - phase_end:.1f} s")
         print(f"units' own run time (train_seconds): {own:.2f} s in all; workers inside units: {in_units:.1f} s "
               f"({in_units / n * 1000:.1f} ms/unit)")
-        print(f"driver in gtep's callbacks (MLflow writer, progress): {callbacks:.1f} s = {callbacks / n * 1000:.1f} "
-              f"ms/unit; driver time by part over the phase (ms/unit): {clock.parts(n)}")
+        print(f"Tune loop in gtep's callbacks (journaling, manifest, progress): {callbacks:.1f} s = "
+              f"{callbacks / n * 1000:.1f} ms/unit; by part, ms/unit (the MLflow parts are the writer thread's, "
+              f"overlapped with the loop): {clock.parts(n)}")
         print(f"driver RSS: {rss_before:.0f} MiB before Ray, {rss_after:.0f} MiB after the phase (peak {rss_peak:.0f} MiB)")
         if args.keep:
             print(f"study folder: {study}")

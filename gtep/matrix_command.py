@@ -84,8 +84,10 @@ def run_matrix_cells(matrix, cells, root: Path, tracking_uri: str, address: Opti
 def create_store(tracking_uri: str) -> None:
     from mlflow.tracking import MlflowClient
 
+    from gtep.orchestration.phases import sqlite_write_ahead_log
+
     if tracking_uri.startswith("sqlite:///"):
-        Path(tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        sqlite_write_ahead_log(Path(tracking_uri.removeprefix("sqlite:///")))
     MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
 
 

@@ -4,6 +4,9 @@ Every write (create a run, log metrics/params/tags, an artifact, end a run) is f
 `<study>/tracking/journal.jsonl`, then applied in order. When the server is away, the writes wait in the
 journal and training goes on; they are applied when it answers again, or by `gtep sync <study>`.
 
+While Ray Tune runs a phase the writes are applied by a thread of their own (`in_background`), so the Tune
+loop on the driver never waits for MLflow (a server's round trips, sqlite's commits); it only appends.
+
 Runs are named by keys (`tune:<attempt>/set003/o1`), not by MLflow ids, so a write can be journaled
 before its run exists, and a resumed study finds its runs again instead of creating new ones. Every
 operation is idempotent: a run is looked up by its `gtep.key` tag before it is created; metrics carry the
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -62,8 +66,11 @@ class TrackingJournal:
         self._failed_at = 0.0
         self._next_seq = state.applied + 1
         self._created: set[str] = set()  # keys of the runs this process created (no run had them before)
+        self._artifact_uris: dict[str, str] = {}  # run id -> artifact URI, for the runs this process created
         self._attempted: set[int] = set()  # create operations this process has sent at least once
         self._batched = 0  # inside batch(): journal now, apply when the batch ends
+        self._flushing = threading.Lock()  # one flush at a time: the background writer's or the caller's
+        self._wake: threading.Event | None = None  # set while a background writer applies the writes
         self._read_pending()
 
     # ---- opening -------------------------------------------------------------------------------
@@ -118,6 +125,13 @@ class TrackingJournal:
             fh.write(json.dumps(op, default=str) + "\n")
         self.pending.append(op)
         if not self._batched:
+            self._kick()
+
+    def _kick(self) -> None:
+        """Apply what was journaled: now, or by the background writer when there is one."""
+        if self._wake is not None:
+            self._wake.set()
+        else:
             self.flush()
 
     @contextmanager
@@ -130,7 +144,32 @@ class TrackingJournal:
         finally:
             self._batched -= 1
             if not self._batched:
-                self.flush()
+                self._kick()
+
+    @contextmanager
+    def in_background(self) -> Iterator[None]:
+        """Inside the block, writes are applied by a writer thread (in order, as before; a store that is away
+        is retried every RETRY_AFTER_SECONDS). The block's end waits for one last flush; what the store still
+        refuses stays pending, as it would without the thread."""
+        stop, self._wake = threading.Event(), threading.Event()
+        writer = threading.Thread(target=self._write_until, args=(stop,), name="gtep-mlflow-writer", daemon=True)
+        writer.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            self._wake.set()
+            writer.join()
+            self._wake = None
+
+    def _write_until(self, stop: threading.Event) -> None:
+        assert self._wake is not None
+        while True:
+            self._wake.wait(timeout=RETRY_AFTER_SECONDS)
+            self._wake.clear()
+            self.flush()
+            if stop.is_set():
+                return
 
     def create_run(self, key: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None) -> None:
         self._append({"op": "create_run", "key": key, "name": name, "parent": parent, "tags": tags or {}})
@@ -159,11 +198,10 @@ class TrackingJournal:
         self._append({"op": "terminate", "key": key, "status": status})
 
     def _snapshot_text(self, name: str, text: str) -> str:
-        files = self.dir / "files"
-        files.mkdir(parents=True, exist_ok=True)
-        relative = f"{self._next_seq:06d}-{name}"
-        (files / relative).write_text(text)
-        return relative
+        folder = self.dir / "files" / f"{self._next_seq:06d}"  # keeps the artifact's own name: logged as it is
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+        return f"{folder.name}/{name}"
 
     # ---- applying ------------------------------------------------------------------------------
     def run_id(self, key: str) -> str | None:
@@ -171,6 +209,10 @@ class TrackingJournal:
 
     def flush(self, force: bool = False) -> int:
         """Apply what is pending, in order; stop at the first failure. Returns how many remain."""
+        with self._flushing:
+            return self._flush(force)
+
+    def _flush(self, force: bool) -> int:
         if self.pending and not force and time.monotonic() - self._failed_at < RETRY_AFTER_SECONDS:
             return len(self.pending)
         applied = self.state.applied
@@ -216,7 +258,9 @@ class TrackingJournal:
                 tags = {**self._resolve(op["tags"]), "gtep.key": key, MLFLOW_RUN_NAME: op["name"]}
                 if op["parent"]:
                     tags[MLFLOW_PARENT_RUN_ID] = self.state.runs[op["parent"]]
-                run_id = self.client.create_run(self.state.experiment_id, run_name=op["name"], tags=tags).info.run_id
+                info = self.client.create_run(self.state.experiment_id, run_name=op["name"], tags=tags).info
+                run_id = info.run_id
+                self._artifact_uris[run_id] = info.artifact_uri
                 self._created.add(key)
             self.state.runs[key] = run_id
             return
@@ -237,7 +281,16 @@ class TrackingJournal:
     def _log_artifact(self, run_id: str, name: str, source: Path) -> None:
         import tempfile
 
-        with tempfile.TemporaryDirectory() as scratch:
-            target = Path(scratch) / name
-            shutil.copyfile(source, target)
-            self.client.log_artifact(run_id, str(target))
+        if source.name != name:  # a journal written before snapshots kept their names
+            with tempfile.TemporaryDirectory() as scratch:
+                target = Path(scratch) / name
+                shutil.copyfile(source, target)
+                self._log_artifact(run_id, name, target)
+            return
+        if run_id in self._artifact_uris:  # known from create_run: no get_run per artifact (a third of its cost)
+            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+            get_artifact_repository(self._artifact_uris[run_id], tracking_uri=self.state.tracking_uri).log_artifact(
+                str(source))
+        else:
+            self.client.log_artifact(run_id, str(source))

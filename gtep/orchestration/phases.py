@@ -122,6 +122,23 @@ def check_resources(resolved: ResolvedExperiment) -> None:
                       f"{asked['GPU']:g} GPU at once; lower compute.cpus_per_trial or compute.gpus_per_trial")
 
 
+def sqlite_write_ahead_log(path: Path) -> None:
+    """Put a local sqlite store in WAL mode (it stays so in the file): a commit costs one sync instead of
+    several (a unit's four MLflow writes 53 -> 34 ms here), and the MLflow UI or a parallel cell's driver reads
+    while a study writes. WAL needs a local disk; on a network filesystem set GTEP_SQLITE_WAL=0 (or, better,
+    run an MLflow server)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("GTEP_SQLITE_WAL", "1") == "0":
+        return
+    import sqlite3
+
+    connection = sqlite3.connect(path, timeout=30)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+    finally:
+        connection.close()
+
+
 def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
     """The store and the study's experiment; a tracking server that does not answer is an error here,
     before any compute (once a study runs, an outage is journaled instead)."""
@@ -129,7 +146,7 @@ def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
     uri = cfg.tracking_uri
     artifact_root = None
     if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        sqlite_write_ahead_log(Path(uri[len("sqlite:///"):]))
         artifact_root = cfg.tracking.output.resolve() / "mlartifacts"
     client = quiet_http_client(uri)
     try:
@@ -386,7 +403,7 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     writer = MlflowWriter(journal, phase_key, "tune", S, manifest, set_index_of, manifest.hparams,
                           common_params(resolved, "tune"))
     param_space, search_alg, num_samples = _searcher(resolved, manifest, space, S)
-    with progress_bar(console) as progress:
+    with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(f"tune {cfg.algorithm}", total=R * S, status="",
                                 completed=len(manifest.units("tune")))
         run_tuner(resolved, paths, "tune", attempt, param_space, search_alg, num_samples,
@@ -516,7 +533,7 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
                        tuning_run_id=run_tags["gtep.tuning_run_id"], hparams_source=run_tags["gtep.hparams_source"])
     writer = MlflowWriter(journal, phase_key, phase, S, manifest, lambda t: set_index, lambda _: hparams,
                           common_params(resolved, phase))
-    with progress_bar(console) as progress:
+    with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(f"{phase} {cfg.algorithm}", total=S, status="", completed=len(manifest.units(phase)))
         run_tuner(resolved, paths, phase, attempt,
                   {"trial": {"set_index": set_index, "hparams": hparams},

@@ -95,7 +95,7 @@ class MlflowWriter(tune.Callback):
                                     tags=self._tags("trial", **{"gtep.set_index": str(set_index)}))
             self.journal.log(key, params={**self.common_params, **self.hparams_of(set_index)})
             runs = self.manifest.data["phases"].get(self.phase, {}).get("trial_keys", {})
-            self.manifest.set_phase(self.phase, trial_keys={**runs, str(set_index): key})
+            self.manifest.set_phase(self.phase, deferred=True, trial_keys={**runs, str(set_index): key})
         return key
 
     def log_ordering(self, set_index: int, result: dict[str, Any]) -> None:
@@ -124,7 +124,7 @@ class MlflowWriter(tune.Callback):
                                            "acc_t", "params_total", "params_trainable", "train_seconds", "message",
                                            "node", "finished_at", "first_task")}
         unit.update(set_index=set_index, ordering=s, mlflow_key=key)
-        self.manifest.record_unit(self.phase, set_index, s, unit)
+        self.manifest.record_unit(self.phase, set_index, s, unit, deferred=True)  # saved by on_step_end
         self._count(unit)
         self._maybe_finish(set_index)
 
@@ -155,6 +155,12 @@ class MlflowWriter(tune.Callback):
         if "ordering" in result:
             with self.journal.batch():  # a unit's writes reach the store in one flush
                 self.log_ordering(self.set_index_of(trial), result)
+
+    def on_step_end(self, iteration, trials, **info) -> None:
+        self.manifest.save_units()
+
+    def on_experiment_end(self, trials, **info) -> None:
+        self.manifest.save_units(force=True)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         set_index = self.set_index_of(trial)

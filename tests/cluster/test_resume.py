@@ -16,7 +16,7 @@ from tests.cluster.support import count, events, finish, gtep, kill_group, tiny_
 
 pytestmark = pytest.mark.cluster
 
-CONFIG = tiny_study("crash", trials=3, orderings=2, epochs=40, training={"memory_size": 18, "epoch_scale": 0.05})
+CONFIG = tiny_study("crash", trials=3, orderings=2, epochs=40, training={"memory_size": 18, "epoch_scale": 0.3})
 
 
 def tune_runs(output, study="crash"):

@@ -1,0 +1,119 @@
+"""The tracking journal's background writer and the manifest's deferred saves, on a real sqlite store, no Ray.
+
+While Ray Tune runs a phase, MLflow writes are applied by a thread of their own so the Tune loop only appends to
+the journal; they must still reach the store in order, once, and survive a store that refuses them for a while.
+"""
+import json
+import threading
+import time
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from gtep.orchestration import journal as journal_module
+from gtep.orchestration.journal import TrackingJournal
+from gtep.orchestration.study import Manifest
+
+
+@pytest.fixture
+def store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    return uri, client, client.create_experiment("journal", artifact_location=(tmp_path / "art").as_uri())
+
+
+def write_units(journal: TrackingJournal, units: int) -> None:
+    journal.create_run("phase", "phase")
+    for u in range(units):
+        with journal.batch():
+            journal.create_run(f"phase/o{u}", f"ordering{u}", parent="phase", tags={"gtep.ordering": str(u)})
+            journal.log(f"phase/o{u}", {"acc": u / 10}, steps=[("acc_t", 0.5, 1), ("acc_t", u / 10, 2)],
+                        params={"ordering": u})
+            journal.log_text(f"phase/o{u}", "accuracy.json", json.dumps({"ordering": u}))
+            journal.terminate(f"phase/o{u}", "FINISHED")
+    journal.terminate("phase", "FINISHED")
+
+
+def runs_by_ordering(client: MlflowClient, experiment: str) -> dict[str, object]:
+    found = client.search_runs([experiment], max_results=1000)
+    return {r.data.tags.get("gtep.ordering", "phase"): r for r in found}
+
+
+def test_the_background_writer_applies_every_write_once_in_order_off_the_callers_thread(store, tmp_path):
+    uri, client, experiment = store
+    journal = TrackingJournal.open(tmp_path / "study", uri, experiment)
+    threads = set()
+    create_run = journal.client.create_run
+
+    def recording_create_run(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return create_run(*args, **kwargs)
+
+    journal.client.create_run = recording_create_run
+    with journal.in_background():
+        write_units(journal, 12)
+    assert journal.pending == [] and threads == {"gtep-mlflow-writer"}
+    runs = runs_by_ordering(client, experiment)
+    assert len(runs) == 13 and all(r.info.status == "FINISHED" for r in runs.values())
+    for u in range(12):
+        run = runs[str(u)]
+        assert run.data.metrics["acc"] == pytest.approx(u / 10) and run.data.params["ordering"] == str(u)
+        assert run.data.tags["mlflow.parentRunId"] == runs["phase"].info.run_id
+        assert [m.value for m in client.get_metric_history(run.info.run_id, "acc_t")] == [0.5, pytest.approx(u / 10)]
+        assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["accuracy.json"]
+    state = json.loads((tmp_path / "study" / "tracking" / "state.json").read_text())
+    assert state["applied"] == 1 + 12 * 4 + 1
+
+
+def test_a_store_that_refuses_writes_neither_blocks_nor_loses_them(store, tmp_path, monkeypatch):
+    """Writes journaled while the store fails wait in the journal; they are applied, once, when it answers
+    again: by the writer's retry inside the block, or by a flush after it."""
+    monkeypatch.setattr(journal_module, "RETRY_AFTER_SECONDS", 0.2)
+    uri, client, experiment = store
+    journal = TrackingJournal.open(tmp_path / "study", uri, experiment)
+    down = threading.Event()
+    down.set()
+    log_batch = journal.client.log_batch
+
+    def flaky_log_batch(*args, **kwargs):
+        if down.is_set():
+            raise ConnectionError("store away")
+        return log_batch(*args, **kwargs)
+
+    journal.client.log_batch = flaky_log_batch
+    with journal.in_background():
+        write_units(journal, 5)
+        time.sleep(0.5)
+        assert journal.pending and "store away" in journal.last_error
+        down.clear()  # back: the writer's next retry applies the rest
+        deadline = time.monotonic() + 10
+        while journal.pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert journal.pending == []
+    runs = runs_by_ordering(client, experiment)
+    assert len(runs) == 6 and all(r.info.status == "FINISHED" for r in runs.values())
+    assert all(runs[str(u)].data.metrics["acc"] == pytest.approx(u / 10) for u in range(5))
+
+    down.set()  # refused until after the block: kept in the journal, applied by the next flush
+    with journal.in_background():
+        journal.log("phase/o0", {"late": 1.0})
+    assert len(journal.pending) == 1
+    down.clear()
+    assert journal.flush(force=True) == 0
+    assert client.get_run(runs["0"].info.run_id).data.metrics["late"] == 1.0
+    assert len(runs_by_ordering(client, experiment)) == 6, "no run was created twice"
+
+
+def test_units_and_trial_keys_are_saved_at_most_every_few_seconds_and_at_the_end(tmp_path, monkeypatch):
+    path = tmp_path / "manifest.json"
+    manifest = Manifest.create(path, {"study": "s"})
+    manifest.record_unit("tune", 0, 0, {"acc": 0.5}, deferred=True)
+    manifest.set_phase("tune", deferred=True, trial_keys={"0": "tune:1/set000"})
+    on_disk = json.loads(path.read_text())
+    assert on_disk["units"] == {} and "tune" not in on_disk["phases"]
+    monkeypatch.setattr(Manifest, "UNIT_SAVE_SECONDS", 0.0)
+    manifest.save_units()
+    on_disk = json.loads(path.read_text())
+    assert on_disk["units"] == {"tune/0/0": {"acc": 0.5}} and on_disk["phases"]["tune"]["trial_keys"] == {"0": "tune:1/set000"}
+    manifest.record_unit("tune", 0, 1, {"acc": 0.25})  # not deferred: on disk at once
+    assert "tune/0/1" in json.loads(path.read_text())["units"]
