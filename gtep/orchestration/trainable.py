@@ -10,6 +10,7 @@ import json
 import math
 import os
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -108,22 +109,34 @@ def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageS
     return record
 
 
-def next_ordering(pending: list[int], hparams: dict[str, Any], job: dict[str, Any]) -> int:
+def next_ordering(pending: list[int], hparams: dict[str, Any], job: dict[str, Any], start: int = 0) -> int:
     """The pending ordering to run next: one whose first task is stored, else one nobody trains, else wait on
-    the first. Concurrent trials so train different first tasks instead of queueing on one."""
+    one. Concurrent trials so train different first tasks instead of queueing on one; each trial looks from
+    its own `start` on, since trials starting together all see every first task free (a trial that looked
+    from ordering 0 too would wait for the other's task 1 instead of training the next one)."""
     store = first_task_store(job)
     algorithm = ALGORITHMS.get(job["algorithm"])
     if store is None or len(pending) == 1 or not algorithm.fixed_first_task:
         return pending[0]
+    span = max(pending) + 1
+    rotated = sorted(pending, key=lambda s: (s - start) % span)
     states = {}
-    for s in pending:
+    for s in rotated:
         spec = ordering_job(hparams, s, job)
         states[s] = store.state(first_task_key(spec, spec.dataset, hparams_reaching_first_task(algorithm, spec)))
     for wanted in ("ready", "free"):
-        for s in pending:
+        for s in rotated:
             if states[s] == wanted:
                 return s
-    return pending[0]
+    return rotated[0]
+
+
+def trial_start(set_index: int, hparams: dict[str, Any]) -> int:
+    """Where a trial starts looking for its next ordering: its set's index, or (sets suggested by an adaptive
+    searcher have none yet) a hash of its values that is the same in every process."""
+    if set_index >= 0:
+        return set_index
+    return zlib.crc32(json.dumps(hparams, sort_keys=True, default=str).encode())
 
 
 def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any]) -> None:
@@ -135,6 +148,7 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any])
     set_index = int(unit.get("set_index", -1))
     hparams = dict(unit["hparams"])
     pending = [int(s) for s in config["orderings"]]
+    start = trial_start(set_index, hparams)
     done: list[dict[str, Any]] = []
 
     def report(record: dict[str, Any]) -> None:
@@ -144,7 +158,7 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any])
     parallel = int(job.get("parallel", 1))
     if parallel <= 1:
         while pending:
-            s = next_ordering(pending, hparams, job)
+            s = next_ordering(pending, hparams, job, start)
             pending.remove(s)
             report(run_unit(set_index, hparams, s, phase_data, job))
         return
@@ -154,7 +168,7 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any])
     running: dict[Any, int] = {}
     while pending or running:
         while pending and len(running) < parallel:
-            s = next_ordering(pending, hparams, job)
+            s = next_ordering(pending, hparams, job, start)
             pending.remove(s)
             running[remote.remote(set_index, hparams, s, data_ref, job)] = s
         ready, _ = ray.wait(list(running), num_returns=1)
