@@ -61,11 +61,15 @@ def rng_state(generator: torch.Generator) -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any], generator: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    generator.set_state(state["generator"])
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    # A checkpoint loaded onto a GPU (map_location) brings its RNG states there too; the setters take
+    # CPU byte tensors only, so each state comes back to the host first.
+    torch.set_rng_state(state["torch"].cpu())
+    generator.set_state(state["generator"].cpu())
+    np.random.set_state(("MT19937", state["numpy"].cpu().numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        saved = [s.cpu() for s in state["cuda"]][: torch.cuda.device_count()]  # a node may have fewer GPUs
+        for index, device_state in enumerate(saved):
+            torch.cuda.set_rng_state(device_state, index)
 
 
 @dataclass

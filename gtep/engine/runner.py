@@ -18,7 +18,7 @@ import torch
 from gtep.algorithms import ALGORITHMS, CommonParams, FitRecipe, IncrementalLearner, TaskData
 from gtep.data import ImageSet
 from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, load_checkpoint, restore_rng, rng_state, save_checkpoint
-from gtep.engine.device import resolve_device
+from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import RESUMED, REUSED, TRAINED, FirstTaskStore, first_task_key
 from gtep.engine.loop import DivergedError, Precision, Trainer
 from gtep.protocol import metrics
@@ -74,6 +74,7 @@ class OrderingOutcome:
     message: str = ""
     resumed_tasks: int = 0  # tasks restored from a checkpoint instead of trained in this process
     first_task: str = TRAINED  # trained here, reused from the study's first-task store, or resumed
+    device: str = ""  # what it trained on: 'cpu' or 'cuda:0 (<GPU name>)'
 
     @property
     def diverged(self) -> bool:
@@ -170,7 +171,7 @@ class OrderingRun:
         self.seed = ordering_seed(job.seed, job.ordering)
         self.tasks: list[TaskSpec] = build_scenario(job.classes, job.increments, job.seed, job.ordering)
         order = list(self.tasks[-1].seen_classes)
-        self.outcome = OrderingOutcome(job.ordering, "finished", order)
+        self.outcome = OrderingOutcome(job.ordering, "finished", order, device=describe_device(self.device))
         self.algorithm = ALGORITHMS.get(job.algorithm)
         self.params = self.algorithm.Params.from_mapping(job.hparams)
         self.trainer = Trainer(self.device, self.seed, job.augment,

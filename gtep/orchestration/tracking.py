@@ -108,7 +108,7 @@ class MlflowWriter(tune.Callback):
         diverged = result["status"] == "diverged"
         self.journal.create_run(key, f"set{set_index:03d}-ordering{s}", parent=parent, tags=self._tags(
             "ordering", **{"gtep.set_index": str(set_index), "gtep.ordering": str(s), "gtep.status": result["status"],
-                           "gtep.node": str(result.get("node", "")),
+                           "gtep.node": str(result.get("node", "")), "gtep.device": str(result.get("device", "")),
                            "gtep.resumed_tasks": str(result.get("resumed_tasks", 0)),
                            "gtep.first_task": str(result.get("first_task", ""))}))
         values = {k: float(result[k]) for k in ORDERING_METRICS if _finite(result.get(k))}
@@ -122,7 +122,7 @@ class MlflowWriter(tune.Callback):
         self.journal.terminate(key, "FAILED" if diverged else "FINISHED")
         unit = {k: result.get(k) for k in ("status", "acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                                            "acc_t", "params_total", "params_trainable", "train_seconds", "message",
-                                           "node", "finished_at", "first_task")}
+                                           "node", "device", "finished_at", "first_task")}
         unit.update(set_index=set_index, ordering=s, mlflow_key=key)
         self.manifest.record_unit(self.phase, set_index, s, unit, deferred=True)  # saved by on_step_end
         self._count(unit)

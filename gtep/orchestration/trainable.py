@@ -84,7 +84,7 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
         "params_total": outcome.params_total, "params_trainable": outcome.params_trainable,
         "train_seconds": outcome.train_seconds, "message": outcome.message,
         "resumed_tasks": outcome.resumed_tasks, "first_task": outcome.first_task,
-        "node": _node_id(), "finished_at": int(time.time() * 1000),
+        "node": _node_id(), "device": outcome.device, "finished_at": int(time.time() * 1000),
     })
     return record
 
