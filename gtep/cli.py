@@ -165,10 +165,15 @@ def _run_guarded(fn):
     from gtep.protocol.selection import AllSetsDivergedError
     from gtep.spaces import SearchSpaceError
 
+    from gtep.errors import StudyStopped
+
     try:
         return fn()
     except (ConfigError, DatasetError, SearchSpaceError, AllSetsDivergedError) as err:
         fail(str(err))
+    except StudyStopped as err:  # a phase that is not complete: never a success, its own exit code
+        err_console.print(f"[bold red]stopped:[/] {err}", highlight=False, soft_wrap=True, markup=True)
+        raise typer.Exit(err.exit_code)
 
 
 def _print_tune(outcome, resolved: ResolvedExperiment) -> None:
