@@ -172,7 +172,14 @@ def _run_guarded(fn):
     except (ConfigError, DatasetError, SearchSpaceError, AllSetsDivergedError) as err:
         fail(str(err))
     except StudyStopped as err:  # a phase that is not complete: never a success, its own exit code
-        err_console.print(f"[bold red]stopped:[/] {err}", highlight=False, soft_wrap=True, markup=True)
+        from rich.markup import escape
+
+        command = fn.__qualname__.split(".")[0]  # `go` is defined inside the command's function: tune, run...
+        if getattr(err, "summary", None):  # what finished, with its k/S, so nothing reads it as complete
+            from gtep.report.tables import phase_summary
+
+            console.print(phase_summary(err.summary, err.dataset, f"{err.phase} phase: INCOMPLETE"))
+        err_console.print(f"[bold red]stopped:[/] {escape(err.describe(command))}", highlight=False, soft_wrap=True)
         raise typer.Exit(err.exit_code)
 
 

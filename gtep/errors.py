@@ -13,3 +13,7 @@ class StudyStopped(RuntimeError):
         super().__init__(message)
         if exit_code is not None:
             self.exit_code = exit_code
+
+    def describe(self, command: str) -> str:
+        """The message as the command `gtep <command>` prints it (a resume hint names the command)."""
+        return str(self)

@@ -107,3 +107,24 @@ def test_selection_rule_diverged_and_ties():
     assert tie.best_index == 1
     with pytest.raises(selection.AllSetsDivergedError, match="all 1"):
         selection.select_best([R(0, 0, 0.1, 0.1, True)])
+
+
+def test_an_incomplete_set_never_wins_whatever_its_finished_orderings_scored():
+    R = selection.OrderingResult
+    results = [R(0, 0, 0.9, 0.9), R(1, 0, 0.4, 0.5), R(1, 1, 0.5, 0.4), R(2, 0, 0.3, 0.3), R(2, 1, 0.3, 0.3)]
+    chosen = selection.select_best(results, expected_orderings=2, sets=[0, 1, 2, 3])
+    assert chosen.best_index == 1
+    status = {s.set_index: (s.status, s.finished_orderings) for s in chosen.scores}
+    assert status == {0: ("incomplete", 1), 1: ("complete", 2), 2: ("complete", 2), 3: ("incomplete", 0)}
+    # without S, a set's orderings are all there is (the old behaviour, used only where S is unknown)
+    assert selection.select_best(results).best_index == 0
+
+
+def test_no_eligible_set_says_how_many_were_incomplete_or_diverged():
+    R = selection.OrderingResult
+    results = [R(0, 0, 0.9, 0.9), R(1, 0, 0.4, 0.5, True), R(1, 1, 0.5, 0.4)]
+    with pytest.raises(selection.NoEligibleSetError) as err:
+        selection.select_best(results, expected_orderings=3, sets=[0, 1, 2])
+    message = str(err.value)
+    assert "2 of 3 sets are incomplete (set 0: 1/3, set 2: 0/3) and 1 diverged" in message
+    assert "--resume" in message and "add trials" in message

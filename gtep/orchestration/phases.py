@@ -28,13 +28,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gtep.config import ConfigError, ResolvedExperiment
+from gtep.errors import StudyStopped
 from gtep.data import resolve_dataset
+from gtep.orchestration.interrupt import Interruption, StopOnSignal, StudyInterrupted, interruptible
 from gtep.orchestration.journal import RUN_REF, TrackingJournal, quiet_http_client
 from gtep.orchestration.study import Manifest, StudyPaths, read_best, write_best
 from gtep.orchestration.tracking import MlflowWriter, ensure_experiment, summarize_units
 from gtep.orchestration.trainable import train_set
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
-from gtep.protocol.selection import OrderingResult, select_best
+from gtep.protocol.selection import OrderingResult, SetScore, score_set, select_best
 from gtep.spaces import load_space
 
 
@@ -278,14 +280,71 @@ def open_study(resolved: ResolvedExperiment, fresh: bool) -> tuple[StudyPaths, M
     return paths, Manifest.create(paths.manifest, header)
 
 
-def write_results_csv(path: Path, units: list[dict[str, Any]], hparams_of) -> None:
+class PhaseIncomplete(StudyStopped):
+    """A fixed-set phase that ended with fewer than S orderings: flagged everywhere, never a result."""
+
+    def __init__(self, study_dir: Path, phase: str, finished: int, expected: int, summary: dict[str, float],
+                 dataset: str) -> None:
+        self.study_dir, self.phase, self.summary, self.dataset = study_dir, phase, summary, dataset
+        super().__init__(f"the {phase} phase is incomplete: {finished} of {expected} orderings finished (the others' "
+                         "trials failed after their retries); its mean over what finished is not a result")
+
+    def describe(self, command: str) -> str:
+        return f"{self}. Run the missing orderings with: gtep {command} --resume {self.study_dir}"
+
+
+def write_results_csv(path: Path, units: list[dict[str, Any]], hparams_of, scores: list[SetScore]) -> None:
+    """One row per (set, ordering) unit, and one per set that has none; every row says whether its set is
+    complete (k/S finished orderings), so a set that cannot be H* is visible as such."""
+    by_set = {s.set_index: s for s in scores}
     rows = []
     for u in units:
         row = {k: u.get(k) for k in ("set_index", "ordering", "status", "acc", "avg_acc", "hmean", "forgetting",
                                       "old_acc", "new_acc", "params_total", "params_trainable", "train_seconds")}
-        row.update({f"h.{k}": v for k, v in hparams_of(u["set_index"]).items()})
-        rows.append(row)
+        rows.append({**row, **set_columns(by_set.get(u["set_index"])),
+                     **{f"h.{k}": v for k, v in hparams_of(u["set_index"]).items()}})
+    for score in scores:
+        if score.orderings == 0:
+            rows.append({"set_index": score.set_index, "ordering": None, "status": "missing", **set_columns(score),
+                         **{f"h.{k}": v for k, v in hparams_of(score.set_index).items()}})
     pd.DataFrame(rows).to_csv(path, index=False)
+
+
+def set_columns(score: SetScore | None) -> dict[str, Any]:
+    if score is None:
+        return {}
+    return {"set_status": score.status, "set_orderings": f"{score.finished_orderings}/{score.expected_orderings}"}
+
+
+def run_trials(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, param_space: dict[str, Any],
+               search_alg, num_samples: int, callbacks: list[tune.Callback], console: Console) -> Interruption:
+    """The phase's trials on Ray Tune, stopped early by SIGINT/SIGTERM (gtep.orchestration.interrupt)."""
+    with interruptible(console.print) as interruption:
+        run_tuner(resolved, paths, phase, attempt, param_space, search_alg, num_samples, callbacks,
+                  StopOnSignal(interruption))
+    return interruption
+
+
+def stop_interrupted_phase(phase: str, phase_key: str, writer: MlflowWriter, journal: TrackingJournal,
+                           manifest: Manifest, paths: StudyPaths, console: Console, interruption: Interruption,
+                           set_indices: list[int], total: int) -> StudyInterrupted:
+    """Record an interrupted phase as such: units saved, open trial runs and the phase run KILLED with
+    gtep.status=interrupted, the manifest's phase `interrupted`, the journal flushed. Further stop signals
+    are ignored meanwhile (a few quick local writes), so what was written stays consistent."""
+    import signal
+
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        writer.close_unfinished(set_indices, interrupted=True)
+        manifest.save_units(force=True)
+        manifest.set_phase(phase, status="interrupted")
+        journal.log(phase_key, tags={"gtep.status": "interrupted"})
+        journal.terminate(phase_key, "KILLED")
+        finish_journal(journal, paths, console)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return StudyInterrupted(paths.root, phase, interruption.signum or signal.SIGINT, len(manifest.units(phase)), total)
 
 
 def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest: Manifest, phase: str,
@@ -351,7 +410,7 @@ def _searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
 
 
 def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, param_space: dict[str, Any],
-              search_alg, num_samples: int, callbacks: list[tune.Callback]) -> None:
+              search_alg, num_samples: int, callbacks: list[tune.Callback], stopper: tune.Stopper | None = None) -> None:
     cfg = resolved.config
     tuner = tune.Tuner(
         trainable_for(resolved, phase, study_folders(resolved, paths, phase, attempt)),
@@ -362,7 +421,7 @@ def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attem
         tune_config=tune.TuneConfig(num_samples=num_samples, search_alg=search_alg,
                                     max_concurrent_trials=cfg.compute.max_concurrent, reuse_actors=True),
         run_config=tune.RunConfig(name=f"{phase}-{attempt}", storage_path=str(paths.ray_storage), verbose=0,
-                                  callbacks=[*callbacks, *ray_loggers()],
+                                  callbacks=[*callbacks, *ray_loggers()], stop=stopper,
                                   failure_config=tune.FailureConfig(max_failures=cfg.compute.max_failures)),
     )
     tuner.fit()
@@ -406,43 +465,52 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(f"tune {cfg.algorithm}", total=R * S, status="",
                                 completed=len(manifest.units("tune")))
-        run_tuner(resolved, paths, "tune", attempt, param_space, search_alg, num_samples,
-                  [writer, ProgressCallback(progress, bar, manifest, "tune")])
-
+        interruption = run_trials(resolved, paths, "tune", attempt, param_space, search_alg, num_samples,
+                                  [writer, ProgressCallback(progress, bar, manifest, "tune")], console)
+    set_indices = [s["index"] for s in manifest.data["sets"]]
+    if interruption.requested:
+        raise stop_interrupted_phase("tune", phase_key, writer, journal, manifest, paths, console, interruption,
+                                     set_indices, R * S)
+    writer.close_unfinished(set_indices, interrupted=False)
     units = manifest.units("tune")
     results = [OrderingResult(u["set_index"], u["ordering"], float(u["acc"]), float(u["avg_acc"]),
                               u["status"] == "diverged") for u in units]
+    scores = [score_set(i, [r for r in results if r.set_index == i], S) for i in set_indices]
+    write_results_csv(paths.results("tune"), units, manifest.hparams, scores)
+    counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in ("complete", "incomplete", "diverged")}
     try:
-        selection = select_best(results, cfg.search.selection)
+        selection = select_best(results, cfg.search.selection, expected_orderings=S, sets=set_indices)
     except Exception:
+        journal.log(phase_key, counts, tags={"gtep.status": "failed"})
+        journal.log_file(phase_key, paths.results("tune"))
         journal.terminate(phase_key, "FAILED")
         finish_journal(journal, paths, console)
         manifest.set_phase("tune", status="failed")
         raise
     best_index = selection.best_index
     hparams = manifest.hparams(best_index)
-    summary = summarize_units([u for u in units if u["set_index"] == best_index])
+    summary = summarize_units([u for u in units if u["set_index"] == best_index], S)
     best = {"study": cfg.study, "algorithm": cfg.algorithm, "backbone": cfg.backbone, "set_index": best_index,
             "selection": cfg.search.selection, "score": float(selection.best.score(cfg.search.selection)),
             "acc": summary["acc"], "avg_acc": summary["avg_acc"], "tuning_run_id": run_id,
             "hparams": hparams, "effective": effective_hyperparameters(hparams)}
     write_best(paths.best, best)
-    write_results_csv(paths.results("tune"), units, manifest.hparams)
-    scores = [{"set_index": s.set_index, "hmean_of_means": s.hmean_of_means, "mean_of_hmeans": s.mean_of_hmeans,
-               "acc": s.acc_mean, "avg_acc": s.avg_acc_mean, "diverged_orderings": s.diverged_orderings}
-              for s in selection.scores]
-    manifest.set_phase("tune", status="finished", best_set_index=best_index, scores=scores)
+    score_rows = [{"set_index": s.set_index, "hmean_of_means": s.hmean_of_means, "mean_of_hmeans": s.mean_of_hmeans,
+                   "acc": s.acc_mean, "avg_acc": s.avg_acc_mean, "diverged_orderings": s.diverged_orderings,
+                   "orderings": s.orderings, "status": s.status} for s in selection.scores]
+    manifest.set_phase("tune", status="finished", best_set_index=best_index, scores=score_rows)
     journal.log(phase_key, {"best_hmean": best["score"], "best_acc": summary["acc"], "best_avg_acc": summary["avg_acc"],
                             "best_acc_std": summary["acc_std"], "best_avg_acc_std": summary["avg_acc_std"],
-                            "best_set_index": best_index},
-                tags={"gtep.best_set_index": str(best_index),
+                            "best_set_index": best_index, **counts},
+                tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished",
                       "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
     for path in (paths.manifest, paths.best, paths.results("tune")):
         journal.log_file(phase_key, path)
     journal.terminate(phase_key, "FINISHED")
     finish_journal(journal, paths, console)
     return PhaseOutcome("tune", run_id, best_index, hparams, summary, paths,
-                        {"diverged_sets": sum(1 for s in selection.scores if not s.usable), "trials": len(selection.scores)})
+                        {"diverged_sets": counts["sets_diverged"], "incomplete_sets": counts["sets_incomplete"],
+                         "trials": len(selection.scores)})
 
 
 def finished_tune_outcome(resolved: ResolvedExperiment, paths: StudyPaths, manifest: Manifest) -> PhaseOutcome:
@@ -450,7 +518,7 @@ def finished_tune_outcome(resolved: ResolvedExperiment, paths: StudyPaths, manif
     best = read_best(paths.best)
     units = [u for u in manifest.units("tune") if u["set_index"] == best["set_index"]]
     return PhaseOutcome("tune", best["tuning_run_id"], int(best["set_index"]), best["hparams"],
-                        summarize_units(units), paths)
+                        summarize_units(units, resolved.config.search.orderings), paths)
 
 
 # ---------------------------------------------------------------- phase 2: evaluation
@@ -525,7 +593,7 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
     journal = open_journal(resolved, paths)
     run_tags = {"gtep.tuning_run_id": str(best.get("tuning_run_id") or ""),
                 "gtep.hparams_source": best.get("source", "tuning"), **(tags or {})}
-    resume = resume and same and previous.get("status") == "running"
+    resume = resume and same and previous.get("status") in ("running", "interrupted", "incomplete")
     attempt, run_id = begin_phase(resolved, journal, manifest, phase, run_tags, resume)
     phase_key = f"{phase}:{attempt}"
     manifest.set_phase(phase, mlflow_run_id=run_id, attempt=attempt, status="running", dataset=spec.dataset,
@@ -535,20 +603,34 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
                           common_params(resolved, phase))
     with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(f"{phase} {cfg.algorithm}", total=S, status="", completed=len(manifest.units(phase)))
-        run_tuner(resolved, paths, phase, attempt,
-                  {"trial": {"set_index": set_index, "hparams": hparams},
-                   "orderings": tune.grid_search([[s] for s in orderings])},
-                  None, 1, [writer, ProgressCallback(progress, bar, manifest, phase)])
+        interruption = run_trials(resolved, paths, phase, attempt,
+                                  {"trial": {"set_index": set_index, "hparams": hparams},
+                                   "orderings": tune.grid_search([[s] for s in orderings])},
+                                  None, 1, [writer, ProgressCallback(progress, bar, manifest, phase)], console)
+    if interruption.requested:
+        raise stop_interrupted_phase(phase, phase_key, writer, journal, manifest, paths, console, interruption,
+                                     [set_index], S)
+    writer.close_unfinished([set_index], interrupted=False)
     units = manifest.units(phase)
-    summary = summarize_units(units)
-    write_results_csv(paths.results(phase), units, lambda _: hparams)
-    manifest.set_phase(phase, status="finished", summary=summary)
+    summary = summarize_units(units, S)
+    complete = len(units) == S
+    status = "finished" if complete else "incomplete"
+    score = score_set(set_index, [OrderingResult(set_index, u["ordering"], float(u["acc"]), float(u["avg_acc"]),
+                                                 u["status"] == "diverged") for u in units], S)
+    write_results_csv(paths.results(phase), units, lambda _: hparams, [score])
+    manifest.set_phase(phase, status=status, summary=summary)
+    tags = {"gtep.status": status, "gtep.orderings": f"{len(units)}/{S}"}
+    if not complete:
+        tags["gtep.reason"] = f"{len(units)} of {S} orderings finished; the others' trials failed after their retries"
     journal.log(phase_key, {k: float(summary[k]) for k in ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean",
-                                                           "diverged") if pd.notna(summary[k])})
+                                                           "diverged", "orderings") if pd.notna(summary[k])},
+                tags=tags)
     for path in (paths.manifest, paths.results(phase)) + ((paths.best,) if paths.best.exists() else ()):
         journal.log_file(phase_key, path)
-    journal.terminate(phase_key, "FINISHED" if not summary["diverged"] else "FAILED")
+    journal.terminate(phase_key, "FINISHED" if complete and not summary["diverged"] else "FAILED")
     finish_journal(journal, paths, console)
+    if not complete:
+        raise PhaseIncomplete(paths.root, phase, len(units), S, summary, spec.dataset)
     return PhaseOutcome(phase, run_id, set_index, hparams, summary, paths)
 
 

@@ -69,6 +69,7 @@ class MlflowWriter(tune.Callback):
         self.set_index_of, self.hparams_of, self.common_params = set_index_of, hparams_of, common_params
         self.opened: set[int] = set()
         self.finished: set[int] = set()
+        self.errors: dict[int, str] = {}  # set index -> the error file of its last failed trial
         self.results: dict[int, dict[int, OrderingResult]] = {}
         for unit in manifest.units(phase):
             self._count(unit)
@@ -132,20 +133,41 @@ class MlflowWriter(tune.Callback):
         if set_index not in self.finished and len(self.results.get(set_index, {})) >= self.orderings:
             self.finish_trial(set_index, "FINISHED")
 
-    def finish_trial(self, set_index: int, status: str) -> None:
+    def set_score(self, set_index: int):
+        return score_set(set_index, list(self.results.get(set_index, {}).values()), self.orderings)
+
+    def finish_trial(self, set_index: int, status: str, reason: str = "") -> None:
+        """Close a set's trial run. Its gtep.status says whether it can be H*: complete, or diverged or
+        incomplete (fewer than S orderings finished; `reason` says why), or interrupted (the study stopped)."""
         key = self.trial_run(set_index)
         self.finished.add(set_index)
-        score = score_set(set_index, list(self.results.get(set_index, {}).values()))
+        score = self.set_score(set_index)
         values = {"acc": score.acc_mean, "acc_std": score.acc_std, "avg_acc": score.avg_acc_mean,
                   "avg_acc_std": score.avg_acc_std, "hmean": score.hmean_of_means,
                   "mean_of_hmeans": score.mean_of_hmeans, "diverged_orderings": score.diverged_orderings,
-                  "orderings": score.orderings}
+                  "orderings": score.orderings, "orderings_finished": score.finished_orderings}
         # the time of its last unit: finishing the same trial again (a resumed study) writes the same points
         stamps = [u.get("finished_at") or 0 for u in self.manifest.units(self.phase) if u["set_index"] == set_index]
-        self.journal.log(key, {k: v for k, v in values.items() if _finite(v)},
-                         tags={"gtep.status": "diverged" if score.diverged_orderings else status.lower()},
+        state = "interrupted" if status == "KILLED" and score.status == "incomplete" else score.status
+        tags = {"gtep.status": state, "gtep.orderings": f"{score.finished_orderings}/{self.orderings}"}
+        if reason:
+            tags["gtep.reason"] = reason[:500]
+        self.journal.log(key, {k: v for k, v in values.items() if _finite(v)}, tags=tags,
                          timestamp=int(max(stamps, default=0)) or None)
         self.journal.terminate(key, status)
+
+    def close_unfinished(self, set_indices, interrupted: bool) -> None:
+        """After Tune returns: every set's trial run that is still open is incomplete (its trial ran out of
+        retries, or never ran) or, when the study was stopped, interrupted (KILLED; a resume reopens it)."""
+        for set_index in set_indices:
+            if set_index in self.finished or (interrupted and set_index not in self.opened):
+                continue  # closed already; or never started in a stopped study (a resume will run it)
+            score = self.set_score(set_index)
+            failure = f"a trial failed after its retries ({self.errors[set_index]})" if set_index in self.errors \
+                else "its trial never ran"
+            reason = ("the study was interrupted" if interrupted else
+                      f"{score.finished_orderings} of {self.orderings} orderings finished: {failure}")
+            self.finish_trial(set_index, "KILLED" if interrupted else "FAILED", reason)
 
     # ---- Ray Tune hooks ---------------------------------------------------------------------------
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
@@ -163,21 +185,26 @@ class MlflowWriter(tune.Callback):
         self.manifest.save_units(force=True)
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
+        """A trial out of retries. Its set is closed when the phase ends (`close_unfinished`): in a fixed-set
+        phase the set's other orderings are other trials, which may still finish."""
         set_index = self.set_index_of(trial)
-        self.journal.log(self.trial_run(set_index), tags={"gtep.error": str(getattr(trial, "error_file", ""))[:500]})
-        self.finish_trial(set_index, "FAILED")
+        error = str(getattr(trial, "error_file", ""))[:500]
+        self.errors[set_index] = error
+        self.journal.log(self.trial_run(set_index), tags={"gtep.error": error})
 
 
-def summarize_units(units: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean and std over the orderings of one set's units (the numbers the phase table prints)."""
+def summarize_units(units: list[dict[str, Any]], expected: int | None = None) -> dict[str, float]:
+    """Mean and std over the orderings of one set's units (the numbers the phase table prints). `expected` (S)
+    records how many there should be: the tables print finished/expected, so a phase that lost an ordering
+    shows it."""
     import numpy as np
 
     finished = [u for u in units if u["status"] != "diverged"]
-    out: dict[str, float] = {"orderings": len(units), "diverged": len(units) - len(finished)}
+    out: dict[str, float] = {"orderings": len(units), "diverged": len(units) - len(finished),
+                             "expected": expected if expected is not None else len(units)}
     for key in ("acc", "avg_acc"):
         values = [float(u[key]) for u in finished]
         out[key] = float(np.mean(values)) if values and len(finished) == len(units) else float("nan")
         out[f"{key}_std"] = float(np.std(values)) if values else float("nan")
     out["hmean"] = harmonic_mean(out["acc"], out["avg_acc"])
     return out
-

@@ -2,9 +2,13 @@
 
 Default rule ("hmean_of_means"): average Acc and AvgAcc over the S orderings of a set, then take their
 harmonic mean; H* is the set with the highest score. The mean of per-ordering harmonic means
-("mean_of_hmeans") is computed beside it and can be selected instead. A set with a diverged ordering is
-excluded (shown as NaN), as the paper does for BEEF. Ties go to the lower set index, so selection is
-deterministic.
+("mean_of_hmeans") is computed beside it and can be selected instead. Ties go to the lower set index, so
+selection is deterministic.
+
+Only a complete set is eligible: one whose S orderings all finished. A set with a diverged ordering is
+excluded (shown as NaN), as the paper does for BEEF; so is an incomplete set (an ordering missing because
+its trial ran out of retries or the study was interrupted), whatever its finished orderings scored: a mean
+over fewer orderings is a different, noisier statistic and must not compete with complete ones.
 """
 from __future__ import annotations
 
@@ -30,10 +34,13 @@ class OrderingResult:
     diverged: bool = False
 
 
+SetStatus = Literal["complete", "diverged", "incomplete"]
+
+
 @dataclass(frozen=True)
 class SetScore:
     set_index: int
-    orderings: int
+    orderings: int  # orderings with a result (finished or diverged)
     diverged_orderings: int
     acc_mean: float
     acc_std: float
@@ -41,10 +48,24 @@ class SetScore:
     avg_acc_std: float
     hmean_of_means: float
     mean_of_hmeans: float
+    expected_orderings: int | None = None  # S; None: whatever the set has is all there is
+
+    @property
+    def finished_orderings(self) -> int:
+        return self.orderings - self.diverged_orderings
+
+    @property
+    def status(self) -> SetStatus:
+        if self.diverged_orderings:
+            return "diverged"
+        if self.orderings == 0 or (self.expected_orderings is not None and self.orderings < self.expected_orderings):
+            return "incomplete"
+        return "complete"
 
     @property
     def usable(self) -> bool:
-        return self.diverged_orderings == 0 and self.orderings > 0
+        """Eligible for H*: every one of its S orderings finished."""
+        return self.status == "complete"
 
     def score(self, rule: SelectionRule) -> float:
         return self.hmean_of_means if rule == "hmean_of_means" else self.mean_of_hmeans
@@ -61,8 +82,11 @@ class SelectionResult:
         return next(s for s in self.scores if s.set_index == self.best_index)
 
 
-class AllSetsDivergedError(RuntimeError):
-    """Every sampled set had a diverged ordering: there is no H* to carry to the evaluation phase."""
+class NoEligibleSetError(RuntimeError):
+    """No set finished all S orderings: there is no H* to carry to the evaluation phase."""
+
+
+AllSetsDivergedError = NoEligibleSetError  # the name it had when divergence was the only way to be ineligible
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -71,8 +95,9 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values))
 
 
-def score_set(set_index: int, results: list[OrderingResult]) -> SetScore:
-    """Aggregate one set over its orderings; a diverged ordering makes every mean NaN."""
+def score_set(set_index: int, results: list[OrderingResult], expected_orderings: int | None = None) -> SetScore:
+    """Aggregate one set over its orderings; a diverged ordering makes every mean NaN. `expected_orderings` (S)
+    marks a set with fewer results as incomplete; its means describe only what finished."""
     diverged = sum(r.diverged for r in results)
     finite = [r for r in results if not r.diverged]
     acc_mean, acc_std = _mean_std([r.acc for r in finite])
@@ -90,24 +115,42 @@ def score_set(set_index: int, results: list[OrderingResult]) -> SetScore:
         avg_acc_std=avg_std,
         hmean_of_means=harmonic_mean(acc_mean, avg_mean),
         mean_of_hmeans=float("nan") if diverged else float(np.mean(per_ordering_hm)) if per_ordering_hm else float("nan"),
+        expected_orderings=expected_orderings,
     )
 
 
-def score_sets(results: Iterable[OrderingResult]) -> list[SetScore]:
-    by_set: dict[int, list[OrderingResult]] = {}
+def score_sets(results: Iterable[OrderingResult], expected_orderings: int | None = None,
+               sets: Iterable[int] = ()) -> list[SetScore]:
+    """One score per set that has results, and per index in `sets` (the R sampled sets) that has none."""
+    by_set: dict[int, list[OrderingResult]] = {int(i): [] for i in sets}
     for result in results:
         by_set.setdefault(result.set_index, []).append(result)
-    return [score_set(i, sorted(rs, key=lambda r: r.ordering)) for i, rs in sorted(by_set.items())]
+    return [score_set(i, sorted(rs, key=lambda r: r.ordering), expected_orderings) for i, rs in sorted(by_set.items())]
 
 
-def select_best(results: Iterable[OrderingResult], rule: SelectionRule = "hmean_of_means") -> SelectionResult:
-    """H* = argmax over usable sets of the rule's score; raises AllSetsDivergedError if none is usable."""
-    scores = score_sets(results)
+def select_best(results: Iterable[OrderingResult], rule: SelectionRule = "hmean_of_means",
+                expected_orderings: int | None = None, sets: Iterable[int] = ()) -> SelectionResult:
+    """H* = argmax over complete sets of the rule's score; NoEligibleSetError if there is none.
+
+    `expected_orderings` is S: a set with fewer results is incomplete and never wins. `sets` names every
+    sampled set, so that one whose trial never reported counts as incomplete too."""
+    scores = score_sets(results, expected_orderings, sets)
     usable = [s for s in scores if s.usable and not math.isnan(s.score(rule))]
     if not usable:
-        raise AllSetsDivergedError(
-            f"all {len(scores)} hyperparameter sets diverged (non-finite loss) on at least one ordering; "
-            "narrow the search space (e.g. lower learning rates) or add trials"
-        )
+        raise NoEligibleSetError(no_eligible_set_message(scores))
     best = max(usable, key=lambda s: (s.score(rule), -s.set_index))
     return SelectionResult(best_index=best.set_index, rule=rule, scores=scores)
+
+
+def no_eligible_set_message(scores: list[SetScore]) -> str:
+    diverged = sum(s.status == "diverged" for s in scores)
+    incomplete = [s for s in scores if s.status == "incomplete"]
+    if not incomplete:
+        return (f"all {len(scores)} hyperparameter sets diverged (non-finite loss) on at least one ordering; "
+                "narrow the search space (e.g. lower learning rates) or add trials")
+    expected = incomplete[0].expected_orderings
+    done = ", ".join(f"set {s.set_index}: {s.finished_orderings}/{expected}" for s in incomplete[:5])
+    more = f" and {len(incomplete) - 5} more" if len(incomplete) > 5 else ""
+    return (f"no hyperparameter set finished all {expected} orderings: {len(incomplete)} of {len(scores)} sets are "
+            f"incomplete ({done}{more}) and {diverged} diverged; resume the study to finish the missing orderings "
+            "(gtep tune --resume OUTPUT/STUDY), or add trials")

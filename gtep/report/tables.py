@@ -26,23 +26,29 @@ def phase_comparison(tuning: dict[str, Any], evaluation: dict[str, Any], tuning_
     """Both phases side by side: Acc and AvgAcc (mean ± std over orderings), their harmonic mean, the gap.
     `extra` adds labelled rows after them, e.g. {"conventional": ..., "original": ...}; the gap stays tuning - eval."""
     table = Table(title=title, caption=f"D^HT = {tuning_label}   D^E = {evaluation_label}")
-    for column in ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", "diverged"):
+    for column in ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", "orderings", "diverged"):
         table.add_column(column, justify="left" if column == "phase" else "right", no_wrap=True)
     for name, s in (("tuning", tuning), ("evaluation", evaluation), *(extra or {}).items()):
         table.add_row(name, pm(s["acc"], s["acc_std"]), pm(s["avg_acc"], s["avg_acc_std"]), pct(s["hmean"]),
-                      f"{int(s['diverged'])}/{int(s['orderings'])}")
+                      orderings_cell(s), str(int(s["diverged"])))
     gap = tuning["hmean"] - evaluation["hmean"]
     table.add_row("gap", pct(tuning["acc"] - evaluation["acc"]),
-                  pct(tuning["avg_acc"] - evaluation["avg_acc"]), pct(gap), "", style="bold")
+                  pct(tuning["avg_acc"] - evaluation["avg_acc"]), pct(gap), "", "", style="bold")
     return table
+
+
+def orderings_cell(summary: dict[str, Any]) -> str:
+    """'k/S': orderings with a result out of the S the phase runs; marked when some are missing."""
+    done, expected = int(summary["orderings"]), int(summary.get("expected", summary["orderings"]))
+    return f"{done}/{expected}" if done >= expected else f"[bold red]{done}/{expected} incomplete[/]"
 
 
 def phase_summary(summary: dict[str, Any], label: str, title: str) -> Table:
     table = Table(title=title, caption=label)
-    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", "diverged"):
+    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", "orderings", "diverged"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_row(pm(summary["acc"], summary["acc_std"]), pm(summary["avg_acc"], summary["avg_acc_std"]),
-                  pct(summary["hmean"]), f"{int(summary['diverged'])}/{int(summary['orderings'])}")
+                  pct(summary["hmean"]), orderings_cell(summary), str(int(summary["diverged"])))
     return table
 
 
