@@ -4,6 +4,7 @@ While Ray Tune runs a phase, MLflow writes are applied by a thread of their own 
 the journal; they must still reach the store in order, once, and survive a store that refuses them for a while.
 """
 import json
+import shutil
 import threading
 import time
 
@@ -15,8 +16,17 @@ from gtep.orchestration.journal import TrackingJournal
 from gtep.orchestration.study import Manifest
 
 
+@pytest.fixture(scope="module")
+def blank_store(tmp_path_factory):
+    """A migrated, empty sqlite store: creating one runs MLflow's migrations, seconds per test otherwise."""
+    path = tmp_path_factory.mktemp("blank") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def store(tmp_path):
+def store(tmp_path, blank_store):
+    shutil.copyfile(blank_store, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     return uri, client, client.create_experiment("journal", artifact_location=(tmp_path / "art").as_uri())
