@@ -7,10 +7,11 @@ algorithms' own, such as PODNet's proxies). The paper's reference code trains it
 this store trains it once per key and hands the result (the learner, its memory, the RNG states and the
 accuracy row of task 1) to every other trial.
 
-Trials on several processes or nodes meet on shared storage: whoever creates `<key>.lock` first (an
-O_EXCL create, atomic on local filesystems and NFS) trains; the others wait for `<key>.pt`. The owner
-refreshes the lock's mtime while it trains, so a lock whose owner died (a dead pid on this host, or no
-heartbeat for `stale_after` seconds) is broken and another trial takes over.
+Trials on several processes or nodes meet on shared storage: whoever creates `<key>.lock` first (a hard
+link to its fully written claim, atomic on local filesystems and NFS) trains; the others wait for `<key>.pt`.
+The owner refreshes the lock's mtime while it trains, so a lock whose owner died (a dead pid on this host, or
+no heartbeat for `stale_after` seconds) is broken and another trial takes over. Each claim carries a unique
+token: a trial releases, refreshes or breaks only the claim it means, never a fresh one made meanwhile.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ class FirstTaskStore:
         """'ready' (stored), 'claimed' (someone trains it) or 'free': lets a trial pick an ordering it need not wait for."""
         if self.result_path(key).exists():
             return "ready"
-        return "claimed" if self.lock_path(key).exists() and not self._stale(key) else "free"
+        return "claimed" if self.lock_path(key).exists() and self._stale_claim(key) is None else "free"
 
     def obtain(self, key: str, train: Callable[[], TaskCheckpoint], device: torch.device
                ) -> tuple[TaskCheckpoint | None, str]:
@@ -72,69 +73,125 @@ class FirstTaskStore:
             stored = load_checkpoint(self.result_path(key), key, device)
             if stored is not None:
                 return stored, REUSED
-            if self._claim(key):
+            token = self._claim(key)
+            if token is not None:
                 try:
                     stored = load_checkpoint(self.result_path(key), key, device)  # stored between our look and claim
                     if stored is not None:
                         return stored, REUSED
-                    with self._heartbeat(key):
+                    with self._heartbeat(key, token):
                         result = train()
                     save_checkpoint(self.result_path(key), result)
                     return None, TRAINED
                 finally:
-                    self._release(key)
-            if self._stale(key):
-                self._break(key)
+                    self._release(key, token)
+            stale = self._stale_claim(key)
+            if stale is not None:
+                self._break(key, stale)
             else:
                 time.sleep(self.poll)
 
     # ---- the lock ------------------------------------------------------------------------------------
-    def _claim(self, key: str) -> bool:
+    # A claim is `<key>.lock` holding {host, pid, since, token}; the token (a uuid4) names one claim, so a
+    # trial acts only on the claim it means: its own (release, heartbeat) or the stale one it examined
+    # (takeover). POSIX has no compare-and-delete, so whoever removes a claim first moves it aside with a
+    # rename (atomic: exactly one mover gets a given file), reads the token of what it moved, and puts back a
+    # claim that turns out to be someone else's (a link, which never replaces a claim made meanwhile).
+    def _claim(self, key: str) -> str | None:
+        """Our claim's token, or None when the key is claimed already. The claim is written in full to a
+        file of our own, then linked to `<key>.lock` (atomic, fails if it exists, also on NFS), so a claim is
+        never seen half-written: an empty lock could not be told apart from another empty one."""
+        token = uuid.uuid4().hex
+        draft = self.root / f".{key}.claim-{token}"
+        draft.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(),
+                                     "token": token}))
         try:
-            fd = os.open(self.lock_path(key), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            os.link(draft, self.lock_path(key))
         except FileExistsError:
-            return False
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}, fh)
-        return True
+            return None
+        finally:
+            os.remove(draft)
+        return token
 
-    def _release(self, key: str) -> None:
+    def _owner(self, path: Path) -> dict[str, Any] | None:
+        """The claim in `path`; None if there is none. A claim we cannot read (left by an older gtep, which
+        wrote the lock after creating it) has no token and is judged by its age alone."""
         try:
-            os.remove(self.lock_path(key))
+            text = path.read_text()
         except FileNotFoundError:
-            pass
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return {}
 
-    def _stale(self, key: str) -> bool:
-        """The owner is gone: a dead process on this host, or no heartbeat for stale_after seconds."""
+    def _release(self, key: str, token: str) -> None:
+        """Remove our claim; a claim that is not ours any more (ours went stale and was taken over) stays.
+        Should a trial checking our claim hold it aside right now, it stays too: it goes stale once we are gone."""
+        owner = self._owner(self.lock_path(key))
+        if owner is not None and owner.get("token") == token:
+            self._remove_if(key, token)
+
+    def _stale_claim(self, key: str) -> dict[str, Any] | None:
+        """The claim as we found it if its owner is gone (a dead process on this host, or no heartbeat for
+        stale_after seconds); None if the key is free or its claim is alive."""
         lock = self.lock_path(key)
         try:
             age = time.time() - lock.stat().st_mtime
-            owner = json.loads(lock.read_text() or "{}")
-        except (FileNotFoundError, json.JSONDecodeError):
-            return False  # gone already, or being written right now
-        if owner.get("host") == socket.gethostname() and not _alive(int(owner.get("pid", 0))):
-            return True
-        return age > self.stale_after
-
-    def _break(self, key: str) -> None:
-        """Rename first, so two trials breaking the same lock do not remove a fresh claim of a third."""
-        graveyard = self.root / f".{key}.stale-{uuid.uuid4().hex[:8]}"
-        try:
-            os.rename(self.lock_path(key), graveyard)
-            os.remove(graveyard)
         except FileNotFoundError:
-            pass
+            return None
+        owner = self._owner(lock)
+        if owner is None:
+            return None  # gone meanwhile
+        if owner.get("host") == socket.gethostname() and not _alive(int(owner.get("pid", 0))):
+            return owner
+        return owner if age > self.stale_after else None
+
+    def _break(self, key: str, stale: dict[str, Any]) -> None:
+        """Remove the stale claim we examined, and only that one.
+
+        The race this guards: trials A and B both find the same stale claim; A removes it and claims the key
+        afresh; B, a moment later, would remove what is at `<key>.lock` by then: A's fresh claim, and train
+        too. So B moves the lock aside and compares tokens: it holds A's claim, not the stale one, and puts it
+        back. Put back with a link, it can never replace a claim that a third trial made in the instant the
+        path was empty; then B drops A's claim, A and the third trial both train (once more than needed, the
+        result is the same) and neither's release removes the other's claim."""
+        self._remove_if(key, stale.get("token"))
+
+    def _remove_if(self, key: str, token: str | None) -> bool:
+        """Remove `<key>.lock` if it holds the claim `token` (None: a claim written without one); True if it did."""
+        aside = self.root / f".{key}.aside-{uuid.uuid4().hex}"
+        try:
+            os.rename(self.lock_path(key), aside)
+        except FileNotFoundError:
+            return False  # removed by someone else already
+        moved = self._owner(aside)
+        if moved is not None and moved.get("token") == token:
+            os.remove(aside)
+            return True
+        try:
+            os.link(aside, self.lock_path(key))  # someone else's claim: back where it was (same file)
+        except FileExistsError:
+            pass  # a third trial claimed the key meanwhile: see _break
+        os.remove(aside)
+        return False
 
     @contextmanager
-    def _heartbeat(self, key: str) -> Iterator[None]:
+    def _heartbeat(self, key: str, token: str) -> Iterator[None]:
+        """Refresh our claim's mtime while we train; stop once it holds another claim (ours was taken over)."""
         stop = threading.Event()
 
         def beat() -> None:
             while not stop.wait(self.heartbeat):
+                owner = self._owner(self.lock_path(key))
+                if owner is None:
+                    continue  # moved aside for a moment by a trial checking it, or removed: look again next beat
+                if owner.get("token") != token:
+                    return
                 try:
                     os.utime(self.lock_path(key))
                 except FileNotFoundError:
-                    return
+                    pass
 
         thread = threading.Thread(target=beat, name=f"gtep-lock-{key}", daemon=True)
         thread.start()

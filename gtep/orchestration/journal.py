@@ -11,6 +11,11 @@ Runs are named by keys (`tune:<attempt>/set003/o1`), not by MLflow ids, so a wri
 before its run exists, and a resumed study finds its runs again instead of creating new ones. Every
 operation is idempotent: a run is looked up by its `gtep.key` tag before it is created; metrics carry the
 timestamp they were journaled with, so writing them twice stores them once.
+
+The journal holds only what is still needed: once the writes are applied (a forced flush, as at a phase's
+end, or a journal grown past COMPACT_AFTER_BYTES) it is rewritten to the pending writes alone, and the
+snapshots of applied artifacts are dropped. What a resume reads back besides them (the last applied write,
+the run ids by key) is in `state.json`.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from gtep.orchestration.study import write_atomic
 
 RUN_REF = "@run:"  # a tag value naming another run by key, resolved when applied
 RETRY_AFTER_SECONDS = 5.0
+COMPACT_AFTER_BYTES = 1 << 20  # ~700 units' writes: a flush that leaves nothing pending then compacts the journal
 
 
 def now_ms() -> int:
@@ -70,6 +76,7 @@ class TrackingJournal:
         self._attempted: set[int] = set()  # create operations this process has sent at least once
         self._batched = 0  # inside batch(): journal now, apply when the batch ends
         self._flushing = threading.Lock()  # one flush at a time: the background writer's or the caller's
+        self._journal_file = threading.Lock()  # an append never lands in a journal file a compaction replaces
         self._wake: threading.Event | None = None  # set while a background writer applies the writes
         self._read_pending()
 
@@ -118,12 +125,13 @@ class TrackingJournal:
 
     # ---- journaling ----------------------------------------------------------------------------
     def _append(self, op: dict[str, Any]) -> None:
-        op["seq"] = self._next_seq
-        self._next_seq += 1
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.journal_path, "a") as fh:
-            fh.write(json.dumps(op, default=str) + "\n")
-        self.pending.append(op)
+        with self._journal_file:
+            op["seq"] = self._next_seq
+            self._next_seq += 1
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.journal_path, "a") as fh:
+                fh.write(json.dumps(op, default=str) + "\n")
+            self.pending.append(op)
         if not self._batched:
             self._kick()
 
@@ -208,9 +216,47 @@ class TrackingJournal:
         return self.state.runs.get(key)
 
     def flush(self, force: bool = False) -> int:
-        """Apply what is pending, in order; stop at the first failure. Returns how many remain."""
+        """Apply what is pending, in order; stop at the first failure. Returns how many remain. A forced
+        flush (a phase's end, `gtep sync`) then compacts the journal, as does one that finds it grown large."""
         with self._flushing:
-            return self._flush(force)
+            left = self._flush(force)
+            if force or (not left and self._journal_bytes() > COMPACT_AFTER_BYTES):
+                self._compact()
+            return left
+
+    def _journal_bytes(self) -> int:
+        try:
+            return self.journal_path.stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def _compact(self) -> None:
+        """Rewrite the journal to hold the pending writes alone (called under `_flushing`, so none is applied
+        meanwhile). state.json is saved first: a crash at any point leaves a state that marks every write
+        the journal no longer holds as applied, and a rename leaves the old journal or the new one, whole."""
+        with self._journal_file:
+            if not self.pending and self._journal_bytes() == 0:
+                return
+            self._save_state()
+            write_atomic(self.journal_path, "".join(json.dumps(op, default=str) + "\n" for op in self.pending))
+        self._drop_applied_snapshots()
+
+    def _drop_applied_snapshots(self) -> None:
+        """Artifact snapshots are named by the sequence number their write got (`files/000042/<name>`, or
+        `files/000042-<name>` from older journals); those of applied writes are in the store. A snapshot
+        numbered past `applied` belongs to a pending write or to one being journaled right now: it stays."""
+        files = self.dir / "files"
+        if not files.is_dir():
+            return
+        needed = {op["file"].split("/")[0] for op in self.pending if op["op"] == "artifact"}
+        for entry in files.iterdir():
+            number = entry.name.split("-")[0]
+            if entry.name in needed or not number.isdigit() or int(number) > self.state.applied:
+                continue
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
 
     def _flush(self, force: bool) -> int:
         if self.pending and not force and time.monotonic() - self._failed_at < RETRY_AFTER_SECONDS:

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -172,6 +173,86 @@ def test_a_silent_owner_elsewhere_is_taken_over_after_stale_after(tmp_path):
     assert source == TRAINED and calls == [1]
     assert time.monotonic() - tic >= 0.9, "a live claim is respected until its heartbeat is stale"
     assert store.state("k") == "ready"
+
+
+class RacingTrial(FirstTaskStore):
+    """A trial whose first look at the stale claim waits for the other trial's (both find the same stale
+    claim); `then_wait` holds this one back further, so it breaks the claim it examined only after the other
+    trial broke it and claimed the key afresh: the racy order, forced."""
+
+    def __init__(self, root: Path, both_saw_it: threading.Barrier, then_wait: threading.Event | None) -> None:
+        super().__init__(root, poll=0.05, stale_after=3600)
+        self.both_saw_it, self.then_wait = both_saw_it, then_wait
+        self.tokens: list[str] = []
+        self.breaks = 0
+        self.broke = threading.Event()
+
+    def _stale_claim(self, key):
+        stale = super()._stale_claim(key)
+        if stale is not None and not self.breaks:
+            self.both_saw_it.wait(10)
+            if self.then_wait is not None:
+                assert self.then_wait.wait(10)
+        return stale
+
+    def _claim(self, key):
+        token = super()._claim(key)
+        self.tokens += [token] if token else []
+        return token
+
+    def _break(self, key, stale):
+        super()._break(key, stale)
+        self.breaks += 1
+        self.broke.set()
+
+
+def test_two_trials_taking_over_the_same_stale_claim_train_it_once(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _write_lock(FirstTaskStore(tmp_path), "k", socket.gethostname(), dead.pid, age=0)
+    both_saw_it, first_claimed = threading.Barrier(2), threading.Event()
+    first = RacingTrial(tmp_path, both_saw_it, then_wait=None)
+    second = RacingTrial(tmp_path, both_saw_it, then_wait=first_claimed)
+    trainings, lock_while_training, sources, errors = [], [], {}, []
+
+    def train() -> TaskCheckpoint:
+        trainings.append(threading.current_thread().name)
+        first_claimed.set()
+        second.broke.wait(10)  # train on while the second trial breaks the claim it examined
+        lock_while_training.append((first._owner(first.lock_path("k")) or {}).get("token"))
+        return TaskCheckpoint("k", 1, nn.Linear(1, 1), {}, [[1.0]], [1], [0.1])
+
+    def trial(store: RacingTrial, name: str) -> None:
+        try:
+            sources[name] = store.obtain("k", train, torch.device("cpu"))[1]
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=trial, args=(s, n), name=n) for s, n in ((first, "first"), (second, "second"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors and not any(t.is_alive() for t in threads)
+    assert second.breaks == 1, "the second trial did break the stale claim it had examined, after the first"
+    assert trainings == ["first"] and sources == {"first": TRAINED, "second": REUSED}
+    assert lock_while_training == first.tokens, "the first trial's fresh claim was still in place after the break"
+    assert second.tokens == [], "the second trial never claimed the key"
+    assert not list(tmp_path.glob("*.lock")) and not list(tmp_path.glob(".k.*")), "no claim or aside file left"
+
+
+def test_a_release_leaves_a_claim_that_is_not_ours(tmp_path):
+    """Our claim went stale and was taken over: our late release must not remove the new owner's claim."""
+    ours, theirs = FirstTaskStore(tmp_path), FirstTaskStore(tmp_path)
+    tmp_path.mkdir(exist_ok=True)
+    our_token = ours._claim("k")
+    theirs._break("k", ours._owner(ours.lock_path("k")))
+    their_token = theirs._claim("k")
+    assert our_token and their_token and our_token != their_token
+    ours._release("k", our_token)
+    assert json.loads(ours.lock_path("k").read_text())["token"] == their_token
+    theirs._release("k", their_token)
+    assert not ours.lock_path("k").exists()
 
 
 def test_methods_that_train_task_one_with_the_set_do_not_fill_the_store(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ While Ray Tune runs a phase, MLflow writes are applied by a thread of their own 
 the journal; they must still reach the store in order, once, and survive a store that refuses them for a while.
 """
 import json
+import shutil
 import threading
 import time
 
@@ -15,8 +16,17 @@ from gtep.orchestration.journal import TrackingJournal
 from gtep.orchestration.study import Manifest
 
 
+@pytest.fixture(scope="module")
+def blank_store(tmp_path_factory):
+    """A migrated, empty sqlite store: creating one runs MLflow's migrations, seconds per test otherwise."""
+    path = tmp_path_factory.mktemp("blank") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def store(tmp_path):
+def store(tmp_path, blank_store):
+    shutil.copyfile(blank_store, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     return uri, client, client.create_experiment("journal", artifact_location=(tmp_path / "art").as_uri())
@@ -102,6 +112,104 @@ def test_a_store_that_refuses_writes_neither_blocks_nor_loses_them(store, tmp_pa
     assert journal.flush(force=True) == 0
     assert client.get_run(runs["0"].info.run_id).data.metrics["late"] == 1.0
     assert len(runs_by_ordering(client, experiment)) == 6, "no run was created twice"
+
+
+def journal_seqs(study) -> list[int]:
+    text = (study / "tracking" / "journal.jsonl").read_text()
+    return [json.loads(line)["seq"] for line in text.splitlines()]
+
+
+def snapshots(study) -> list[str]:
+    return sorted(p.name for p in (study / "tracking" / "files").iterdir())
+
+
+def test_a_phase_whose_writes_are_applied_leaves_an_empty_journal_and_a_resume_finds_its_runs(store, tmp_path):
+    uri, client, experiment = store
+    study = tmp_path / "study"
+    journal = TrackingJournal.open(study, uri, experiment)
+    with journal.in_background():
+        write_units(journal, 4)
+    assert len(journal_seqs(study)) == 1 + 4 * 4 + 1 and len(snapshots(study)) == 4, "applied, not compacted yet"
+    assert journal.flush(force=True) == 0  # the phase's end (finish_journal)
+    assert journal_seqs(study) == [] and snapshots(study) == []
+    ids = {key: journal.run_id(key) for key in ("phase", "phase/o0", "phase/o3")}
+
+    resumed = TrackingJournal.open(study, uri, experiment)  # a resume reads back state.json and the journal
+    assert resumed.pending == [] and {key: resumed.run_id(key) for key in ids} == ids
+    resumed.create_run("phase", "phase")  # what a resumed phase journals again: found, not created
+    resumed.reopen("phase")
+    resumed.create_run("phase/o3", "ordering3", parent="phase", tags={"gtep.ordering": "3"})
+    resumed.log("phase/o3", {"late": 1.0})
+    resumed.create_run("phase/o4", "ordering4", parent="phase", tags={"gtep.ordering": "4"})
+    assert resumed.flush(force=True) == 0 and journal_seqs(study) == []
+    assert json.loads((study / "tracking" / "state.json").read_text())["applied"] == 1 + 4 * 4 + 1 + 5
+    runs = runs_by_ordering(client, experiment)
+    assert len(client.search_runs([experiment], max_results=1000)) == 6, "no run was created twice"
+    assert runs["phase"].info.run_id == ids["phase"] and runs["3"].info.run_id == ids["phase/o3"]
+    assert runs["3"].data.metrics == {"acc": pytest.approx(0.3), "acc_t": pytest.approx(0.3), "late": 1.0}
+    assert [a.path for a in client.list_artifacts(ids["phase/o0"])] == ["accuracy.json"], "nothing was lost"
+
+
+def test_pending_writes_are_kept_through_a_compaction_and_applied_later(store, tmp_path):
+    uri, client, experiment = store
+    study = tmp_path / "study"
+    journal = TrackingJournal.open(study, uri, experiment)
+    journal.client.log_batch = lambda *args, **kwargs: (_ for _ in ()).throw(ConnectionError("store away"))
+    write_units(journal, 3)
+    assert journal.flush(force=True) == 1 + 3 * 4 + 1 - 2, "the phase's run and o0's were created, then o0's log failed"
+    assert journal_seqs(study) == [op["seq"] for op in journal.pending] == list(range(3, 3 * 4 + 3))
+    assert len(snapshots(study)) == 3, "the pending artifacts' snapshots stay"
+
+    synced = TrackingJournal.load(study)  # `gtep sync` once the store answers again
+    assert [op["seq"] for op in synced.pending] == journal_seqs(study)
+    assert synced.flush(force=True) == 0 and journal_seqs(study) == [] and snapshots(study) == []
+    runs = runs_by_ordering(client, experiment)
+    assert len(client.search_runs([experiment], max_results=1000)) == 4, "no run was created twice"
+    assert all(runs[str(u)].data.metrics["acc"] == pytest.approx(u / 10) for u in range(3))
+    assert all(r.info.status == "FINISHED" for r in runs.values())
+    assert [a.path for a in client.list_artifacts(runs["2"].info.run_id)] == ["accuracy.json"]
+
+
+def test_a_write_journaled_during_a_compaction_is_kept_on_disk(store, tmp_path, monkeypatch):
+    """The driver appends while the writer thread compacts: an append into the file being replaced would be
+    lost on disk (kept only in memory, gone with a killed driver)."""
+    uri, client, experiment = store
+    study = tmp_path / "study"
+    journal = TrackingJournal.open(study, uri, experiment)
+    journal.client.log_batch = lambda *args, **kwargs: (_ for _ in ()).throw(ConnectionError("store away"))
+    write_units(journal, 1)
+    late = threading.Thread(target=lambda: journal.log("phase/o0", {"late": 1.0}))
+    write_atomic = journal_module.write_atomic
+
+    def append_while_rewriting(path, text):
+        if path == journal.journal_path and not late.is_alive():
+            late.start()
+            time.sleep(0.3)  # the append runs now, unless the compaction holds the journal file
+        write_atomic(path, text)
+
+    monkeypatch.setattr(journal_module, "write_atomic", append_while_rewriting)
+    journal.flush(force=True)
+    late.join(10)
+    on_disk = TrackingJournal.load(study)  # what a resume after a kill would find
+    assert [op["seq"] for op in on_disk.pending] == [op["seq"] for op in journal.pending]
+    assert on_disk.pending[-1]["metrics"][0][:2] == ["late", 1.0]
+
+
+def test_a_long_phase_compacts_its_journal_as_it_goes(store, tmp_path, monkeypatch):
+    """Not only at the phase's end: a flush that applies everything compacts a journal grown past the bound."""
+    monkeypatch.setattr(journal_module, "COMPACT_AFTER_BYTES", 2000)
+    uri, client, experiment = store
+    study = tmp_path / "study"
+    journal = TrackingJournal.open(study, uri, experiment)
+    journal.create_run("phase", "phase")
+    sizes = []
+    for u in range(8):
+        with journal.batch():  # applied when the batch ends
+            journal.create_run(f"phase/o{u}", f"ordering{u}", parent="phase")
+            journal.log(f"phase/o{u}", {"acc": 0.5}, params={"pad": "p" * 500})
+        sizes.append(journal._journal_bytes())
+    assert max(sizes) <= 2000 and sizes.count(0) >= 2, sizes
+    assert len(client.search_runs([experiment], max_results=1000)) == 1 + 8
 
 
 def test_units_and_trial_keys_are_saved_at_most_every_few_seconds_and_at_the_end(tmp_path, monkeypatch):
