@@ -33,7 +33,7 @@ def flaky_config(tmp_path, **changes):
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
     doc = config(study="flaky", algorithm="flaky_replay", search={"trials": 4, "orderings": 2,
                                                                    "space": str(tmp_path / "space.yaml")},
-                 compute={"max_failures": 0}, training={"memory_size": 12, "epoch_scale": 0.1})
+                 compute={"max_failures": 0}, training={"memory_size": 12, "epoch_scale": 0.5})
     doc.update(changes)
     return doc
 
