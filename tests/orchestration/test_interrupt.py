@@ -22,6 +22,9 @@ from mlflow.tracking import MlflowClient
 from tests.cluster.support import count, events, finish, gtep, tiny_study, wait_for, write_config
 
 CONFIG = tiny_study("sigint", trials=2, orderings=2, epochs=20, training={"memory_size": 18, "epoch_scale": 0.3})
+# units of a few seconds: long enough for a Ctrl-C to land inside a phase, short enough for the default group
+SPACE = {"algorithm": "replay", "space": {"epochs": [20], "batch_size": [16], "lr": [0.05, 0.1],
+                                          "scheduler": ["cosine"]}}
 
 
 def stop_with_ctrl_c(process, times: int = 1) -> tuple[int, float]:
@@ -47,7 +50,8 @@ def manifest(study_dir):
 @pytest.fixture(scope="module")
 def studies(tmp_path_factory):
     root = tmp_path_factory.mktemp("sigint")
-    config = write_config(root, CONFIG)
+    (root / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    config = write_config(root, {**CONFIG, "search": {**CONFIG["search"], "space": str(root / "space.yaml")}})
     stopped, whole = root / "stopped", root / "whole"
     study_dir = stopped / "sigint"
     seen = {}
