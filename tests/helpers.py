@@ -89,9 +89,10 @@ def make_task(index: int, known: int, total: int, per_class: int = 12):
 
 
 def learn(learner, task, trainer) -> None:
+    """One task through the learner's three steps, as the engine drives them."""
     learner.begin_task(task)
     learner.learn_task(task, trainer.fit)
-    learner.end_task(task)
+    learner.end_task(task, trainer.fit)
 
 
 def snapshot(module):
