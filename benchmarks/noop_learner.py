@@ -32,18 +32,14 @@ class ChanceNet(nn.Module):
 
 
 @ALGORITHMS.register("noop")
-class NoOp(IncrementalLearner):
+class NoOp(IncrementalLearner[CommonParams]):
     """No training, no memory, uniform random scores: accuracy at chance level."""
 
-    Params = CommonParams
-    uses_memory = False
+    uses_memory = False  # so nothing happens after a task either
     fixed_first_task = False  # nothing to share: keeps the study's first-task store out of the measurement
 
     def build_network(self) -> nn.Module:
         return ChanceNet()
 
-    def learn_task(self, task: TaskData, fit) -> None:
-        pass
-
-    def end_task(self, task: TaskData) -> None:
+    def fit_task(self, task: TaskData, fit) -> None:
         pass

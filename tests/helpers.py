@@ -15,17 +15,23 @@ def load(dataset: str = SYNTHETIC) -> ImageSet:
     return resolve_dataset(dataset).load()
 
 
-def run_small(algorithm: str, hparams: dict[str, Any] | None = None, *, dataset: str = SYNTHETIC,
+def small_job(algorithm: str, hparams: dict[str, Any] | None = None, *, dataset: str = SYNTHETIC,
               increments: tuple[int, ...] = (4, 3, 3), memory_size: int = 40, epochs: int = 8,
-              backbone: str = "resnet8", seed: int = 0, ordering: int = 0, on_task_end=None,
-              checkpoint=None) -> OrderingOutcome:
-    """One ordering of a 3-task scenario; hparams override a quick common recipe."""
+              backbone: str = "resnet8", seed: int = 0, ordering: int = 0) -> tuple[OrderingJob, ImageSet]:
+    """The job and data of run_small, for tests that drive an OrderingRun themselves."""
     h = {"epochs": epochs, "lr": 0.05, "batch_size": 32, "scheduler": "cosine", "weight_decay": 5e-4}
     h.update(hparams or {})
     data = load(dataset)
     classes = tuple(range(data.num_classes)) if sum(increments) == data.num_classes else tuple(range(sum(increments)))
     job = OrderingJob(algorithm, h, backbone, tuple(increments), classes, seed=seed, ordering=ordering,
                       memory_size=memory_size, first_task=FirstTaskSpec(epochs=epochs, milestones=(epochs // 2,)))
+    return job, data
+
+
+def run_small(algorithm: str, hparams: dict[str, Any] | None = None, *, on_task_end=None, checkpoint=None,
+              **options: Any) -> OrderingOutcome:
+    """One ordering of a 3-task scenario; hparams override a quick common recipe (options: see small_job)."""
+    job, data = small_job(algorithm, hparams, **options)
     return run_ordering(job, data, on_task_end=on_task_end, checkpoint=checkpoint)
 
 
@@ -47,15 +53,23 @@ def pretrained_vit(epochs: int = 6) -> str:
     return str(out)
 
 
-def run_small_vit(algorithm: str, hparams: dict[str, Any] | None = None, *, epochs: int = 3,
-                  increments: tuple[int, ...] = (4, 3, 3), seed: int = 0, ordering: int = 0,
-                  on_task_end=None, checkpoint=None) -> OrderingOutcome:
-    """One ordering over classes 0-9 with the pretrained small ViT; hparams override a quick recipe."""
+def small_vit_job(algorithm: str, hparams: dict[str, Any] | None = None, *, epochs: int = 3,
+                  increments: tuple[int, ...] = (4, 3, 3), seed: int = 0,
+                  ordering: int = 0) -> tuple[OrderingJob, ImageSet]:
+    """The job and data of run_small_vit, for tests that drive an OrderingRun themselves."""
     h = {"epochs": epochs, "lr": 0.01, "batch_size": 16, "scheduler": "cosine", "optimizer": "sgd", "weight_decay": 0.0}
     h.update(hparams or {})
     job = OrderingJob(algorithm, h, VIT, tuple(increments), tuple(range(sum(increments))), seed=seed,
                       ordering=ordering, memory_size=0, weights=pretrained_vit(), device="cpu")
-    return run_ordering(job, load(VIT_DATASET), on_task_end=on_task_end, checkpoint=checkpoint)
+    return job, load(VIT_DATASET)
+
+
+def run_small_vit(algorithm: str, hparams: dict[str, Any] | None = None, *, on_task_end=None, checkpoint=None,
+                  **options: Any) -> OrderingOutcome:
+    """One ordering over classes 0-9 with the pretrained small ViT; hparams override a quick recipe (options:
+    see small_vit_job)."""
+    job, data = small_vit_job(algorithm, hparams, **options)
+    return run_ordering(job, data, on_task_end=on_task_end, checkpoint=checkpoint)
 
 
 # ---- learner-level tests: drive one learner task by task without the runner
@@ -75,9 +89,10 @@ def make_task(index: int, known: int, total: int, per_class: int = 12):
 
 
 def learn(learner, task, trainer) -> None:
+    """One task through the learner's three steps, as the engine drives them."""
     learner.begin_task(task)
     learner.learn_task(task, trainer.fit)
-    learner.end_task(task)
+    learner.end_task(task, trainer.fit)
 
 
 def snapshot(module):

@@ -34,14 +34,13 @@ class CountingNet(nn.Module):
 
 
 @ALGORITHMS.register("my_method")
-class MyMethod(IncrementalLearner):
-    Params = CommonParams
+class MyMethod(IncrementalLearner[CommonParams]):
     uses_memory = False
 
     def build_network(self):
         return CountingNet()
 
-    def learn_task(self, task, fit):
+    def fit_task(self, task, fit):
         pass
 '''
 

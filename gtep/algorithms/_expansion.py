@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gtep.algorithms.base import freeze
 from gtep.models import create_backbone
-from gtep.models.heads import LinearHead
 
 
 class BackboneStack(nn.Module):
@@ -39,8 +39,7 @@ class BackboneStack(nn.Module):
             new = new.to(next(self.backbones.parameters()).device)
             if init_from is not None:
                 new.load_state_dict(self.backbones[init_from].state_dict())
-            for p in self.backbones.parameters():
-                p.requires_grad_(False)
+            freeze(self.backbones)
         self.frozen = len(self.backbones)
         self.backbones.append(new)
         self.train(self.training)
@@ -62,23 +61,3 @@ class BackboneStack(nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and x.requires_grad):
             old = [b(x)["features"] for b in self.backbones[: self.frozen]]
         return torch.cat(old + [self.newest(x)], dim=1)
-
-
-def freeze(module: nn.Module) -> nn.Module:
-    for p in module.parameters():
-        p.requires_grad_(False)
-    return module
-
-
-def embed_head(head: LinearHead, in_dim: int, total: int) -> LinearHead:
-    """A fresh head over `in_dim` features and `total` classes whose top-left block is `head`'s weights and
-    bias (PyCIL's FOSTERNet.update_fc and copy_fc); the other rows and columns keep their initialisation."""
-    grown = LinearHead(in_dim, total).to(head.weight.device)
-    with torch.no_grad():
-        grown.weight[: head.out_dim, : head.in_dim] = head.weight
-        grown.bias[: head.out_dim] = head.bias
-    return grown
-
-
-def parameter_count(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

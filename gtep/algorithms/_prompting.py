@@ -13,11 +13,26 @@ Not auto-imported (leading underscore): it registers nothing.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TypeVar
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import FitFn, IncrementalLearner, TaskData
+from gtep.algorithms._pretrained import PretrainedLearner
+from gtep.algorithms.base import CommonParams, FitFn, TaskData, freeze
+
+
+@dataclass(frozen=True)
+class PromptParams(CommonParams):
+    """What both methods' Params have: the weight of the key-query pull loss."""
+
+    lamb: float = 0.1
+
+
+# L2PParams or DualPromptParams
+PP = TypeVar("PP", bound=PromptParams)
 
 
 def uniform_parameter(*shape: int) -> nn.Parameter:
@@ -69,22 +84,23 @@ class PromptNet(nn.Module):
 
     def __init__(self, backbone: nn.Module) -> None:
         super().__init__()
-        self.backbone = backbone
-        for p in backbone.parameters():
-            p.requires_grad_(False)
+        self.backbone = freeze(backbone)  # the learner's backbone is frozen already; a net built alone too
         self.head = GrowingHead(backbone.out_dim)
+
+    def expand(self, total: int) -> None:
+        self.head.expand(total)
 
     @torch.no_grad()
     def query(self, x: Tensor) -> Tensor:
         return self.backbone(x)["features"]
 
 
-class PromptLearner(IncrementalLearner):
-    """The task loop of both methods: grow the head, one fit of prompts, keys and head, masked CE + pull."""
+class PromptLearner(PretrainedLearner[PP]):
+    """The task loop of both methods: grow the head, one fit of prompts, keys and head, masked CE + pull.
 
-    uses_memory = False
-    fixed_first_task = False
-    uses_pretrained = True
+    No snapshot of the old network (distills stays False): neither method distils."""
+
+    net: PromptNet
     task_index: int | None = None  # the task being trained (DualPrompt uses it); None at test time
 
     def make_net(self, backbone: nn.Module) -> PromptNet:
@@ -93,16 +109,10 @@ class PromptLearner(IncrementalLearner):
     def build_network(self) -> nn.Module:
         return self.make_net(self.new_backbone())
 
-    def begin_task(self, task: TaskData) -> None:
-        # No frozen copy of the old network: neither method distils.
-        self.known, self.total = task.known, task.total
-        self.net.head.expand(task.total)
-        self.net.to(self.device)
-
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
         self.task_index = task.index
         try:
-            fit(self.net.parameters(), self.loss, task.x, task.y, task.recipe, modules=[self.net])
+            super().fit_task(task, fit)
         finally:
             self.task_index = None
 
@@ -110,6 +120,3 @@ class PromptLearner(IncrementalLearner):
         out = self.net(x, task=self.task_index)
         logits = mask_old_classes(out["logits"][:, : self.total], self.known)
         return F.cross_entropy(logits, y) + self.params.lamb * out["pull"]
-
-    def end_task(self, task: TaskData) -> None:
-        pass  # exemplar-free

@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
-from gtep.algorithms.simplecil import class_means
+from gtep.algorithms._pretrained import PretrainedLearner, class_means
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData, freeze, parameter_count
 from gtep.models.vit import Adapter
 
 
@@ -53,10 +53,6 @@ class CosineHead(nn.Module):
 
     def forward(self, features: Tensor) -> Tensor:
         return self.sigma * (F.normalize(features, dim=1) @ F.normalize(self.weight, dim=1).t())
-
-
-def count(modules: nn.Module) -> int:
-    return sum(p.numel() for p in modules.parameters())
 
 
 @dataclass(frozen=True)
@@ -92,45 +88,32 @@ class APERNet(nn.Module):
 
 
 @ALGORITHMS.register("aper_adapter")
-class APERAdapter(IncrementalLearner):
+class APERAdapter(PretrainedLearner[APERParams]):
     """APER / Adam-Adapter (Zhou et al. 2023): adapters tuned on task 1, prototypes of merged features."""
 
-    Params = APERParams
-    uses_memory = False
-    fixed_first_task = False
-    uses_pretrained = True
+    net: APERNet
 
     def build_network(self) -> nn.Module:
-        p: APERParams = self.params  # type: ignore[assignment]
-        net = APERNet(self.new_backbone(), p.ffn_num, p.adapter_dropout)
-        for param in net.backbone.parameters():
-            param.requires_grad_(False)
-        return net
+        return APERNet(self.new_backbone(), self.params.ffn_num, self.params.adapter_dropout)
 
-    def begin_task(self, task: TaskData) -> None:
-        # No snapshot of the old network: nothing is distilled, and later tasks do not train.
-        self.known, self.total = task.known, task.total
+    def grow(self, task: TaskData) -> None:
         self.net.expand(task.total)
         if task.index == 0:
             self.net.head = CosineHead(self.net.backbone.out_dim, task.total).to(self.device)
 
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
         if task.index == 0:
             fit(list(self.net.adapters.parameters()) + list(self.net.head.parameters()), self.loss,
                 task.x, task.y, task.recipe, modules=[self.net])
             self.net.head = None  # the first-task classifier is replaced by prototypes (PILOT does the same)
-            self.net.adapters.requires_grad_(False)
-        self.net.eval()
-        features = self.batched(self.features)(task.x)  # each image through both branches once
+            freeze(self.net.adapters)
+        features = self.encode(self.features, task.x)  # each image through both branches once
         self.net.prototypes[task.known:task.total] = class_means(features, task.y, task.new_classes)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         return F.cross_entropy(self.net.head(self.net.adapted(x)), y)
 
-    def end_task(self, task: TaskData) -> None:
-        pass  # exemplar-free: no memory to update
-
     def parameter_counts(self) -> tuple[int, int]:
         """Trainable = the adapters this run learnt (frozen after task 1, kept for inference); the
         pretrained ViT is frozen and the first-task head is discarded, so neither counts."""
-        return count(self.net), count(self.net.adapters)
+        return parameter_count(self.net), parameter_count(self.net.adapters)

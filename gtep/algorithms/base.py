@@ -1,23 +1,48 @@
 """The learner contract every class-incremental algorithm implements, and the parameters all share.
 
-A learner sees tasks one at a time, with labels already mapped to positions in the class ordering, so
-old classes are [0, known) and new ones [known, total). The engine drives it:
+A learner sees tasks one at a time, with labels already mapped to positions in the class ordering, so old
+classes are [0, known) and new ones [known, total). The engine drives every learner through the same three
+steps, written once here:
 
-    begin_task(task)                  grow the network, snapshot what distillation needs
-    learn_task(task, fit)             default: one fit() of loss() over the task data + memory
-    end_task(task)                    update the exemplar memory, align or calibrate, freeze
-    predict(x) -> scores              over every class seen so far
+    begin_task(task)        take the task's known/total classes; snapshot the old network (methods that
+                            distil); grow(task); put the network on the run's device
+    learn_task(task, fit)   fit_task(task, fit): the method's training stages
+    end_task(task, fit)     update the exemplar memory (methods that keep one); consolidate(task, fit)
+    predict(x) -> scores    after end_task, for the test images of every class seen so far
 
-`fit` is the engine's one training loop (optimiser, schedule, batches, augmentation, divergence check);
-an algorithm with extra stages (bias correction, class-balanced fine-tuning, compression) calls it again
-with its own parameters and loss, so no algorithm writes its own loop.
+A method overrides only what differs, through these hooks (each documented where it is defined, with what
+it must and what it may do; the defaults are plain training with rehearsal):
+
+    build_network()         the network before the first task
+    grow(task)              room for the task's new classes: head rows, a backbone, prompts
+    trainable_parameters()  what the default fit_task optimises
+    training_data(task)     what the default fit_task trains on: the task plus the memory
+    loss(x, y)              what the default fit_task minimises
+    fit_task(task, fit)     the training stages: by default one fit() of loss() over training_data()
+    consolidate(task, fit)  after the memory update: align, calibrate, fine-tune on the memory, freeze
+    predict(x)              scores over the classes seen so far
+    parameter_counts()      the (all, trainable) parameters the paper's figures count
+    herding_batch_size      the batch of the feature extraction behind the memory update
+
+The steps themselves are not hooks: a class that defines begin_task, learn_task, end_task or update_memory
+is a TypeError when it is created, so no method can forget the bookkeeping every task needs.
+
+`fit` is the engine's one training loop (optimiser, schedule, batches, augmentation, divergence check); an
+algorithm with extra stages (bias correction, class-balanced fine-tuning, compression) calls it again with
+its own parameters, data and loss, so no algorithm writes its own loop.
+
+What a learner is told about a task is TaskData and nothing else: the steps read only its index and
+known/total, and the hooks what they need of it. Other kinds of task (images with several labels, a stream
+to predict before its labels arrive, support sets one at a time) would come as other task data and hooks
+of their own, beside these steps, not as changes to them.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Iterable, Literal, Protocol
+from typing import (Any, Callable, ClassVar, Generic, Iterable, Literal, Protocol, Self, TypeVar, get_args,
+                    get_origin)
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +76,7 @@ class CommonParams:
         return [f.name for f in dataclasses.fields(cls) if f.name not in ("milestones",)]
 
     @classmethod
-    def from_mapping(cls, values: dict[str, Any]) -> "CommonParams":
+    def from_mapping(cls, values: dict[str, Any]) -> Self:
         """Build from a sampled set, rejecting names the algorithm does not have."""
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
@@ -106,11 +131,25 @@ class FitFn(Protocol):
                  modules: Iterable[nn.Module] = ()) -> None: ...
 
 
-class IncrementalLearner:
-    """Shared machinery: the network, the memory, distillation targets and the default task loop."""
+P = TypeVar("P", bound=CommonParams)
+M = TypeVar("M", bound=nn.Module)
+
+# The engine's steps: written once below, never overridden (see the module docstring).
+ENGINE_STEPS = ("begin_task", "learn_task", "end_task", "update_memory")
+
+
+class IncrementalLearner(Generic[P]):
+    """The engine's steps and shared machinery: the network, the memory, distillation, the default hooks.
+
+    A method subclasses `IncrementalLearner[ItsParams]`: `Params` (the dataclass the sampled values build)
+    is taken from that argument, and `self.params` is typed as ItsParams."""
 
     Params: ClassVar[type[CommonParams]] = CommonParams
-    uses_memory: ClassVar[bool] = True
+    params: P
+    uses_memory: ClassVar[bool] = True  # keep herded exemplars, updated after every task, replayed in training
+    # Keep a frozen copy of the network as it was before each task (self.old_net, None in the first task),
+    # for methods whose loss distils the old model.
+    distills: ClassVar[bool] = False
     # ResNet methods train task 1 with the paper's fixed recipe (Table 3); the pretrained-model methods of
     # section 4.2 (PILOT) train every task with the sampled hyperparameters.
     fixed_first_task: ClassVar[bool] = True
@@ -120,7 +159,21 @@ class IncrementalLearner:
     first_task_hparams: ClassVar[tuple[str, ...]] = ()
     uses_pretrained: ClassVar[bool] = False  # True for the ViT methods: they need --weights and a ViT backbone
 
-    def __init__(self, params: CommonParams, backbone: str, memory_size: int, device: torch.device,
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        overridden = [name for name in ENGINE_STEPS if name in vars(cls)]
+        if overridden:
+            raise TypeError(f"{cls.__name__} defines {overridden}: these steps keep the bookkeeping every task "
+                            "needs and are not overridden; change the hooks instead (grow, fit_task, "
+                            "consolidate...; see gtep/algorithms/base.py)")
+        params = _params_argument(cls)
+        if params is not None and vars(cls).get("Params", params) is not params:
+            raise TypeError(f"{cls.__name__} is typed by {params.__name__} but sets Params = "
+                            f"{vars(cls)['Params'].__name__}; give the Params class once, as the generic argument")
+        if params is not None:
+            cls.Params = params
+
+    def __init__(self, params: P, backbone: str, memory_size: int, device: torch.device,
                  weights: str | None = None) -> None:
         self.params = params
         self.backbone_name = backbone
@@ -132,55 +185,107 @@ class IncrementalLearner:
         self.known = 0
         self.total = 0
 
-    # ---- construction ------------------------------------------------------------------------
-    def new_backbone(self) -> nn.Module:
-        return create_backbone(self.backbone_name, self.weights)
-
-    def build_network(self) -> nn.Module:
-        return IncrementalNet(self.new_backbone())
-
-    # ---- the task lifecycle --------------------------------------------------------------------
+    # ---- the engine's steps, once per task, in this order --------------------------------------------
     def begin_task(self, task: TaskData) -> None:
+        """Take the task's classes, snapshot the old network if the method distils, grow, place on the device."""
         self.known, self.total = task.known, task.total
-        self.old_net = self.frozen_copy(self.net) if task.known > 0 else None
-        self.net.expand(task.total)
+        if self.distills:
+            self.old_net = self.frozen_copy(self.net) if task.known > 0 else None
+        self.grow(task)
         self.net.to(self.device)
 
+    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+        """The method's training stages on this task."""
+        self.fit_task(task, fit)
+
+    def end_task(self, task: TaskData, fit: FitFn) -> None:
+        """Update the exemplar memory with the trained network, then the method's after-training stages."""
+        if self.uses_memory:
+            self.update_memory(task)
+        self.consolidate(task, fit)
+
+    def update_memory(self, task: TaskData) -> None:
+        """Herd the new classes' exemplars on the network's features (in eval mode) and cut the old ones."""
+        was_training = self.net.training
+        self.net.eval()
+        features = self.batched(self.features, self.herding_batch_size)
+        self.memory.update(task.x, task.y, task.new_classes, task.total, features)
+        self.net.train(was_training)
+
+    # ---- hooks: construction -------------------------------------------------------------------------
+    def build_network(self) -> nn.Module:
+        """The network before the first task, built once in __init__ under the run's seed and then moved to
+        the device. Must be a module whose forward returns a dict with "logits" (the default loss and
+        predict read them) and "features" (the memory herds on them), and which grow() can grow; a
+        method that replaces those readers may return what they need instead. May read self.params."""
+        return IncrementalNet(self.new_backbone())
+
+    def new_backbone(self) -> nn.Module:
+        """A freshly initialised (or pretrained, with --weights) backbone of the run's architecture."""
+        return create_backbone(self.backbone_name, self.weights)
+
+    # ---- hooks: the task ----------------------------------------------------------------------------
+    def grow(self, task: TaskData) -> None:
+        """Make room for the task's new classes. Called by begin_task after self.known/self.total are set
+        (and after self.old_net is snapshot), before the network is moved to the device. Must leave the
+        network able to score task.total classes. May add head rows, backbones, prompts or heads that only
+        train during this task, and set per-task state. Default: self.net.expand(task.total)."""
+        self.net.expand(task.total)
+
+    def trainable_parameters(self) -> Iterable[nn.Parameter]:
+        """What the default fit_task optimises (fit skips those with requires_grad False). Default: all."""
+        return self.net.parameters()
+
     def training_data(self, task: TaskData) -> tuple[Tensor, Tensor]:
-        """The task's images plus every exemplar in memory (rehearsal)."""
+        """What the default fit_task trains on: the task's images plus every exemplar in memory (rehearsal)."""
         mx, my = self.memory.tensors()
         if len(my) == 0:
             return task.x, task.y
         return torch.cat([task.x, mx]), torch.cat([task.y, my])
 
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
-        x, y = self.training_data(task)
-        fit(self.net.parameters(), self.loss, x, y, task.recipe, modules=[self.net])
-
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
-        """Cross-entropy over all seen classes; algorithms add their own terms."""
+        """The default fit_task's loss on one batch: cross-entropy over all seen classes. May add the
+        method's terms (distillation, auxiliary heads); must return a scalar."""
         return F.cross_entropy(self.net(x)["logits"], y)
 
-    def end_task(self, task: TaskData) -> None:
-        self.update_memory(task)
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
+        """The method's training stages on the task. Called once per task between begin_task and end_task;
+        the memory still holds the exemplars of earlier tasks only. Must train through `fit` (the engine's
+        loop: a non-finite loss there ends the ordering as diverged), with task.recipe for the main stage.
+        May call fit several times with other parameters, data, losses and recipes (stretched by
+        task.scaled_epochs), replace self.net, or train nothing (prototype methods). Default: one fit of
+        self.loss over self.training_data(task), optimising self.trainable_parameters()."""
+        x, y = self.training_data(task)
+        fit(self.trainable_parameters(), self.loss, x, y, task.recipe, modules=[self.net])
 
-    # ---- inference -----------------------------------------------------------------------------
+    def consolidate(self, task: TaskData, fit: FitFn) -> None:
+        """After-training stages. Called by end_task once the memory holds this task's exemplars (methods
+        with a memory). May align or calibrate the head, fine-tune on the memory through `fit`, build class
+        means, merge or freeze modules. Default: nothing."""
+
+    # ---- hooks: inference ---------------------------------------------------------------------------
     @torch.no_grad()
     def predict(self, x: Tensor) -> Tensor:
-        """Scores over the classes seen so far (argmax is the prediction)."""
+        """Scores (batch, classes seen so far) for test images: argmax is the prediction. Called after
+        end_task with the network in eval mode. Default: the network's logits over the seen classes."""
         return self.net(x)["logits"][:, : self.total]
 
     @torch.no_grad()
     def features(self, x: Tensor) -> Tensor:
         return self.net(x)["features"]
 
-    # ---- helpers algorithms share ----------------------------------------------------------------
-    def update_memory(self, task: TaskData) -> None:
-        was_training = self.net.training
-        self.net.eval()
-        self.memory.update(task.x, task.y, task.new_classes, task.total, self.batched(self.features))
-        self.net.train(was_training)
+    @property
+    def herding_batch_size(self) -> int:
+        """Images per forward pass when the memory update extracts features (eval mode, no gradient)."""
+        return 256
 
+    def parameter_counts(self) -> tuple[int, int]:
+        """(all parameters, trainable parameters) of the model used at inference (paper Figures 6 and 9).
+        Methods that discard or freeze parts, or keep learnt state outside parameters, count their own."""
+        params = list(self.net.parameters())
+        return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+    # ---- helpers methods share ----------------------------------------------------------------------
     def batched(self, fn: Callable[[Tensor], Tensor], batch: int = 256) -> Callable[[Tensor], Tensor]:
         return lambda x: torch.cat([fn(x[i : i + batch]) for i in range(0, len(x), batch)]) if len(x) else fn(x)
 
@@ -189,6 +294,8 @@ class IncrementalLearner:
 
         kd_weight = 0 selects the adaptive rule of BiC (Wu et al. 2019) and WA (Zhao et al. 2020):
         (1 - l) * CE + l * KD with l = old classes / seen classes; otherwise CE + kd_weight * KD."""
+        if not self.distills:
+            raise TypeError(f"{type(self).__name__} distils but does not set `distills = True`: no old network")
         logits = self.net(x)["logits"]
         ce = F.cross_entropy(logits, y)
         if self.old_net is None:
@@ -203,18 +310,30 @@ class IncrementalLearner:
 
     @staticmethod
     def frozen_copy(module: nn.Module) -> nn.Module:
-        clone = copy.deepcopy(module).eval()
-        for p in clone.parameters():
-            p.requires_grad_(False)
-        return clone
-
-    def parameter_counts(self) -> tuple[int, int]:
-        """(all parameters, trainable parameters) of the model used at inference (paper Figures 6 and 9)."""
-        params = list(self.net.parameters())
-        return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+        return freeze(copy.deepcopy(module).eval())
 
     def state_dict(self) -> dict[str, Any]:
         return {"net": self.net.state_dict(), "memory": self.memory.state_dict(), "known": self.known, "total": self.total}
+
+
+def _params_argument(cls: type) -> type[CommonParams] | None:
+    """The Params class given as `IncrementalLearner[...]` (or a generic subclass's) argument, if any."""
+    for base in vars(cls).get("__orig_bases__", ()):
+        origin, args = get_origin(base), get_args(base)
+        learner = isinstance(origin, type) and issubclass(origin, IncrementalLearner)
+        if learner and args and isinstance(args[0], type) and issubclass(args[0], CommonParams):
+            return args[0]
+    return None
+
+
+def freeze(module: M) -> M:
+    """Stop a module's parameters from training (its BatchNorm statistics are the caller's business)."""
+    module.requires_grad_(False)
+    return module
+
+
+def parameter_count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 def distillation_loss(logits: Tensor, old_logits: Tensor, temperature: float) -> Tensor:
@@ -225,4 +344,4 @@ def distillation_loss(logits: Tensor, old_logits: Tensor, temperature: float) ->
     return -(q * log_p).sum(dim=1).mean()
 
 
-ALGORITHMS: Registry[type[IncrementalLearner]] = Registry("algorithm")
+ALGORITHMS: Registry[type[IncrementalLearner[Any]]] = Registry("algorithm")

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms._expansion import BackboneStack, freeze
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
+from gtep.algorithms._expansion import BackboneStack
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, freeze
 from gtep.models.heads import LinearHead
 from gtep.protocol.sampling import steplr_milestones
 
@@ -118,10 +118,8 @@ class BeefNet(nn.Module):
 
 
 @ALGORITHMS.register("beef")
-class BEEF(IncrementalLearner):
-    Params = BEEFParams
+class BEEF(IncrementalLearner[BEEFParams]):
     first_task_hparams = ("energy_weight", "sgld_steps", "sgld_lr", "sgld_noise")  # the energy loss trains task 1 too
-    params: BEEFParams
     net: BeefNet
 
     def __init__(self, *args, **kwargs) -> None:
@@ -131,23 +129,21 @@ class BEEF(IncrementalLearner):
     def build_network(self) -> nn.Module:
         return BeefNet(self.backbone_name)
 
-    def begin_task(self, task: TaskData) -> None:
-        self.known, self.total = task.known, task.total
+    def grow(self, task: TaskData) -> None:
         sizes = torch.tensor(self.task_sizes, dtype=torch.long)
         class_task = torch.repeat_interleave(torch.arange(len(self.task_sizes)), sizes).to(self.device)
         self.net.expand(task.known, task.total, class_task)
-        self.net.to(self.device)
         self.task_sizes.append(task.total - task.known)
 
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
-        x, y = self.training_data(task)
-        fit(self.net.parameters(), self.loss, x, y, task.recipe, modules=[self.net])
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
+        super().fit_task(task, fit)  # expansion
         if task.known:
             self.fuse(task, fit)
 
-    def end_task(self, task: TaskData) -> None:
+    def consolidate(self, task: TaskData, fit: FitFn) -> None:
+        # After the memory update (PyCIL merges first): herding reads the backbones' features, which
+        # merging the heads leaves alone.
         self.net.merge()
-        self.update_memory(task)
 
     # ---- expansion -------------------------------------------------------------------------------
     def pseudo_targets(self, y: Tensor) -> Tensor:

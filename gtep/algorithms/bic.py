@@ -90,24 +90,25 @@ def holdout_mask(y: Tensor, per_class: int) -> Tensor:
 
 
 @ALGORITHMS.register("bic")
-class BiC(IncrementalLearner):
-    Params = BiCParams
-    params: BiCParams
+class BiC(IncrementalLearner[BiCParams]):
+    distills = True
     net: BiasCorrectedNet
 
     def build_network(self) -> nn.Module:
         return BiasCorrectedNet(self.new_backbone())
 
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
         x, y = self.training_data(task)
         if task.known == 0:  # nothing old to be biased against: plain training, the layer stays (1, 0)
-            fit(self.network_parameters(), self.loss, x, y, task.recipe, modules=[self.net])
+            fit(self.trainable_parameters(), self.loss, x, y, task.recipe, modules=[self.net])
             return
+        # Both stages here, before the memory update: the split holds out old exemplars of the memory
+        # the task was trained with.
         held_out = holdout_mask(y, self.validation_per_class(task))
-        fit(self.network_parameters(), self.loss, x[~held_out], y[~held_out], task.recipe, modules=[self.net])
+        fit(self.trainable_parameters(), self.loss, x[~held_out], y[~held_out], task.recipe, modules=[self.net])
         self.correct_bias(task, fit, x[held_out], y[held_out])
 
-    def network_parameters(self) -> list[nn.Parameter]:
+    def trainable_parameters(self) -> list[nn.Parameter]:
         """Stage 1 trains everything but the bias layers (PyCIL gives them lr 0), which stay as corrected."""
         bias = {id(p) for p in self.net.bias_layers.parameters()}
         return [p for p in self.net.parameters() if id(p) not in bias]

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import (ALGORITHMS, CommonParams, FitFn, IncrementalLearner, Optimizer, Scheduler,
-                                 TaskData)
+from gtep.algorithms._pretrained import PretrainedLearner
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, Optimizer, Scheduler, TaskData
 from gtep.models.heads import LinearHead
 from gtep.models.vit import Prefix
 
@@ -152,15 +152,10 @@ class CodaPromptNet(nn.Module):
 
 
 @ALGORITHMS.register("coda_prompt")
-class CodaPrompt(IncrementalLearner):
+class CodaPrompt(PretrainedLearner[CodaPromptParams]):
     """CODA-Prompt (Smith et al. 2023): attention-weighted sums of a task-partitioned component pool."""
 
-    Params = CodaPromptParams
-    params: CodaPromptParams
     net: CodaPromptNet
-    uses_memory = False
-    fixed_first_task = False
-    uses_pretrained = True
 
     def build_network(self) -> nn.Module:
         p = self.params
@@ -168,21 +163,16 @@ class CodaPrompt(IncrementalLearner):
             raise ValueError(f"prompt_length={p.prompt_length} must be even: half key, half value prefix")
         if p.pool_size < 1 or p.n_tasks < 1:
             raise ValueError(f"pool_size={p.pool_size} and n_tasks={p.n_tasks} must both be positive")
-        backbone = self.new_backbone()
-        for param in backbone.parameters():
-            param.requires_grad_(False)
-        return CodaPromptNet(backbone, tuple(p.prompt_layers), p.pool_size, p.prompt_length)
+        return CodaPromptNet(self.new_backbone(), tuple(p.prompt_layers), p.pool_size, p.prompt_length)
 
-    def begin_task(self, task: TaskData) -> None:
-        self.known, self.total = task.known, task.total
+    def grow(self, task: TaskData) -> None:
         self.net.expand(task.total)
         # PILOT's int(pool / n_tasks); at least one, or a task would have nothing to train.
         self.net.start_block(max(1, self.params.pool_size // self.params.n_tasks))
-        self.net.to(self.device)
 
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
-        trainable = [self.net.p, self.net.k, self.net.a, *self.net.head.parameters()]
-        fit(trainable, self.loss, task.x, task.y, task.recipe, modules=[self.net])
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        # The current block and the head; finished blocks are buffers, the ViT is frozen.
+        return [self.net.p, self.net.k, self.net.a, *self.net.head.parameters()]
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         logits = self.net(x)["logits"][:, : self.total]
@@ -197,7 +187,7 @@ class CodaPrompt(IncrementalLearner):
         p, k, a = self.net.components()
         return ortho_penalty(k) + ortho_penalty(a) + ortho_penalty(p.flatten(2))
 
-    def end_task(self, task: TaskData) -> None:
+    def consolidate(self, task: TaskData, fit: FitFn) -> None:
         self.net.end_block()
 
     def parameter_counts(self) -> tuple[int, int]:

@@ -15,13 +15,14 @@ The network here is general enough for MEMO (memo.py): extractors may sit on a s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, IncrementalLearner, TaskData
-from gtep.models.heads import LinearHead
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, freeze
+from gtep.models.heads import LinearHead, align_weights, embed_head
 
 
 @dataclass(frozen=True)
@@ -39,25 +40,6 @@ class FlatFeatures(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.backbone(x)["features"]
-
-
-def grow_head(head: LinearHead, in_dim: int, total: int) -> LinearHead:
-    """A head over `in_dim` features and `total` classes whose top-left block is the old head (PyCIL's
-    DERNet.update_fc); the new extractor's columns and the new classes' rows start freshly initialised."""
-    grown = LinearHead(in_dim, total).to(head.weight.device)
-    with torch.no_grad():
-        grown.weight[: head.out_dim, : head.in_dim] = head.weight
-        grown.bias[: head.out_dim] = head.bias
-    return grown
-
-
-@torch.no_grad()
-def align_new_weights(head: LinearHead, known: int) -> None:
-    """Weight aligning (Zhao et al. 2020) as PyCIL's weight_align: scale the new classes' weight vectors
-    (not their biases) so their mean norm equals the old classes' mean norm."""
-    norms = head.weight.norm(dim=1)
-    gamma = norms[:known].mean() / norms[known:].mean()
-    head.weight[known:] *= gamma
 
 
 def auxiliary_targets(y: Tensor, known: int) -> Tensor:
@@ -90,16 +72,15 @@ class ExpandableNet(nn.Module):
         """Freeze every extractor so far, add `extractor` initialised from the newest one, grow the heads."""
         extractor = extractor.to(self.head.weight.device)
         if len(self.extractors):
-            for p in self.extractors.parameters():
-                p.requires_grad_(False)
+            freeze(self.extractors)
             extractor.load_state_dict(self.extractors[-1].state_dict())
         self.extractors.append(extractor)
         self.out_dim = extractor.out_dim
         if self.trunk_frozen:
-            for p in self.trunk.parameters():
-                p.requires_grad_(False)
+            freeze(self.trunk)
         known = self.head.out_dim
-        self.head = grow_head(self.head, self.feature_dim, total)
+        # the new extractor's columns and the new classes' rows start freshly initialised
+        self.head = embed_head(self.head, self.feature_dim, total)
         self.aux_head = LinearHead(self.out_dim, total - known + 1).to(self.head.weight.device)
         self.train(self.training)
 
@@ -123,10 +104,14 @@ class ExpandableNet(nn.Module):
         }
 
 
+# DER's params or an extension's (MEMO's)
+D = TypeVar("D", bound=DERParams)
+
+
 @ALGORITHMS.register("der")
-class DER(IncrementalLearner):
+class DER(IncrementalLearner[D]):
     Params = DERParams
-    params: DERParams
+    # No snapshot of the old model (distills stays False): the frozen extractors are DER's memory of it.
 
     def build_network(self) -> nn.Module:
         return ExpandableNet(nn.Identity())
@@ -134,11 +119,8 @@ class DER(IncrementalLearner):
     def new_extractor(self) -> nn.Module:
         return FlatFeatures(self.new_backbone())
 
-    def begin_task(self, task: TaskData) -> None:
-        # No snapshot of the old model: DER has no distillation, the frozen extractors are the memory.
-        self.known, self.total = task.known, task.total
+    def grow(self, task: TaskData) -> None:
         self.net.grow(self.new_extractor(), task.total)
-        self.net.to(self.device)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         out = self.net(x)
@@ -148,7 +130,7 @@ class DER(IncrementalLearner):
             loss = loss + self.params.lambda_aux * aux
         return loss
 
-    def end_task(self, task: TaskData) -> None:
+    def consolidate(self, task: TaskData, fit: FitFn) -> None:
+        # PyCIL aligns before herding; herding reads features only, which aligning the head leaves alone.
         if task.known > 0:
-            align_new_weights(self.net.head, task.known)
-        self.update_memory(task)
+            align_weights(self.net.head, task.known)

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from gtep.algorithms._prompting import PromptLearner, PromptNet, key_similarity, pull_loss, uniform_parameter
-from gtep.algorithms.base import ALGORITHMS, CommonParams, Optimizer, Scheduler, TaskData
+from gtep.algorithms._prompting import (PromptLearner, PromptNet, PromptParams, key_similarity, pull_loss,
+                                        uniform_parameter)
+from gtep.algorithms.base import ALGORITHMS, Optimizer, Scheduler, TaskData
 from gtep.models.vit import Prefix
 
 
 @dataclass(frozen=True)
-class DualPromptParams(CommonParams):
+class DualPromptParams(PromptParams):
     # Defaults: PILOT's dualprompt.json (GTEP paper appendix A.2); milestone_num only matters for steplr.
     epochs: int = 10
     lr: float = 0.001
@@ -44,7 +45,7 @@ class DualPromptParams(CommonParams):
     g_prompt_length: int = 5  # L_g
     e_prompt_length: int = 5  # L_e
     top_k: int = 1  # E-prompts per image (and per task while training)
-    lamb: float = 0.1  # weight of the key-query pull loss
+    lamb: float = 0.1  # weight of the key-query pull loss (declared by PromptParams, restated here)
     g_prompt_layers: tuple[int, ...] = (0, 1)
     e_prompt_layers: tuple[int, ...] = (2, 3, 4)
 
@@ -100,16 +101,16 @@ class DualPromptNet(PromptNet):
 
 
 @ALGORITHMS.register("dualprompt")
-class DualPrompt(PromptLearner):
+class DualPrompt(PromptLearner[DualPromptParams]):
     """DualPrompt (Wang et al. 2022): shared G-prompt, key-matched task E-prompts, prefixes in a frozen ViT."""
 
-    Params = DualPromptParams
+    net: DualPromptNet
 
     def make_net(self, backbone: nn.Module) -> DualPromptNet:
         return DualPromptNet(backbone, self.params)
 
-    def begin_task(self, task: TaskData) -> None:
-        super().begin_task(task)
+    def grow(self, task: TaskData) -> None:
+        super().grow(task)
         if task.index == 0:
             return
         current, previous = self.net.task_prompts(task.index), self.net.task_prompts(task.index - 1)

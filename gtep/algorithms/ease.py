@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.aper import CosineHead, adapter_set, count
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
-from gtep.algorithms.simplecil import class_means
+from gtep.algorithms._pretrained import PretrainedLearner, class_means
+from gtep.algorithms.aper import CosineHead, adapter_set
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData, freeze, parameter_count
 
 
 @dataclass(frozen=True)
@@ -91,52 +91,38 @@ def complement_prototypes(prototypes: Tensor, class_task: Tensor, recalc: bool =
 
 
 @ALGORITHMS.register("ease")
-class EASE(IncrementalLearner):
+class EASE(PretrainedLearner[EASEParams]):
     """EASE (Zhou et al. 2024): a new adapter subspace per task, prototype complement, reweighted ensemble."""
 
-    Params = EASEParams
-    uses_memory = False
-    fixed_first_task = False
-    uses_pretrained = True
+    net: EASENet
 
     def build_network(self) -> nn.Module:
-        net = EASENet(self.new_backbone(), self.params.alpha)  # type: ignore[attr-defined]
-        for param in net.backbone.parameters():
-            param.requires_grad_(False)
-        return net
+        return EASENet(self.new_backbone(), self.params.alpha)
 
-    def begin_task(self, task: TaskData) -> None:
-        p: EASEParams = self.params  # type: ignore[assignment]
-        self.known, self.total = task.known, task.total
+    def grow(self, task: TaskData) -> None:
         dim = self.net.backbone.out_dim
-        adapters = adapter_set(self.net.backbone, p.ffn_num, p.adapter_dropout)  # fresh, as PILOT's
+        adapters = adapter_set(self.net.backbone, self.params.ffn_num, self.params.adapter_dropout)  # fresh, as PILOT's
         self.net.subspaces.append(adapters.to(self.device))
         self.net.head = CosineHead(dim, task.total - task.known).to(self.device)
         self.net.expand(task.total, task.index)
 
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
         current = self.net.subspaces[-1]
         fit(list(current.parameters()) + list(self.net.head.parameters()), self.loss, task.x, task.y,
             task.recipe, modules=[self.net])
         self.net.head = None  # the task head only shapes the subspace; classification uses prototypes
-        current.requires_grad_(False)
-        self.net.eval()
+        freeze(current)
         new = slice(task.known, task.total)
-        with torch.no_grad():
-            for k in range(len(self.net.subspaces)):  # each image once per subspace
-                features = self.batched(lambda x, k=k: self.net.encode(x, k))(task.x)
-                self.net.prototypes[new, k] = class_means(features, task.y, task.new_classes)
-        recalc = self.params.recalc_sim  # type: ignore[attr-defined]
-        complement_prototypes(self.net.prototypes, self.net.class_task, recalc)
+        for k in range(len(self.net.subspaces)):  # each image once per subspace
+            features = self.encode(lambda x, k=k: self.net.encode(x, k), task.x)
+            self.net.prototypes[new, k] = class_means(features, task.y, task.new_classes)
+        complement_prototypes(self.net.prototypes, self.net.class_task, self.params.recalc_sim)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         # The head covers only this task's classes, so labels shift to start at 0 (PILOT's aux_targets).
         return F.cross_entropy(self.net.head(self.net.encode(x, len(self.net.subspaces) - 1)), y - self.known)
 
-    def end_task(self, task: TaskData) -> None:
-        pass  # exemplar-free: no memory to update
-
     def parameter_counts(self) -> tuple[int, int]:
         """Trainable = every task's adapters (each learnt on its task, frozen after, all used at inference);
         the pretrained ViT is frozen and the task heads are discarded."""
-        return count(self.net), count(self.net.subspaces)
+        return parameter_count(self.net), parameter_count(self.net.subspaces)

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms._expansion import BackboneStack, embed_head, freeze
+from gtep.algorithms._expansion import BackboneStack
 from gtep.algorithms.base import (ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData,
-                                  distillation_loss)
-from gtep.models.heads import LinearHead
+                                  distillation_loss, freeze)
+from gtep.models.heads import LinearHead, embed_head
 from gtep.protocol.sampling import steplr_milestones
 
 
@@ -93,42 +93,40 @@ def balanced_kd(logits: Tensor, teacher_logits: Tensor, weights: Tensor, tempera
 
 
 @ALGORITHMS.register("foster")
-class FOSTER(IncrementalLearner):
-    Params = FOSTERParams
-    params: FOSTERParams
+class FOSTER(IncrementalLearner[FOSTERParams]):
+    # No snapshot of the old model (distills stays False): the boosted net's frozen backbone and head are it.
     net: FosterNet
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.weights: Tensor | None = None
+        # (not `weights`: that is the learner's pretrained-weights file, which this would shadow)
+        self.class_weights: Tensor | None = None
 
     def build_network(self) -> nn.Module:
         return FosterNet(self.backbone_name)
 
-    def begin_task(self, task: TaskData) -> None:
-        # No deep copy of the old model: the boosted net's frozen backbone and head are the old model.
-        self.known, self.total = task.known, task.total
+    def grow(self, task: TaskData) -> None:
         if task.known == 0:
             self.net.expand(task.total)
         else:
             self.net.boost(task.total)
-        self.net.to(self.device)
 
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
+        # Boosting and compression both here: the memory is rebuilt with the compressed student.
         x, y = self.training_data(task)
         if task.known == 0:  # PyCIL's _init_train: plain cross-entropy on one backbone
             fit(self.net.parameters(), self.loss, x, y, task.recipe, modules=[self.net])
             return
-        self.weights = class_balance_weights(y, task.total, self.params.beta1).to(self.device)
+        self.class_weights = class_balance_weights(y, task.total, self.params.beta1).to(self.device)
         fit(self.net.parameters(), self.boosting_loss, x, y, task.recipe, modules=[self.net])
-        self.weights = class_balance_weights(y, task.total, self.params.beta2).to(self.device)
+        self.class_weights = class_balance_weights(y, task.total, self.params.beta2).to(self.device)
         self.net = self.compress(task, fit, x, y)
 
     def boosting_loss(self, x: Tensor, y: Tensor) -> Tensor:
         out = self.net(x)
         logits = out["logits"]
         # Logit adjustment: dividing by the class weights lowers the frequent (new) classes' margins.
-        clf = F.cross_entropy(logits / self.weights, y)
+        clf = F.cross_entropy(logits / self.class_weights, y)
         fe = F.cross_entropy(out["fe_logits"], y)
         kd = distillation_loss(logits[:, : self.known], out["old_logits"].detach(), self.params.T)
         return clf + self.params.lambda_fe * fe + self.params.lambda_kd * kd
@@ -143,7 +141,7 @@ class FOSTER(IncrementalLearner):
         def loss(xb: Tensor, yb: Tensor) -> Tensor:
             with torch.no_grad():
                 target = teacher(xb)["logits"]
-            return balanced_kd(student(xb)["logits"], target, self.weights, self.params.T)
+            return balanced_kd(student(xb)["logits"], target, self.class_weights, self.params.T)
 
         epochs = task.scaled_epochs(self.params.compression_epochs)
         # As the reference code: the sampled lr and schedule (milestones by the paper's rule on the

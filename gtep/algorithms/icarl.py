@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, IncrementalLearner, TaskData, distillation_loss
+from gtep.algorithms.base import (ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData,
+                                  distillation_loss)
 
 
 @dataclass(frozen=True)
@@ -19,9 +20,8 @@ class ICaRLParams(CommonParams):
 
 
 @ALGORITHMS.register("icarl")
-class ICaRL(IncrementalLearner):
-    Params = ICaRLParams
-    params: ICaRLParams
+class ICaRL(IncrementalLearner[ICaRLParams]):
+    distills = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -37,8 +37,8 @@ class ICaRL(IncrementalLearner):
             loss = loss + self.params.lambda_aux * kd
         return loss
 
-    def end_task(self, task: TaskData) -> None:
-        self.update_memory(task)
+    def consolidate(self, task: TaskData, fit: FitFn) -> None:
+        """The nearest-mean classifier's prototypes, from the memory just updated."""
         self.net.eval()
         means = self.memory.class_means(self.batched(self.features))
         self.class_means = torch.stack([means[c] for c in range(task.total)]) if len(means) == task.total else None

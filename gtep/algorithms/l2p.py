@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from gtep.algorithms._prompting import PromptLearner, PromptNet, key_similarity, pull_loss, uniform_parameter
-from gtep.algorithms.base import ALGORITHMS, CommonParams, Optimizer, Scheduler
+from gtep.algorithms._prompting import (PromptLearner, PromptNet, PromptParams, key_similarity, pull_loss,
+                                        uniform_parameter)
+from gtep.algorithms.base import ALGORITHMS, Optimizer, Scheduler
 
 
 @dataclass(frozen=True)
-class L2PParams(CommonParams):
+class L2PParams(PromptParams):
     # Defaults: PILOT's l2p.json (GTEP paper appendix A.2); milestone_num only matters for steplr.
     epochs: int = 10
     lr: float = 0.001875
@@ -35,7 +36,7 @@ class L2PParams(CommonParams):
     pool_size: int = 10  # M, prompts in the pool
     prompt_length: int = 5  # L_p, tokens per prompt
     top_k: int = 5  # prompts chosen per image (N in the paper)
-    lamb: float = 0.1  # weight of the key-query pull loss
+    lamb: float = 0.1  # weight of the key-query pull loss (declared by PromptParams, restated here)
 
 
 class L2PNet(PromptNet):
@@ -66,10 +67,8 @@ class L2PNet(PromptNet):
 
 
 @ALGORITHMS.register("l2p")
-class L2P(PromptLearner):
+class L2P(PromptLearner[L2PParams]):
     """L2P (Wang et al. 2022): a key-matched prompt pool on a frozen ViT, trained with a pull constraint."""
-
-    Params = L2PParams
 
     def make_net(self, backbone: nn.Module) -> L2PNet:
         p = self.params

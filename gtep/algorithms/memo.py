@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, TaskData
+from gtep.algorithms.base import ALGORITHMS
 from gtep.algorithms.der import DER, DERParams, ExpandableNet
 
 
@@ -56,11 +56,9 @@ def split_backbone(backbone: nn.Module) -> tuple[nn.Module, SpecializedBlock]:
 
 
 @ALGORITHMS.register("memo")
-class MEMO(DER):
-    Params = MEMOParams
+class MEMO(DER[MEMOParams]):
     # the trunk's training shapes task 1; the herding batch does not (eval-mode features are per image)
     first_task_hparams = ("train_base",)
-    params: MEMOParams
 
     def __init__(self, *args, **kwargs) -> None:
         self._first_block: SpecializedBlock | None = None
@@ -77,9 +75,6 @@ class MEMO(DER):
         # Later blocks are overwritten by the previous block's weights in ExpandableNet.grow.
         return split_backbone(self.new_backbone())[1]
 
-    def update_memory(self, task: TaskData) -> None:
-        was_training = self.net.training
-        self.net.eval()
-        features = self.batched(self.features, batch=self.params.exemplar_batch_size)
-        self.memory.update(task.x, task.y, task.new_classes, task.total, features)
-        self.net.train(was_training)
+    @property
+    def herding_batch_size(self) -> int:
+        return self.params.exemplar_batch_size

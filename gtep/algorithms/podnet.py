@@ -126,10 +126,9 @@ def pod_flat_loss(features: Tensor, old_features: Tensor) -> Tensor:
 
 
 @ALGORITHMS.register("podnet")
-class PODNet(IncrementalLearner):
-    Params = PODNetParams
+class PODNet(IncrementalLearner[PODNetParams]):
     first_task_hparams = ("nb_proxy", "nca_margin", "nca_scale")  # proxies shape the head; NCA trains task 1
-    params: PODNetParams
+    distills = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -138,25 +137,21 @@ class PODNet(IncrementalLearner):
     def build_network(self) -> nn.Module:
         return PODNetNet(self.new_backbone(), self.params.nb_proxy)
 
-    def begin_task(self, task: TaskData) -> None:
-        super().begin_task(task)
+    def grow(self, task: TaskData) -> None:
+        super().grow(task)
         # Fewer new classes relative to all seen ones -> stronger distillation (PyCIL, after UCIR).
         ratio = task.total / max(task.total - task.known, 1)
         self.factor = math.sqrt(ratio) if self.params.adaptive_factor else 1.0
 
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
-        x, y = self.training_data(task)
-        head = self.net.head
+    def trainable_parameters(self) -> list[nn.Parameter]:
         # Old classes' proxies are not optimised while the new task trains (PyCIL: lr 0 on fc1).
-        params = [*self.net.backbone.parameters(), head.eta, head.blocks[-1]]
-        fit(params, self.loss, x, y, task.recipe, modules=[self.net])
-        # The memory is rebuilt here rather than in end_task: the balanced fine-tuning trains on it.
-        self.update_memory(task)
+        head = self.net.head
+        return [*self.net.backbone.parameters(), head.eta, head.blocks[-1]]
+
+    def consolidate(self, task: TaskData, fit: FitFn) -> None:
+        # After the memory update: the balanced fine-tuning trains on the memory just rebuilt.
         if task.known > 0:
             self.finetune_classifier(task, fit)
-
-    def end_task(self, task: TaskData) -> None:
-        """Nothing left: learn_task already rebuilt the memory before fine-tuning on it."""
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         out = self.net(x)

@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
+from gtep.algorithms._pretrained import PretrainedLearner
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData
 from gtep.models.vit import Adapter
 
 
@@ -77,6 +78,11 @@ class RanPACNet(nn.Module):
         width = params.M if params.M > 0 else dim
         self.register_buffer("w_out", torch.zeros(width, 0))
 
+    def expand(self, total: int) -> None:
+        """The first session's cosine head grows; the ridge head's columns come with its solution."""
+        if self.head is not None:
+            self.head.expand(total)
+
     def petl_parameters(self) -> list[nn.Parameter]:
         return list(self.adapters.parameters()) if self.adapters is not None else [self.prompts]
 
@@ -123,13 +129,10 @@ def select_ridge(h: Tensor, y: Tensor, candidates: tuple[float, ...], holdout: f
 
 
 @ALGORITHMS.register("ranpac")
-class RanPAC(IncrementalLearner):
+class RanPAC(PretrainedLearner[RanPACParams]):
     """RanPAC (McDonnell et al. 2023): first-session PETL, then a random-projection ridge head."""
 
-    Params = RanPACParams
-    uses_memory = False
-    fixed_first_task = False
-    uses_pretrained = True
+    net: RanPACNet
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -139,17 +142,9 @@ class RanPAC(IncrementalLearner):
         self.ridge: float | None = None  # the lambda chosen on the latest task
 
     def build_network(self) -> nn.Module:
-        net = RanPACNet(self.new_backbone(), self.params)
-        for p in net.backbone.parameters():
-            p.requires_grad_(False)
-        return net
+        return RanPACNet(self.new_backbone(), self.params)
 
-    def begin_task(self, task: TaskData) -> None:
-        self.known, self.total = task.known, task.total
-        if self.net.head is not None:
-            self.net.head.expand(task.total)
-
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
         if self.net.head is not None:  # first session: the only training RanPAC does
             petl = self.net.petl_parameters()
             head = list(self.net.head.parameters())
@@ -161,9 +156,8 @@ class RanPAC(IncrementalLearner):
 
     @torch.no_grad()
     def update_ridge_head(self, task: TaskData) -> None:
-        self.net.eval()
         # Each image is encoded once, without augmentation (PILOT's test-mode loader).
-        h = self.batched(lambda x: self.net.project(self.net.embed(x)), self.params.batch_size)(task.x)
+        h = self.encode(lambda x: self.net.project(self.net.embed(x)), task.x, self.params.batch_size)
         y = F.one_hot(task.y, task.total).to(h.dtype)
         new_columns = self.targets.new_zeros(len(self.gram), task.total - self.targets.shape[1])
         self.targets = torch.cat([self.targets, new_columns], dim=1)

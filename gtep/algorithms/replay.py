@@ -5,15 +5,12 @@ from gtep.algorithms.base import ALGORITHMS, CommonParams, IncrementalLearner
 
 
 @ALGORITHMS.register("replay")
-class Replay(IncrementalLearner):
+class Replay(IncrementalLearner[CommonParams]):
     """Replay (the GTEP paper's naive baseline): cross-entropy on new data and herded exemplars, nothing else."""
-
-    Params = CommonParams
 
 
 @ALGORITHMS.register("finetune")
-class Finetune(IncrementalLearner):
+class Finetune(IncrementalLearner[CommonParams]):
     """Fine-tuning (no memory): the lower bound every method must beat on old classes."""
 
-    Params = CommonParams
     uses_memory = False

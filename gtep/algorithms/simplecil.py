@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
+from gtep.algorithms._pretrained import PretrainedLearner, class_means
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData
 
 
 class PrototypeNet(nn.Module):
@@ -31,29 +32,13 @@ class PrototypeNet(nn.Module):
         return out
 
 
-def class_means(features: Tensor, labels: Tensor, classes: list[int]) -> Tensor:
-    """Mean feature of each class, in the order given (one pass over the features, no per-sample loop)."""
-    index = torch.as_tensor(classes, device=labels.device)
-    onehot = (labels[:, None] == index[None, :]).float()
-    return (onehot.t() @ features) / onehot.sum(0).clamp(min=1)[:, None]
-
-
 @ALGORITHMS.register("simplecil")
-class SimpleCIL(IncrementalLearner):
+class SimpleCIL(PretrainedLearner[CommonParams]):
     """SimpleCIL (Zhou et al. 2023): frozen pretrained features and class-mean prototypes, no training."""
 
-    Params = CommonParams
-    uses_memory = False
-    fixed_first_task = False
-    uses_pretrained = True
-
     def build_network(self) -> nn.Module:
-        net = PrototypeNet(self.new_backbone())
-        for p in net.backbone.parameters():
-            p.requires_grad_(False)
-        return net
+        return PrototypeNet(self.new_backbone())
 
-    def learn_task(self, task: TaskData, fit: FitFn) -> None:
-        self.net.eval()
-        feats = self.batched(self.features, self.params.batch_size)(task.x)
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
+        feats = self.encode(self.features, task.x, self.params.batch_size)
         self.net.prototypes[task.known:task.total] = class_means(feats, task.y, task.new_classes)

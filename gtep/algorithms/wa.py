@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, IncrementalLearner, TaskData
-from gtep.models.heads import LinearHead
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
+from gtep.models.heads import align_weights
 
 
 @dataclass(frozen=True)
@@ -26,24 +25,14 @@ class WAParams(CommonParams):
     lambda_kd: float = 0.0  # weight of the distillation term; 0 selects the adaptive n_old / n_total
 
 
-@torch.no_grad()
-def align_weights(head: LinearHead, known: int) -> Tensor:
-    """Rescale rows [known, end) so their mean L2 norm equals that of rows [0, known); returns gamma."""
-    norms = head.weight.norm(dim=1)
-    gamma = norms[:known].mean() / norms[known:].mean()
-    head.weight[known:] *= gamma
-    return gamma
-
-
 @ALGORITHMS.register("wa")
-class WA(IncrementalLearner):
-    Params = WAParams
-    params: WAParams
+class WA(IncrementalLearner[WAParams]):
+    distills = True
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         return self.distilled_cross_entropy(x, y, self.params.T, self.params.lambda_kd)
 
-    def end_task(self, task: TaskData) -> None:
-        self.update_memory(task)  # herding uses features only, so the order with aligning does not matter
+    def consolidate(self, task: TaskData, fit: FitFn) -> None:
+        # After the memory update, which herds on features only, so aligning the head first or last is alike.
         if task.known > 0:  # the first task has no old classes to align to
             align_weights(self.net.head, task.known)

@@ -202,8 +202,19 @@ class OrderingRun:
     def train_task(self, task: TaskSpec) -> None:
         """Learn one task and append its accuracy row; a non-finite loss marks the run diverged."""
         tic = time.perf_counter()
+        try:
+            self.learn(self.task_data(task))
+        except DivergedError as err:
+            self.outcome.status, self.outcome.message = "diverged", f"task {task.index + 1}: {err}"
+            return
+        self.outcome.acc_matrix.append(self.test_row(task))
+        self.outcome.test_counts.append(int(np.isin(self.data.y_test, task.new_classes).sum()))
+        self.outcome.task_seconds.append(time.perf_counter() - tic)
+
+    def task_data(self, task: TaskSpec) -> TaskData:
+        """The task as the learner sees it: its training images on the device, labels as ordered positions."""
         train_mask = np.isin(self.data.y_train, task.new_classes)
-        task_data = TaskData(
+        return TaskData(
             index=task.index, known=len(task.old_classes), total=len(task.seen_classes),
             x=self.images.images("train", train_mask),
             y=torch.from_numpy(self.label_map[self.data.y_train[train_mask]]).to(self.device),
@@ -211,20 +222,21 @@ class OrderingRun:
                                self.algorithm.fixed_first_task),
             epoch_scale=self.job.epoch_scale,
         )
+
+    def learn(self, task: TaskData) -> None:
+        """The learner's three steps (gtep/algorithms/base.py); its bookkeeping is its own, not the engine's."""
         learner = self.learner
-        try:
-            learner.begin_task(task_data)
-            learner.learn_task(task_data, self.trainer.fit)
-            learner.end_task(task_data)
-        except DivergedError as err:
-            self.outcome.status, self.outcome.message = "diverged", f"task {task.index + 1}: {err}"
-            return
+        learner.begin_task(task)
+        learner.learn_task(task, self.trainer.fit)
+        learner.end_task(task, self.trainer.fit)
+
+    def test_row(self, task: TaskSpec) -> list[float]:
+        """Accuracy on each seen task's test images, NaN for the tasks still to come."""
         test_mask = np.isin(self.data.y_test, task.seen_classes)
         y_test = torch.from_numpy(self.label_map[self.data.y_test[test_mask]]).to(self.device)
-        row = evaluate(learner, self.images.images("test", test_mask), y_test, self.task_of_label, task.index + 1)
-        self.outcome.acc_matrix.append(row + [float("nan")] * (len(self.tasks) - len(row)))
-        self.outcome.test_counts.append(int(np.isin(self.data.y_test, task.new_classes).sum()))
-        self.outcome.task_seconds.append(time.perf_counter() - tic)
+        row = evaluate(self.learner, self.images.images("test", test_mask), y_test, self.task_of_label,
+                       task.index + 1)
+        return row + [float("nan")] * (len(self.tasks) - len(row))
 
     def snapshot(self, key: str) -> TaskCheckpoint:
         return TaskCheckpoint(key, self.tasks_done, self.learner, rng_state(self.trainer.generator),

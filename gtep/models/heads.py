@@ -55,3 +55,27 @@ class IncrementalNet(nn.Module):
         out = self.backbone(x)
         out["logits"] = self.head(out["features"])
         return out
+
+
+def embed_head(head: LinearHead, in_dim: int, total: int) -> LinearHead:
+    """A fresh head over `in_dim` features and `total` classes whose top-left block is `head`'s weights and
+    bias: how the expansion methods grow their classifier when a backbone adds feature columns and a task
+    adds class rows (PyCIL's DERNet.update_fc, FOSTERNet.update_fc and copy_fc). The other rows and columns
+    keep LinearHead's initialisation."""
+    grown = LinearHead(in_dim, total).to(head.weight.device)
+    with torch.no_grad():
+        grown.weight[: head.out_dim, : head.in_dim] = head.weight
+        grown.bias[: head.out_dim] = head.bias
+    return grown
+
+
+@torch.no_grad()
+def align_weights(head: LinearHead, known: int) -> Tensor:
+    """Weight aligning (Zhao et al., CVPR 2020, eq. 6-8; PyCIL's weight_align), used by WA and DER: rescale
+    the new classes' rows [known, end) so their mean L2 norm equals that of the old rows [0, known), which
+    removes the bias towards new classes that imbalanced training puts into the norms. Biases are left as
+    they are. Returns gamma = mean(||w_old||) / mean(||w_new||)."""
+    norms = head.weight.norm(dim=1)
+    gamma = norms[:known].mean() / norms[known:].mean()
+    head.weight[known:] *= gamma
+    return gamma

@@ -37,7 +37,7 @@ def run_tasks(algorithm: str, hparams: dict, increments=(4, 3, 3), per_class: in
         task = TaskData(index, known, known + n, x, y, recipe)
         learner.begin_task(task)
         learner.learn_task(task, trainer.fit)
-        learner.end_task(task)
+        learner.end_task(task, trainer.fit)
         yield task, learner
         known += n
 

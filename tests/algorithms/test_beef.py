@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
-from gtep.algorithms._expansion import parameter_count
+from gtep.algorithms.base import parameter_count
 from gtep.engine.loop import Trainer
 from gtep.models import create_backbone
 from gtep.spaces import load_space
@@ -45,7 +45,7 @@ def test_expansion_adds_a_frozen_backbone_and_fusion_folds_the_heads():
         trainer.fit(parameters, loss_fn, x, y, recipe, **kw)
 
     first = tiny_task(0, 0, 2)
-    learner.begin_task(first), learner.learn_task(first, fit), learner.end_task(first)
+    learner.begin_task(first), learner.learn_task(first, fit), learner.end_task(first, fit)
     second = tiny_task(1, 2, 4)
     learner.begin_task(second)
     net = learner.net
@@ -67,7 +67,7 @@ def test_expansion_adds_a_frozen_backbone_and_fusion_folds_the_heads():
     net.eval()
     with torch.no_grad():
         fused = net(second.x)["logits"]
-        learner.end_task(second)
+        learner.end_task(second, fit)
         merged = net(second.x)["logits"]
     assert torch.allclose(fused, merged, atol=1e-5)  # one linear head reproduces the bi-compatible logits
     assert net.new_head is None and net.old_head.weight.shape == (4, 2 * net.stack.out_dim)

@@ -36,7 +36,7 @@ def bic_run():
             super().__init__(*args, **kwargs)
             record.learner = self
 
-        def learn_task(self, task, fit):
+        def fit_task(self, task, fit):
             record.tasks.append((task.known, task.total, len(self.memory)))
 
             def spy_fit(parameters, loss_fn, x, y, recipe, **kwargs):
@@ -46,7 +46,7 @@ def bic_run():
                                                    augment=kwargs.get("augment", True)))
                 fit(parameters, loss_fn, x, y, recipe, **kwargs)
 
-            super().learn_task(task, spy_fit)
+            super().fit_task(task, spy_fit)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(runner, "ALGORITHMS", SimpleNamespace(get=lambda name: Spy))

@@ -34,7 +34,7 @@ def make_task(learner: CodaPrompt, index: int, classes: int = 2, per_class: int 
 def run_task(learner: CodaPrompt, task: TaskData, trainer: Trainer) -> None:
     learner.begin_task(task)
     learner.learn_task(task, trainer.fit)
-    learner.end_task(task)
+    learner.end_task(task, trainer.fit)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def three_tasks():
         learner.begin_task(task)
         new_blocks.append(tuple(t.detach().clone() for t in (learner.net.p, learner.net.k, learner.net.a)))
         learner.learn_task(task, trainer.fit)
-        learner.end_task(task)
+        learner.end_task(task, trainer.fit)
         net = learner.net
         snapshots.append((net.pool_p.clone(), net.pool_k.clone(), net.pool_a.clone()))
     return learner, backbone_before, snapshots, new_blocks

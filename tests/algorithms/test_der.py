@@ -62,7 +62,7 @@ def test_grows_one_frozen_backbone_per_task_and_aligns_weights():
     assert trainable1 == total1 - numel(net.extractors[0])
 
     learner.learn_task(task, trainer.fit)
-    learner.end_task(task)
+    learner.end_task(task, trainer.fit)
     after = net.extractors[0].state_dict()
     assert all(torch.equal(after[k], v) for k, v in first.items())  # weights and BN statistics untouched
     assert any(not torch.equal(v, first[k]) for k, v in net.extractors[1].state_dict().items())

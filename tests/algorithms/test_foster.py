@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
-from gtep.algorithms._expansion import parameter_count
+from gtep.algorithms.base import parameter_count
 from gtep.algorithms.foster import class_balance_weights
 from gtep.engine.loop import Trainer
 from gtep.models import create_backbone
@@ -42,7 +42,7 @@ def test_boosting_has_two_backbones_and_compression_leaves_one():
         trainer.fit(parameters, loss_fn, x, y, recipe, **kw)
 
     first = tiny_task(0, 0, 2)
-    learner.begin_task(first), learner.learn_task(first, fit), learner.end_task(first)
+    learner.begin_task(first), learner.learn_task(first, fit), learner.end_task(first, fit)
     second = tiny_task(1, 2, 4)
     learner.begin_task(second)
     teacher = learner.net

@@ -37,9 +37,10 @@ def train_task(learner, index: int, known: int, x, y, seed: int = 0) -> None:
     """One task through the learner's lifecycle with the engine's own training loop."""
     recipe = task_recipe(index, learner.params, FirstTaskSpec(), 1.0, learner.fixed_first_task)
     task = TaskData(index, known, int(y.max()) + 1, x, y, recipe)
+    fit = Trainer(CPU, seed).fit
     learner.begin_task(task)
-    learner.learn_task(task, Trainer(CPU, seed).fit)
-    learner.end_task(task)
+    learner.learn_task(task, fit)
+    learner.end_task(task, fit)
 
 
 def test_chosen_prompts_are_the_top_k_cosine_matches_and_feed_the_head():

@@ -59,7 +59,7 @@ def test_grows_one_frozen_specialized_block_per_task():
     assert total1 - total0 == numel(net.extractors[1]) + head_growth + aux_change  # a block, not a backbone
     assert trainable1 == total1 - numel(net.extractors[0])
     learner.learn_task(task, trainer.fit)
-    learner.end_task(task)
+    learner.end_task(task, trainer.fit)
     assert unchanged(net.extractors[0], block0)  # weights and BN statistics untouched
     assert not unchanged(net.extractors[1], block0) and not unchanged(net.trunk, trunk0)
     norms = net.head.weight.detach().norm(dim=1)

@@ -11,7 +11,7 @@ from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
 from gtep.algorithms.podnet import PODNet, PODNetParams, nca_loss, pod_flat_loss, pod_spatial_loss
 from gtep.engine.loop import Trainer
 from gtep.spaces import load_space
-from tests.helpers import run_small
+from tests.helpers import learn, run_small
 
 
 def make_learner(memory_size: int = 8, **hparams) -> PODNet:
@@ -109,8 +109,7 @@ def test_old_proxies_fixed_while_learning_then_balanced_finetuning_moves_only_th
     learner = make_learner(memory_size=8, nb_proxy=2, ft_epochs=2, ft_lr=0.05)
     trainer = Trainer(torch.device("cpu"), seed=0)
     first = make_task(0, 0, 2)
-    for step in (learner.begin_task, lambda t: learner.learn_task(t, trainer.fit), learner.end_task):
-        step(first)
+    learn(learner, first, trainer)
     task = make_task(1, 2, 4)
     learner.begin_task(task)
     old_block = learner.net.head.blocks[0].detach().clone()
@@ -126,6 +125,7 @@ def test_old_proxies_fixed_while_learning_then_balanced_finetuning_moves_only_th
 
     learner.finetune_classifier = spy
     learner.learn_task(task, trainer.fit)
+    learner.end_task(task, trainer.fit)  # the memory update, then the balanced fine-tuning on it
     assert torch.equal(seen["head"]["blocks.0"], old_block)  # old proxies untouched by the task's training
     assert not torch.equal(seen["backbone"]["stem.0.weight"], backbone0["stem.0.weight"])
     assert seen["counts"] == [2, 2, 2, 2]  # the fine-tuning set is class-balanced

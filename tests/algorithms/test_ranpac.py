@@ -36,12 +36,12 @@ def spied_run(hparams):
     log = {"before": [], "after": [], "tasks": []}
 
     class Spy(ALGORITHMS.get("ranpac")):
-        def begin_task(self, task):
+        def grow(self, task):  # the first hook of a task, before anything changes
             log["before"].append(clone(dict(self.net.named_parameters())))
-            super().begin_task(task)
+            super().grow(task)
 
-        def end_task(self, task):
-            super().end_task(task)
+        def consolidate(self, task, fit):  # the last hook of a task
+            super().consolidate(task, fit)
             net = self.net
             log["tasks"].append((task.x, task.y, task.total))
             log["after"].append({"petl": {i: p.detach().clone() for i, p in enumerate(net.petl_parameters())},

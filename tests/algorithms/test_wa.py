@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from gtep.algorithms import ALGORITHMS
-from gtep.algorithms.wa import align_weights
 from gtep.engine import runner
-from gtep.models.heads import LinearHead
+from gtep.models.heads import LinearHead, align_weights
 from gtep.spaces import load_space
 from tests.helpers import run_small
 
@@ -29,13 +28,14 @@ def finetune():
 
 @pytest.fixture(scope="module")
 def wa_run():
-    """One run_small of WA (at the original lr 0.1) through the real runner, with the head around end_task."""
+    """One run_small of WA (at the original lr 0.1) through the real runner, with the head around the
+    consolidate hook, where WA aligns the weights after each task."""
     heads = []
 
     class Spy(ALGORITHMS.get("wa")):
-        def end_task(self, task):
+        def consolidate(self, task, fit):
             before = (self.net.head.weight.detach().clone(), self.net.head.bias.detach().clone())
-            super().end_task(task)
+            super().consolidate(task, fit)
             after = (self.net.head.weight.detach().clone(), self.net.head.bias.detach().clone())
             heads.append((task.known, before, after))
 
