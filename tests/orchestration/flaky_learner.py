@@ -15,7 +15,7 @@ CRASHING_LR = 0.1
 
 @ALGORITHMS.register("flaky_replay")
 class FlakyReplay(Replay):
-    def begin_task(self, task) -> None:
+    def fit_task(self, task, fit) -> None:
         # task 2: the first task may come from the study's first-task store, trained by another set
         if task.index == 1 and self.params.lr >= CRASHING_LR:
             marker = Path(os.environ["GTEP_TEST_FLAKY_DIR"]) / f"lr-{self.params.lr}"
@@ -23,4 +23,4 @@ class FlakyReplay(Replay):
                 os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
             except FileExistsError:
                 raise RuntimeError("flaky_replay crashes on the second ordering of a large learning rate") from None
-        super().begin_task(task)
+        super().fit_task(task, fit)
