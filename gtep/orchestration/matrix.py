@@ -287,21 +287,3 @@ def cells_table(matrix: MatrixConfig, state_path: Path, cells: list[ResolvedCell
                       *[_pct(hmean.get(p)) if p in hmean else "-" for p in phases],
                       f"{wall:.0f}" if wall is not None else "-")
     return table
-
-
-def report_matrix(matrix: MatrixConfig, tracking_uri: str, root: Path, console: Console) -> Path | None:
-    """The paper's tables over the whole matrix (gtep report --matrix NAME); the matrix's results are kept in
-    MLflow either way, so a report that cannot be built is a warning with the command to build it later."""
-    from gtep.report import run_report
-
-    later = f"gtep report --matrix {matrix.matrix} --tracking-uri '{tracking_uri}'"
-    out = root / "report"
-    try:
-        run_report(tracking_uri, [], matrix=matrix.matrix, out=out,
-                   formats=("table", "md", "csv", "latex"), console=console)
-    except Exception as err:  # noqa: BLE001 - the computed results are safe in MLflow; say how to retry
-        console.print(f"[yellow]report over the matrix failed ({err.__class__.__name__}: {err}); "
-                      f"build it later with: {later}[/]", highlight=False)
-        return None
-    console.print(f"report files: {out}")
-    return out
