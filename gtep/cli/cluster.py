@@ -46,7 +46,8 @@ jobs_app = typer.Typer(no_args_is_help=True, help="Follow studies submitted with
 
 @jobs_app.command("status")
 def jobs_status(job_id: str, address: Optional[str] = JobsAddressOpt,
-                wait: bool = typer.Option(False, "--wait", help="block until the job ends; exit 1 unless it succeeded")) -> None:
+                wait: bool = typer.Option(False, "--wait",
+                                          help="block until the job ends; exit 1 unless it succeeded")) -> None:
     """A job's state: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
     def go():
         from gtep.orchestration import jobs

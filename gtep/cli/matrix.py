@@ -33,7 +33,8 @@ def matrix_command(
         orderings: Optional[int] = typer.Option(None, "--orderings", help="S of every cell"),
         max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", help="trials running at once"),
         parallel_cells: int = typer.Option(1, "--parallel-cells", min=1, help="cells running at once, each a driver "
-                                           "process of its own on the one Ray cluster (output in <cell>/matrix-cell.log)"),
+                                           "process of its own on the one Ray cluster "
+                                           "(output in <cell>/matrix-cell.log)"),
         retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed cells again (resuming them)"),
         check: bool = typer.Option(False, "--check", help="validate every cell and list them; run nothing"),
         no_report: bool = typer.Option(False, "--no-report", help="skip the report over the matrix at the end"),
@@ -51,7 +52,7 @@ def matrix_command(
                               "gtep matrices lists them)")
         if through_ray_client(address, config):
             return
-        matrix = load_matrix(config) if config else load_matrix_preset(preset)
+        matrix = load_matrix(config) if config else load_matrix_preset(str(preset))  # one of them is given
         overrides = {"tracking.tracking_uri": tracking_uri, "compute.ray_address": address, "search.trials": trials,
                      "search.orderings": orderings, "compute.max_concurrent": max_concurrent}
         cells = resolve_cells(matrix, output, overrides)  # every cell before any compute; nothing written

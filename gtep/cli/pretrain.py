@@ -35,19 +35,22 @@ def parse_classes(text: str) -> list[int]:
 
 @app.command()
 def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:../shared/data/tinyimagenet200_32.npz"),
-             classes: str = typer.Option(..., "--classes", help="classes to pretrain on, kept out of both phases: 100-199"),
+             classes: str = typer.Option(..., "--classes",
+                                         help="classes to pretrain on, kept out of both phases: 100-199"),
              backbone: str = typer.Option("vit_micro_patch4_32", "--backbone", help="a timm ViT name"),
              out: Path = typer.Option(..., "--out", help="the .safetensors file to write"),
              epochs: int = typer.Option(30, "--epochs", min=1), lr: float = typer.Option(1e-3, "--lr"),
              batch_size: int = typer.Option(64, "--batch-size", min=1), seed: int = typer.Option(0, "--seed"),
-             device: str = typer.Option("auto", "--device"), threads: int = typer.Option(0, "--threads", help="0: torch default")) -> None:
+             device: str = typer.Option("auto", "--device"),
+             threads: int = typer.Option(0, "--threads", help="0: torch default")) -> None:
     """Train a ViT backbone on held-out classes and save it as pretrained weights (no downloads needed)."""
     def go():
         import torch
         from rich.progress import Progress
 
         from gtep.data import DatasetError, resolve_dataset
-        from gtep.engine.pretrain import PretrainSpec, pretrain as run_pretrain
+        from gtep.engine.pretrain import PretrainSpec
+        from gtep.engine.pretrain import pretrain as run_pretrain
         from gtep.models.vit import is_vit
 
         if not is_vit(backbone):

@@ -7,9 +7,28 @@ from typing import Any, Optional
 
 import typer
 
-from gtep.cli.common import (AddressOpt, AlgorithmOpt, BackboneOpt, ConcurrentOpt, ConfigOpt, OrderingsOpt, OutputOpt,
-                             PresetOpt, ProtocolOpt, ResumeOpt, SeedOpt, StudyOpt, TrialsOpt, UriOpt, WeightsOpt,
-                             check_protocol, console, prepare, run_guarded, through_ray_client)
+from gtep.cli.common import (
+    AddressOpt,
+    AlgorithmOpt,
+    BackboneOpt,
+    ConcurrentOpt,
+    ConfigOpt,
+    OrderingsOpt,
+    OutputOpt,
+    PresetOpt,
+    ProtocolOpt,
+    ResumeOpt,
+    SeedOpt,
+    StudyOpt,
+    TrialsOpt,
+    UriOpt,
+    WeightsOpt,
+    check_protocol,
+    console,
+    prepare,
+    run_guarded,
+    through_ray_client,
+)
 from gtep.config import ConfigError, ResolvedExperiment
 
 app = typer.Typer()
@@ -50,7 +69,8 @@ def load_best_file(resolved: ResolvedExperiment, best: Optional[Path], tuning_ru
 def _print_tune(outcome, resolved: ResolvedExperiment) -> None:
     from gtep.report.tables import hparams_table, phase_summary
 
-    console.print(phase_summary(outcome.summary, resolved.tuning.dataset, f"H* on the tuning phase (set {outcome.set_index})"))
+    console.print(phase_summary(outcome.summary, resolved.tuning.dataset,
+                                f"H* on the tuning phase (set {outcome.set_index})"))
     console.print(hparams_table(outcome.hparams, "H*"))
     console.print(f"best.yaml: {outcome.paths.best}\nmanifest:  {outcome.paths.manifest}\ntuning run: {outcome.run_id}")
 
@@ -65,9 +85,9 @@ def _print_store(resolved: ResolvedExperiment) -> None:
 @app.command()
 def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
          tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
-         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
-         max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
-         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
+         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt,
+         algorithm: Optional[str] = AlgorithmOpt, max_concurrent: Optional[int] = ConcurrentOpt,
+         study: Optional[str] = StudyOpt, backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
          resume: Optional[Path] = ResumeOpt) -> None:
     """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml)."""
     def go():
@@ -89,13 +109,14 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
 def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt,
              best: Optional[Path] = typer.Option(None, "--best", help="best.yaml written by gtep tune"),
              tuning_run: Optional[str] = typer.Option(None, "--tuning-run", help="MLflow run id of a tuning phase"),
-             hparams: Optional[str] = typer.Option(None, "--hparams", help="a named preset instead of H* (e.g. original)"),
-             output: Optional[Path] = OutputOpt, tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt,
-             orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt,
-             algorithm: Optional[str] = AlgorithmOpt, max_concurrent: Optional[int] = ConcurrentOpt,
-             study: Optional[str] = StudyOpt,
-         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
-         protocol: str = ProtocolOpt) -> None:
+             hparams: Optional[str] = typer.Option(None, "--hparams",
+                                                   help="a named preset instead of H* (e.g. original)"),
+             output: Optional[Path] = OutputOpt, tracking_uri: Optional[str] = UriOpt,
+             address: Optional[str] = AddressOpt, orderings: Optional[int] = OrderingsOpt,
+             seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
+             max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
+             backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
+             protocol: str = ProtocolOpt) -> None:
     """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std
     (--protocol conventional: over S fresh orderings of the tuning classes D^HT instead)."""
     def go():
@@ -139,14 +160,20 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
         max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
-         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
-         resume: Optional[Path] = ResumeOpt, protocol: str = ProtocolOpt,
-         with_original: bool = typer.Option(False, "--with-original", help="also evaluate the algorithm's original "
-                                            "preset on D^E beside H* (the paper's 'Original')")) -> None:
+        backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
+        resume: Optional[Path] = ResumeOpt, protocol: str = ProtocolOpt,
+        with_original: bool = typer.Option(False, "--with-original", help="also evaluate the algorithm's original "
+                                           "preset on D^E beside H* (the paper's 'Original')")) -> None:
     """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side. No options: the embedded default."""
     def go():
-        from gtep.orchestration.phases import (conventional_phase, evaluate_phase, original_best, original_phase,
-                                               ray_session, tune_phase)
+        from gtep.orchestration.phases import (
+            conventional_phase,
+            evaluate_phase,
+            original_best,
+            original_phase,
+            ray_session,
+            tune_phase,
+        )
         from gtep.orchestration.study import read_best
         from gtep.report.tables import hparams_table, phase_comparison
 
@@ -173,8 +200,8 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
                 extra["original"] = original_phase(resolved, console, resume=resume is not None).summary
         console.print(hparams_table(tuned.hparams, f"H* (set {tuned.set_index} of {cfg.search.trials})"))
         console.print(phase_comparison(tuned.summary, evaluated.summary, resolved.tuning.dataset,
-                                       resolved.evaluation.dataset, f"GTEP: {cfg.algorithm} on {cfg.scenario.increments}",
-                                       extra=extra))
+                                       resolved.evaluation.dataset,
+                                       f"GTEP: {cfg.algorithm} on {cfg.scenario.increments}", extra=extra))
         console.print(f"study folder: {tuned.paths.root}  (best.yaml, manifest.json, *_results.csv)")
         _print_store(resolved)
         console.print(f"wall time: {time.perf_counter() - start:.0f} s")

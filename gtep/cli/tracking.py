@@ -45,7 +45,8 @@ def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.d
            artifacts_destination: str = typer.Option("gtep-server/mlartifacts", "--artifacts-destination",
                                                      help="a folder, s3://... or gs://... for run artifacts"),
            host: str = typer.Option("127.0.0.1", help="bind address (0.0.0.0 only inside a private network)"),
-           port: int = typer.Option(5000, help="port"), workers: int = typer.Option(2, help="server worker processes")) -> None:
+           port: int = typer.Option(5000, help="port"),
+           workers: int = typer.Option(2, help="server worker processes")) -> None:
     """An MLflow tracking server for studies on a cluster (log to it with --tracking-uri http://HOST:PORT)."""
     def go():
         import importlib.util
@@ -53,7 +54,8 @@ def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.d
         scheme = backend_store_uri.split(":", 1)[0]
         driver = "psycopg2" if scheme == "postgresql+psycopg2" else "psycopg"
         if scheme.startswith("postgresql") and importlib.util.find_spec(driver) is None:
-            raise ConfigError("--backend-store-uri", f"PostgreSQL needs its driver {driver}: pip install 'gtep[server]'")
+            raise ConfigError("--backend-store-uri",
+                              f"PostgreSQL needs its driver {driver}: pip install 'gtep[server]'")
         if scheme == "sqlite":
             Path(backend_store_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
         if "://" not in artifacts_destination:
@@ -68,7 +70,8 @@ def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.d
 
 @app.command()
 def sync(study_dir: Path = typer.Argument(..., help="OUTPUT/STUDY: the study folder"),
-         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="write to another store than the study's")) -> None:
+         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
+                                                    help="write to another store than the study's")) -> None:
     """Write what a study could not write to MLflow while its tracking server was away."""
     def go():
         from gtep.orchestration.journal import TrackingJournal

@@ -18,9 +18,10 @@ from rich.console import Console
 
 from gtep.config import ConfigError
 from gtep.orchestration.report_store import open_store
-from gtep.report.collect import StoreData, collect
 from gtep.report import importance as search
-from gtep.report import plots, summary as sm, tables
+from gtep.report import plots, tables
+from gtep.report import summary as sm
+from gtep.report.collect import StoreData, collect
 
 FORMATS = ("table", "md", "csv", "latex")
 
@@ -131,7 +132,6 @@ def ranking_line(ranking: pd.DataFrame) -> str:
 def write_group(report: Report, group: tuple[str, str], folder: Path, formats: tuple[str, ...]) -> list[Path]:
     """One scenario and pairing: its table in the chosen formats and its five plots."""
     scenario, pairing = group
-    title = f"{scenario}: {pairing}"
     table = report.tables[group]
     written: list[Path] = []
     folder.mkdir(parents=True, exist_ok=True)
@@ -139,14 +139,15 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
         table.to_csv(folder / "table.csv")
         written.append(folder / "table.csv")
     if "latex" in formats:
-        (folder / "table.tex").write_text(tables.latex_frame(
-            table, f"Scenario {scenario}, {pairing}: Acc / AvgAcc (%), mean (std) over orderings.", f"tab:{folder.name}"))
+        caption = f"Scenario {scenario}, {pairing}: Acc / AvgAcc (%), mean (std) over orderings."
+        (folder / "table.tex").write_text(tables.latex_frame(table, caption, f"tab:{folder.name}"))
         written.append(folder / "table.tex")
     summary, conv = _part(report.summary, group), _part(report.convergence, group)
     drawn = [
         plots.task_curves(_part(report.curves, group), folder / "task_curves.png", f"Acc_t on D^E: {scenario}"),
-        plots.accuracy_against(summary, (("params_total", "parameters (total)"), ("params_trainable",
-                               "parameters (trainable)")), folder / "acc_vs_params.png", f"Acc vs parameters: {scenario}"),
+        plots.accuracy_against(summary, (("params_total", "parameters (total)"),
+                                         ("params_trainable", "parameters (trainable)")),
+                               folder / "acc_vs_params.png", f"Acc vs parameters: {scenario}"),
         plots.accuracy_against(summary, (("train_seconds", "training time (s)"),), folder / "acc_vs_time.png",
                                f"Acc vs training time: {scenario}"),
         plots.original_vs_hstar(summary, folder / "original_vs_hstar.png", f"Original vs H* on D^E: {scenario}"),
