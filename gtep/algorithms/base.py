@@ -214,7 +214,8 @@ class IncrementalLearner:
         return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"net": self.net.state_dict(), "memory": self.memory.state_dict(), "known": self.known, "total": self.total}
+        return {"net": self.net.state_dict(), "memory": self.memory.state_dict(), "known": self.known,
+                "total": self.total}
 
 
 def distillation_loss(logits: Tensor, old_logits: Tensor, temperature: float) -> Tensor:

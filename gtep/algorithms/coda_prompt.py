@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import (ALGORITHMS, CommonParams, FitFn, IncrementalLearner, Optimizer, Scheduler,
-                                 TaskData)
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, Optimizer, Scheduler, TaskData
 from gtep.models.heads import LinearHead
 from gtep.models.vit import Prefix
 

@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._expansion import BackboneStack, embed_head, freeze
-from gtep.algorithms.base import (ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData,
-                                  distillation_loss)
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, distillation_loss
 from gtep.models.heads import LinearHead
 from gtep.protocol.sampling import steplr_milestones
 

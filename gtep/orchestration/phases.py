@@ -337,7 +337,8 @@ def _searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
                                                   for s in manifest.data["sets"]]),
                        "orderings": list(range(S))}
         # the generator takes the concurrency limit itself (the Tuner's limit applies to Searchers only)
-        return param_space, BasicVariantGenerator(random_state=cfg.seed, max_concurrent=cfg.compute.max_concurrent or 0), 1
+        generator = BasicVariantGenerator(random_state=cfg.seed, max_concurrent=cfg.compute.max_concurrent or 0)
+        return param_space, generator, 1
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
@@ -396,7 +397,8 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
         if trial.trial_id not in trial_index:  # adaptive searchers: sets are recorded as they are suggested
             hparams = dict(trial.config["hparams"])
             taken = set(trial_index.values())
-            replayed = [s["index"] for s in manifest.data["sets"] if s["hparams"] == hparams and s["index"] not in taken]
+            replayed = [s["index"] for s in manifest.data["sets"]
+                        if s["hparams"] == hparams and s["index"] not in taken]
             trial_index[trial.trial_id] = replayed[0] if replayed else manifest.add_set(hparams)
         return trial_index[trial.trial_id]
 
@@ -442,7 +444,8 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     journal.terminate(phase_key, "FINISHED")
     finish_journal(journal, paths, console)
     return PhaseOutcome("tune", run_id, best_index, hparams, summary, paths,
-                        {"diverged_sets": sum(1 for s in selection.scores if not s.usable), "trials": len(selection.scores)})
+                        {"diverged_sets": sum(1 for s in selection.scores if not s.usable),
+                         "trials": len(selection.scores)})
 
 
 def finished_tune_outcome(resolved: ResolvedExperiment, paths: StudyPaths, manifest: Manifest) -> PhaseOutcome:
