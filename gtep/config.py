@@ -354,7 +354,8 @@ def _check_weights(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -
         raise ConfigError("weights", f"{cfg.weights} does not exist; train one with gtep pretrain or fix the path")
     meta = weights_metadata(Path(cfg.weights))
     if meta.get("gtep.backbone") and meta["gtep.backbone"] != cfg.backbone:
-        raise ConfigError("weights", f"{cfg.weights} holds {meta['gtep.backbone']}, not {cfg.backbone}; match --backbone")
+        raise ConfigError("weights", f"{cfg.weights} holds {meta['gtep.backbone']}, not {cfg.backbone}; "
+                          "match --backbone")
     if "gtep.dataset" in meta and "gtep.classes" in meta:
         pretrained = {int(c) for c in meta["gtep.classes"].split(",") if c}
         identity = resolve_dataset(meta["gtep.dataset"]).identity
@@ -372,7 +373,8 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     from gtep.spaces import SearchSpaceError, default_space_file, load_space
 
     if cfg.algorithm not in ALGORITHMS:
-        raise ConfigError("algorithm", f"unknown algorithm {cfg.algorithm!r}; choose from {ALGORITHMS.names()} (gtep algorithms)")
+        raise ConfigError("algorithm", f"unknown algorithm {cfg.algorithm!r}; "
+                          f"choose from {ALGORITHMS.names()} (gtep algorithms)")
     if not backbone_exists(cfg.backbone):
         raise ConfigError("backbone", f"unknown backbone {cfg.backbone!r}; choose from {BACKBONES.names()}, "
                           "vit_micro_patch4_32, vit_mini_patch4_32 or any timm ViT name")
@@ -386,7 +388,8 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     _check_weights(cfg, (tuning, evaluation))
     for phase in (tuning, evaluation):
         if sum(increments) != len(phase.classes):
-            field = "datasets.split" if cfg.datasets.split else f"datasets.{'tuning' if phase.phase == 'tune' else 'evaluation'}"
+            own = "tuning" if phase.phase == "tune" else "evaluation"
+            field = "datasets.split" if cfg.datasets.split else f"datasets.{own}"
             raise ConfigError("scenario.increments",
                               f"sum to {sum(increments)} classes but the {phase.phase} phase has {len(phase.classes)} "
                               f"({phase.dataset}); change the increments or restrict the classes in {field}")

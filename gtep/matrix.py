@@ -32,9 +32,17 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
-from gtep.config import (ConfigError, DatasetsSpec, ExperimentConfig, ResolvedExperiment, _expand_env, _phase_classes,
-                         resolve)
+from gtep.config import (
+    ConfigError,
+    DatasetsSpec,
+    ExperimentConfig,
+    ResolvedExperiment,
+    _expand_env,
+    _phase_classes,
+    resolve,
+)
 from gtep.protocol.scenarios import parse_increments
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -130,7 +138,7 @@ class ResolvedCell:
 
 # ---------------------------------------------------------------- loading
 
-def _loc(error: dict[str, Any]) -> str:
+def _loc(error: ErrorDetails) -> str:
     union_tags = {"str", "list[int]", "ScenarioShape", "function-after", "function-before", "function-wrap"}
     return ".".join(str(p) for p in error["loc"] if str(p) not in union_tags and not str(p).startswith("function-"))
 

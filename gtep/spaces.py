@@ -93,7 +93,8 @@ def load_space(algorithm: str, path: Path | None = None) -> AlgorithmSpace:
     except yaml.YAMLError as err:
         raise SearchSpaceError(f"{path}: not valid YAML ({err.__class__.__name__}); fix the syntax") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("space"), dict) or not doc["space"]:
-        raise SearchSpaceError(f"{path}: the search space is empty; give a non-empty mapping 'space: {{name: [values]}}'")
+        raise SearchSpaceError(f"{path}: the search space is empty; "
+                               "give a non-empty mapping 'space: {name: [values]}'")
     if doc.get("algorithm", algorithm) != algorithm:
         raise SearchSpaceError(f"{path}: written for algorithm {doc['algorithm']!r}, not {algorithm!r}")
     sets: dict[str, tuple] = {}

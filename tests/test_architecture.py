@@ -1,5 +1,9 @@
 """House rules that keep the protocol pure and every algorithm complete (../shared/DESIGN.md)."""
 import ast
+import os
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -9,6 +13,7 @@ from gtep.algorithms import ALGORITHMS
 from gtep.spaces import load_space, spaces_dir
 
 PACKAGE = Path(gtep.__file__).parent
+ROOT = PACKAGE.parent
 BASELINES = {"finetune", "simplecil"}  # reference learners without a search space of their own
 
 
@@ -23,10 +28,23 @@ def imports_of(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("layer", ["protocol", "algorithms", "engine", "models", "data"])
-def test_only_orchestration_imports_ray_and_mlflow(layer):
-    for path in (PACKAGE / layer).rglob("*.py"):
-        assert not imports_of(path) & {"ray", "mlflow"}, f"{path} imports Ray or MLflow"
+def test_the_import_contracts_hold():
+    """The layers, Ray and MLflow only in orchestration, CLI command modules apart, no cycles: the contracts in
+    pyproject.toml's [tool.importlinter], checked by import-linter on this checkout (imports inside functions too)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))}
+    lint = [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
+            "sys.exit(lint_imports_command())", "--no-cache"]
+    done = subprocess.run(lint, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_cli_contract_names_every_command_module():
+    """A new module in gtep/cli is either `common` or a command module placed in the independence layer."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    cli = next(c for c in config["contracts"] if c.get("containers") == ["gtep.cli"])
+    named = {name.strip() for layer in cli["layers"] for name in layer.split("|")}
+    modules = {p.stem for p in (PACKAGE / "cli").glob("*.py") if not p.stem.startswith("__")}
+    assert modules == named
 
 
 def test_protocol_is_pure():

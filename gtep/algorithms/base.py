@@ -313,7 +313,8 @@ class IncrementalLearner(Generic[P]):
         return freeze(copy.deepcopy(module).eval())
 
     def state_dict(self) -> dict[str, Any]:
-        return {"net": self.net.state_dict(), "memory": self.memory.state_dict(), "known": self.known, "total": self.total}
+        return {"net": self.net.state_dict(), "memory": self.memory.state_dict(), "known": self.known,
+                "total": self.total}
 
 
 def _params_argument(cls: type) -> type[CommonParams] | None:

@@ -57,9 +57,17 @@ class DatasetSource:
     metadata: Callable[["DatasetSource"], tuple[list[str], list[str] | None]]
     options: dict = field(default_factory=dict)
 
+    @property
+    def root(self) -> Path:
+        """The file or folder the loader reads: every source has one but the generated `synthetic`."""
+        if self.path is None:
+            raise DatasetError(f"dataset {self.name!r} is generated; it has no file or folder")
+        return self.path
+
     def check(self) -> None:
         if self.path is not None and not self.path.exists():
-            raise DatasetError(f"dataset {self.name!r}: {self.path} does not exist; check the path (nothing is downloaded)")
+            raise DatasetError(f"dataset {self.name!r}: {self.path} does not exist; "
+                               "check the path (nothing is downloaded)")
 
     @cached_property
     def class_names(self) -> list[str]:
@@ -105,7 +113,7 @@ def _to_rgb(x: np.ndarray, invert: bool) -> np.ndarray:
 
 
 def _npz_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
-    with np.load(source.path) as data:
+    with np.load(source.root) as data:
         if "class_names" in data.files:
             names = [str(n) for n in data["class_names"]]
         else:
@@ -119,7 +127,7 @@ def _npz_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
 
 def _load_npz(source: DatasetSource) -> ImageSet:
     names, groups = _npz_metadata(source)
-    with np.load(source.path) as data:
+    with np.load(source.root) as data:
         missing = {"x_train", "y_train", "x_test", "y_test"} - set(data.files)
         if missing:
             raise DatasetError(f"dataset {source.name!r}: {source.path} lacks arrays {sorted(missing)}")
@@ -140,7 +148,8 @@ def npz_dataset(path: str) -> DatasetSource:
 @DATASETS.register("omniglot-small")
 def omniglot_small(_: str = "") -> DatasetSource:
     """Bundled: 242 Omniglot characters of 8 alphabets, 15 train / 5 test each, 32x32 (MIT, Lake et al.)."""
-    return DatasetSource("omniglot-small", BUNDLED / "omniglot_small_32.npz", _load_npz, _npz_metadata, {"invert": True})
+    return DatasetSource("omniglot-small", BUNDLED / "omniglot_small_32.npz", _load_npz, _npz_metadata,
+                         {"invert": True})
 
 
 # ---------------------------------------------------------------- synthetic (unit tests)
@@ -179,7 +188,8 @@ def synthetic(spec: str = "") -> DatasetSource:
         if key not in options:
             raise DatasetError(f"synthetic dataset option {key!r} is unknown; choose from {sorted(options)}")
         options[key] = type(options[key])(value)
-    return DatasetSource(f"synthetic:{spec}" if spec else "synthetic", None, _load_synthetic, _synthetic_metadata, options)
+    name = f"synthetic:{spec}" if spec else "synthetic"
+    return DatasetSource(name, None, _load_synthetic, _synthetic_metadata, options)
 
 
 # ---------------------------------------------------------------- CIFAR-100 from a local torchvision root
@@ -187,9 +197,10 @@ def synthetic(spec: str = "") -> DatasetSource:
 def _cifar_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
     import pickle
 
-    meta = source.path / "cifar-100-python" / "meta"
+    meta = source.root / "cifar-100-python" / "meta"
     if not meta.exists():
-        raise DatasetError(f"dataset {source.name!r}: {meta} is missing; extract cifar-100-python.tar.gz into {source.path}")
+        raise DatasetError(f"dataset {source.name!r}: {meta} is missing; "
+                           f"extract cifar-100-python.tar.gz into {source.path}")
     with open(meta, "rb") as fh:  # torchvision's own format; a trusted local file, as torchvision reads it
         return list(pickle.load(fh, encoding="latin1")["fine_label_names"]), None
 
@@ -221,14 +232,15 @@ def _imagefolder_split_dir(root: Path, names: tuple[str, ...]) -> Path:
 
 
 def _imagefolder_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
-    train_dir = _imagefolder_split_dir(source.path, ("train",))
+    train_dir = _imagefolder_split_dir(source.root, ("train",))
     present = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
     class_file = source.options.get("classes")
     if class_file:
         listed = [line.split()[0] for line in Path(class_file).read_text().splitlines() if line.strip()]
         missing = sorted(set(listed) - set(present))
         if missing:
-            raise DatasetError(f"dataset {source.name!r}: classes {missing[:5]} of {class_file} are not folders of {train_dir}")
+            raise DatasetError(f"dataset {source.name!r}: classes {missing[:5]} of {class_file} "
+                               f"are not folders of {train_dir}")
         return listed, None
     return present, None
 
@@ -249,14 +261,14 @@ def _load_imagefolder(source: DatasetSource) -> ImageSet:
             for f in sorted(folder.iterdir()):
                 if f.suffix.lower() in {".jpg", ".jpeg", ".png", ".bmp", ".webp"}:
                     with Image.open(f) as im:
-                        xs.append(np.asarray(im.convert("RGB").resize((size, size), Image.BILINEAR)))
+                        xs.append(np.asarray(im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)))
                     ys.append(index[name])
         if not xs:
             raise DatasetError(f"dataset {source.name!r}: no images under {split_dir}")
         return np.stack(xs), np.asarray(ys, dtype=np.int64)
 
-    x_train, y_train = read(_imagefolder_split_dir(source.path, ("train",)))
-    x_test, y_test = read(_imagefolder_split_dir(source.path, ("val", "test")))
+    x_train, y_train = read(_imagefolder_split_dir(source.root, ("train",)))
+    x_test, y_test = read(_imagefolder_split_dir(source.root, ("val", "test")))
     return ImageSet(source.name, x_train, y_train, x_test, y_test, names)
 
 
@@ -275,4 +287,5 @@ def imagefolder(spec: str) -> DatasetSource:
         options[key] = os.path.expanduser(value) if key == "classes" else int(value)
     if "classes" in options and not Path(options["classes"]).exists():
         raise DatasetError(f"dataset 'imagefolder:{spec}': class-list file {options['classes']} does not exist")
-    return DatasetSource(f"imagefolder:{spec}", Path(os.path.expanduser(root)), _load_imagefolder, _imagefolder_metadata, options)
+    return DatasetSource(f"imagefolder:{spec}", Path(os.path.expanduser(root)), _load_imagefolder,
+                         _imagefolder_metadata, options)

@@ -57,7 +57,8 @@ class FirstTaskStore:
         return self.root / f"{key}.lock"
 
     def state(self, key: str) -> str:
-        """'ready' (stored), 'claimed' (someone trains it) or 'free': lets a trial pick an ordering it need not wait for."""
+        """'ready' (stored), 'claimed' (someone trains it) or 'free': lets a trial pick an ordering it need not
+        wait for."""
         if self.result_path(key).exists():
             return "ready"
         return "claimed" if self.lock_path(key).exists() and self._stale_claim(key) is None else "free"

@@ -61,7 +61,8 @@ class EpochAugmentation:
     def apply(self, x: Tensor, start: int) -> Tensor:
         """Random crop with zero padding and horizontal flip of the batch at epoch position `start`."""
         n, _, h, w = x.shape
-        pad, dy, dx, flip = self.pad, self.dy[start : start + n], self.dx[start : start + n], self.flip[start : start + n]
+        window = slice(start, start + n)
+        pad, dy, dx, flip = self.pad, self.dy[window], self.dx[window], self.flip[window]
         padded = F.pad(x, (pad, pad, pad, pad))
         rows = dy[:, None] + torch.arange(h, device=x.device)[None, :]  # (n, h)
         cols = dx[:, None] + torch.arange(w, device=x.device)[None, :]  # (n, w)

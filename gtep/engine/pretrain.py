@@ -83,7 +83,8 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
                             sum(p.numel() for p in backbone.parameters()))
     save_weights(backbone.vit, out, {"gtep.backbone": spec.backbone, "gtep.dataset": dataset_name,
                                      "gtep.classes": ",".join(map(str, spec.classes)),
-                                     "gtep.test_accuracy": f"{result.test_accuracy:.4f}", "gtep.epochs": str(spec.epochs)})
+                                     "gtep.test_accuracy": f"{result.test_accuracy:.4f}",
+                                     "gtep.epochs": str(spec.epochs)})
     return result
 
 

@@ -11,12 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gtep.models.base import Backbone
 from gtep.registry import Registry
 
-BACKBONES: Registry[Callable[..., nn.Module]] = Registry("backbone")
+BACKBONES: Registry[Callable[..., Backbone]] = Registry("backbone")
 
 
-def create_backbone(name: str, weights: str | None = None) -> nn.Module:
+def create_backbone(name: str, weights: str | None = None) -> Backbone:
     """A registered backbone, or any timm ViT by name (wrapped so prompts and adapters can be passed in).
     Local weights are supported for ViTs, the pretrained-model setting of the paper (section 4.2)."""
     from gtep.models.vit import PromptableViT, create_timm_vit, is_vit
@@ -57,11 +58,12 @@ class _BasicBlock(nn.Module):
         out = self.bn2(self.conv2(out))
         shortcut = x
         if self.stride != 1 or self.pad:
-            shortcut = F.pad(x[:, :, :: self.stride, :: self.stride], (0, 0, 0, 0, self.pad // 2, self.pad - self.pad // 2))
+            channels = (self.pad // 2, self.pad - self.pad // 2)  # zero channels on both sides (option A)
+            shortcut = F.pad(x[:, :, :: self.stride, :: self.stride], (0, 0, 0, 0, *channels))
         return F.relu(out + shortcut)
 
 
-class CifarResNet(nn.Module):
+class CifarResNet(Backbone):
     """ResNet-(6n+2) for 32x32 inputs (He et al. 2016, section 4.2): 16/32/64 channels, 64-d features.
     ResNet-32 (n=5) is the backbone PyCIL uses for CIFAR-100."""
 
@@ -87,7 +89,7 @@ class CifarResNet(nn.Module):
         return {"fmaps": fmaps, "features": torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)}
 
 
-class SmallResNet18(nn.Module):
+class SmallResNet18(Backbone):
     """torchvision's ResNet-18 adapted to small inputs as PyCIL does for CIFAR: a 3x3 stride-1 stem and no
     max-pool, so 32x32 images keep spatial detail through the four stages (512-d features)."""
 
@@ -111,21 +113,21 @@ class SmallResNet18(nn.Module):
 
 
 @BACKBONES.register("resnet32")
-def resnet32() -> nn.Module:
+def resnet32() -> Backbone:
     return CifarResNet(5)
 
 
 @BACKBONES.register("resnet20")
-def resnet20() -> nn.Module:
+def resnet20() -> Backbone:
     return CifarResNet(3)
 
 
 @BACKBONES.register("resnet8")
-def resnet8() -> nn.Module:
+def resnet8() -> Backbone:
     """The smallest member of the family (1 block per stage): smoke runs and unit tests on a CPU."""
     return CifarResNet(1)
 
 
 @BACKBONES.register("resnet18")
-def resnet18() -> nn.Module:
+def resnet18() -> Backbone:
     return SmallResNet18()

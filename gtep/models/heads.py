@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gtep.models.base import Backbone
+
 
 class LinearHead(nn.Module):
     """A linear classifier whose output grows when classes arrive; old rows are copied, never reset."""
@@ -39,7 +41,7 @@ class LinearHead(nn.Module):
 class IncrementalNet(nn.Module):
     """A backbone and one growing head: the network of Replay, iCaRL, BiC and WA."""
 
-    def __init__(self, backbone: nn.Module) -> None:
+    def __init__(self, backbone: Backbone) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = LinearHead(backbone.out_dim)

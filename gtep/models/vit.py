@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from gtep.models.base import Backbone
 
 SMALL_VITS = {
     # name: (img_size, patch_size, embed_dim, depth, num_heads)
@@ -32,7 +35,8 @@ def load_state(path: Path) -> dict[str, Tensor]:
     """safetensors, or a PyTorch state dict read with weights_only=True (never arbitrary pickles)."""
     path = Path(path)
     if not path.exists():
-        raise WeightsError(f"weights file {path} does not exist; train one with gtep pretrain or pass the right --weights")
+        raise WeightsError(f"weights file {path} does not exist; "
+                           "train one with gtep pretrain or pass the right --weights")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -58,6 +62,7 @@ def create_timm_vit(name: str, weights: str | Path | None = None) -> nn.Module:
     import timm
     from timm.models.vision_transformer import VisionTransformer
 
+    model: nn.Module
     if name in SMALL_VITS:
         img, patch, dim, depth, heads = SMALL_VITS[name]
         model = VisionTransformer(img_size=img, patch_size=patch, embed_dim=dim, depth=depth, num_heads=heads,
@@ -71,7 +76,8 @@ def create_timm_vit(name: str, weights: str | Path | None = None) -> nn.Module:
         state = {k: v for k, v in load_state(Path(weights)).items() if not k.startswith("head.")}
         missing, unexpected = model.load_state_dict(state, strict=False)
         if missing or unexpected:
-            raise WeightsError(f"weights {weights} do not fit {name}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+            raise WeightsError(f"weights {weights} do not fit {name}: "
+                               f"missing {missing[:3]}, unexpected {unexpected[:3]}")
     return model
 
 
@@ -83,7 +89,7 @@ class Prefix:
     value: Tensor
 
 
-def attention_with_prefix(attn: nn.Module, x: Tensor, prefix: Prefix | None) -> Tensor:
+def attention_with_prefix(attn: Any, x: Tensor, prefix: Prefix | None) -> Tensor:
     """timm's Attention, with optional prefix keys/values joined to the layer's own (Li & Liang 2021)."""
     if prefix is None:
         return attn(x)
@@ -120,17 +126,17 @@ class Adapter(nn.Module):
         return self.up(F.relu(self.down(x))) * self.scale
 
 
-class PromptableViT(nn.Module):
+class PromptableViT(Backbone):
     """A timm ViT whose forward accepts prompt tokens, per-layer prefixes and per-layer adapters.
 
     forward(x) returns {"features": [CLS] after the final norm, "tokens": all tokens}; with nothing passed
     it equals timm's own forward_features + CLS pooling.
     """
 
-    def __init__(self, vit: nn.Module) -> None:
+    def __init__(self, vit: Any) -> None:  # timm's VisionTransformer: its parts are reached by name, untyped
         super().__init__()
         self.vit = vit
-        self.out_dim = vit.embed_dim
+        self.out_dim = int(vit.embed_dim)
         self.depth = len(vit.blocks)
 
     def embed(self, x: Tensor) -> Tensor:
@@ -140,7 +146,8 @@ class PromptableViT(nn.Module):
             x = F.interpolate(x, size=size, mode="bilinear", align_corners=False)
         return v.norm_pre(v.patch_drop(v._pos_embed(v.patch_embed(x))))
 
-    def run_block(self, index: int, x: Tensor, prefix: Prefix | None = None, adapter: nn.Module | None = None) -> Tensor:
+    def run_block(self, index: int, x: Tensor, prefix: Prefix | None = None,
+                  adapter: nn.Module | None = None) -> Tensor:
         block = self.vit.blocks[index]
         x = x + block.drop_path1(block.ls1(attention_with_prefix(block.attn, block.norm1(x), prefix)))
         h = block.mlp(block.norm2(x))

@@ -36,7 +36,8 @@ def dashboard_address(address: str | None) -> str:
             pass
     except OSError as err:
         raise ConfigError("--address", f"no Ray dashboard answers at {address} ({err.strerror or err}); start the head "
-                          "with its dashboard (ray start --head) or forward its port (ray dashboard cluster.yaml)") from None
+                          "with its dashboard (ray start --head) or forward its port (ray dashboard cluster.yaml)"
+                          ) from None
     return address
 
 

@@ -31,8 +31,14 @@ from rich.table import Table
 
 from gtep.config import ConfigError
 from gtep.matrix import MatrixConfig, ResolvedCell, changed_field
-from gtep.orchestration.phases import (check_resources, conventional_phase, evaluate_phase, original_phase,
-                                       ray_session, tune_phase)
+from gtep.orchestration.phases import (
+    check_resources,
+    conventional_phase,
+    evaluate_phase,
+    original_phase,
+    ray_session,
+    tune_phase,
+)
 from gtep.orchestration.study import json_by_entry, read_best, write_atomic
 
 STATE_FILE = "matrix.json"
@@ -287,21 +293,3 @@ def cells_table(matrix: MatrixConfig, state_path: Path, cells: list[ResolvedCell
                       *[_pct(hmean.get(p)) if p in hmean else "-" for p in phases],
                       f"{wall:.0f}" if wall is not None else "-")
     return table
-
-
-def report_matrix(matrix: MatrixConfig, tracking_uri: str, root: Path, console: Console) -> Path | None:
-    """The paper's tables over the whole matrix (gtep report --matrix NAME); the matrix's results are kept in
-    MLflow either way, so a report that cannot be built is a warning with the command to build it later."""
-    from gtep.report import run_report
-
-    later = f"gtep report --matrix {matrix.matrix} --tracking-uri '{tracking_uri}'"
-    out = root / "report"
-    try:
-        run_report(tracking_uri, [], matrix=matrix.matrix, out=out,
-                   formats=("table", "md", "csv", "latex"), console=console)
-    except Exception as err:  # noqa: BLE001 - the computed results are safe in MLflow; say how to retry
-        console.print(f"[yellow]report over the matrix failed ({err.__class__.__name__}: {err}); "
-                      f"build it later with: {later}[/]", highlight=False)
-        return None
-    console.print(f"report files: {out}")
-    return out

@@ -396,7 +396,8 @@ def _searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
                                                   for s in manifest.data["sets"]]),
                        "orderings": list(range(S))}
         # the generator takes the concurrency limit itself (the Tuner's limit applies to Searchers only)
-        return param_space, BasicVariantGenerator(random_state=cfg.seed, max_concurrent=cfg.compute.max_concurrent or 0), 1
+        generator = BasicVariantGenerator(random_state=cfg.seed, max_concurrent=cfg.compute.max_concurrent or 0)
+        return param_space, generator, 1
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
@@ -455,7 +456,8 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
         if trial.trial_id not in trial_index:  # adaptive searchers: sets are recorded as they are suggested
             hparams = dict(trial.config["hparams"])
             taken = set(trial_index.values())
-            replayed = [s["index"] for s in manifest.data["sets"] if s["hparams"] == hparams and s["index"] not in taken]
+            replayed = [s["index"] for s in manifest.data["sets"]
+                        if s["hparams"] == hparams and s["index"] not in taken]
             trial_index[trial.trial_id] = replayed[0] if replayed else manifest.add_set(hparams)
         return trial_index[trial.trial_id]
 

@@ -89,7 +89,8 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
     return record
 
 
-def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet, job: dict[str, Any]) -> dict[str, Any]:
+def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet,
+             job: dict[str, Any]) -> dict[str, Any]:
     """Train one (set, ordering) unit, or return its record when an earlier attempt finished it."""
     name = f"set{set_index:03d}-o{int(s)}"
     unit_file = Path(job["unit_dir"]) / f"{name}.json" if job.get("unit_dir") else None

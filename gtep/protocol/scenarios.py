@@ -101,7 +101,8 @@ def split_groups_in_two(
     if tuning_groups is None:
         order = list(np.random.default_rng(seed).permutation(groups))
         sizes = {g: sum(1 for c in class_groups if c == g) for g in groups}
-        total, running, chosen = len(class_groups), 0, []
+        total, running = len(class_groups), 0
+        chosen: list[str] = []
         for group in order:
             if running + sizes[group] <= total / 2 or not chosen:
                 chosen.append(group)

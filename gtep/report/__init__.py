@@ -1,4 +1,5 @@
-"""Tables and plots from tracked results: `run_report` reads MLflow and writes the paper's tables and figures."""
+"""Tables and plots from tracked results: `run_report` reads the MLflow store (through
+gtep.orchestration.report_store) and writes the paper's tables and figures."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

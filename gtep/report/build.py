@@ -1,6 +1,6 @@
 """`gtep report`: read tracked studies from MLflow and write the paper's tables and figures (nothing is re-run).
 
-run_report = validate -> collect (MLflow -> frames) -> summarise -> tables and plots per scenario and pairing
+run_report = validate -> collect (the store's runs as frames) -> summarise -> tables and plots per scenario and pairing
 -> terminal / Markdown / CSV / LaTeX / PNG -> one report run in gtep/reports with every file as an artifact.
 Everything that can be wrong with the input is found before the first file is written.
 """
@@ -17,9 +17,11 @@ import pandas as pd
 from rich.console import Console
 
 from gtep.config import ConfigError
-from gtep.report import collect as store
+from gtep.orchestration.report_store import open_store
 from gtep.report import importance as search
-from gtep.report import plots, summary as sm, tables
+from gtep.report import plots, tables
+from gtep.report import summary as sm
+from gtep.report.collect import StoreData, collect
 
 FORMATS = ("table", "md", "csv", "latex")
 
@@ -63,7 +65,7 @@ def slug(scenario: str, pairing: str) -> str:
 
 # ---------------------------------------------------------------- frames
 
-def search_frames(data: store.StoreData, phases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def search_frames(data: StoreData, phases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Importance and best-so-far per tuning phase (one algorithm of one scenario and pairing)."""
     importances, curves = [], []
     tuned = phases[phases["phase"] == "tune"]
@@ -85,7 +87,7 @@ def search_frames(data: store.StoreData, phases: pd.DataFrame) -> tuple[pd.DataF
     return importance, convergence
 
 
-def build_frames(data: store.StoreData) -> Report:
+def build_frames(data: StoreData) -> Report:
     summary = sm.phase_summaries(data)
     gaps = sm.gaps(summary)
     labelled = data.phases.merge(summary[["run_id", "label"]], on="run_id", how="inner")
@@ -130,7 +132,6 @@ def ranking_line(ranking: pd.DataFrame) -> str:
 def write_group(report: Report, group: tuple[str, str], folder: Path, formats: tuple[str, ...]) -> list[Path]:
     """One scenario and pairing: its table in the chosen formats and its five plots."""
     scenario, pairing = group
-    title = f"{scenario}: {pairing}"
     table = report.tables[group]
     written: list[Path] = []
     folder.mkdir(parents=True, exist_ok=True)
@@ -138,14 +139,15 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
         table.to_csv(folder / "table.csv")
         written.append(folder / "table.csv")
     if "latex" in formats:
-        (folder / "table.tex").write_text(tables.latex_frame(
-            table, f"Scenario {scenario}, {pairing}: Acc / AvgAcc (%), mean (std) over orderings.", f"tab:{folder.name}"))
+        caption = f"Scenario {scenario}, {pairing}: Acc / AvgAcc (%), mean (std) over orderings."
+        (folder / "table.tex").write_text(tables.latex_frame(table, caption, f"tab:{folder.name}"))
         written.append(folder / "table.tex")
     summary, conv = _part(report.summary, group), _part(report.convergence, group)
     drawn = [
         plots.task_curves(_part(report.curves, group), folder / "task_curves.png", f"Acc_t on D^E: {scenario}"),
-        plots.accuracy_against(summary, (("params_total", "parameters (total)"), ("params_trainable",
-                               "parameters (trainable)")), folder / "acc_vs_params.png", f"Acc vs parameters: {scenario}"),
+        plots.accuracy_against(summary, (("params_total", "parameters (total)"),
+                                         ("params_trainable", "parameters (trainable)")),
+                               folder / "acc_vs_params.png", f"Acc vs parameters: {scenario}"),
         plots.accuracy_against(summary, (("train_seconds", "training time (s)"),), folder / "acc_vs_time.png",
                                f"Acc vs training time: {scenario}"),
         plots.original_vs_hstar(summary, folder / "original_vs_hstar.png", f"Original vs H* on D^E: {scenario}"),
@@ -223,14 +225,13 @@ def run_report(tracking_uri: str, selectors: list[str], *, matrix: str | None = 
     only phase runs tagged gtep.matrix=<matrix>) and write the report. Raises ConfigError (naming the option)
     before writing anything when the store, the selectors or the formats are wrong."""
     formats = check_formats(formats)
-    client = store.open_store(tracking_uri)
-    data = store.collect(client, list(selectors), matrix)
+    runs = open_store(tracking_uri)
+    data = collect(runs, list(selectors), matrix)
     report = build_frames(data)
     report.out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gtep-report-"))
     report.paths = write_files(report, report.out, formats)
     if "table" in formats:
         print_report(report, console or Console())
     if log_to_mlflow:
-        report.run_id = store.log_report_run(client, tracking_uri, report.out, list(selectors), matrix,
-                                             report_metrics(report))
+        report.run_id = runs.log_report(report.out, list(selectors), matrix, report_metrics(report))
     return report

@@ -50,7 +50,7 @@ def hyperparameter_importance(trials: pd.DataFrame, hparams: pd.DataFrame, selec
     hyperparameter that varied, for the selection score, normalised to sum to 1. Diverged sets are left out.
     Empty when fewer than two sets scored or the scores do not vary (nothing to attribute)."""
     import optuna
-    from optuna.distributions import CategoricalDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
     from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 
     scores = trial_scores(trials, selection).dropna()
@@ -59,7 +59,8 @@ def hyperparameter_importance(trials: pd.DataFrame, hparams: pd.DataFrame, selec
     empty = pd.DataFrame(columns=["hyperparameter", "importance"])
     if len(scores) < 2 or not varying or np.ptp(scores.to_numpy()) == 0:
         return empty
-    distributions = {name: CategoricalDistribution(sorted(wide[name].unique(), key=str)) for name in varying}
+    distributions: dict[str, BaseDistribution] = {
+        name: CategoricalDistribution(sorted(wide[name].unique(), key=str)) for name in varying}
     frozen = [optuna.trial.create_trial(params={n: wide.at[run, n] for n in varying}, distributions=distributions,
                                         value=float(score)) for run, score in scores.items()]
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -47,7 +47,8 @@ def task_curves(curves: pd.DataFrame, path: Path, title: str) -> Path | None:
     return _save(figure, path)
 
 
-def accuracy_against(summary: pd.DataFrame, columns: tuple[tuple[str, str], ...], path: Path, title: str) -> Path | None:
+def accuracy_against(summary: pd.DataFrame, columns: tuple[tuple[str, str], ...], path: Path,
+                     title: str) -> Path | None:
     """Final Acc of the evaluation phase against a cost after the last task, one panel per cost: parameters
     (Figures 6b total, 9b trainable) or training time (Figures 6c, 9c)."""
     part = summary[(summary["phase"] == "evaluate") & summary["acc"].notna()]

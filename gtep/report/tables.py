@@ -91,7 +91,8 @@ def paper_table(summary: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(columns)
     if not gaps.empty:
         by_label = gaps.set_index("label")
-        table["gap HM (pp)"] = [pct(by_label.at[label, "gap"]) if label in by_label.index else "" for label in table.index]
+        table["gap HM (pp)"] = [pct(by_label.at[label, "gap"]) if label in by_label.index else ""
+                                for label in table.index]
         table["rank tune → eval"] = [_ranks(by_label, label) for label in table.index]
     table.index.name = "algorithm"
     return table.sort_index().fillna("-")

@@ -1,15 +1,25 @@
-"""`gtep matrix` and `gtep matrices`: the command line of a matrix of studies (registered in gtep/cli.py).
-
-Kept apart from cli.py as `gtep report` is; heavy imports (Ray, MLflow) happen only when a command runs.
-"""
+"""gtep matrix | matrices: a matrix of studies (algorithms x scenarios x pairings), run cell by cell, then
+reported over as a whole. Heavy imports (Ray, MLflow) happen only when a command runs."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+from rich.markup import escape
+from rich.table import Table
+
+from gtep.cli.common import console, run_guarded, through_ray_client
+from gtep.config import ConfigError
+
+if TYPE_CHECKING:
+    from gtep.matrix import MatrixConfig, ResolvedCell
+
+app = typer.Typer()
 
 
+@app.command("matrix")
 def matrix_command(
         config: Optional[Path] = typer.Option(None, "--config", "-c", help="matrix YAML file"),
         preset: Optional[str] = typer.Option(None, "--preset", help="a matrix shipped with gtep (gtep matrices)"),
@@ -23,7 +33,8 @@ def matrix_command(
         orderings: Optional[int] = typer.Option(None, "--orderings", help="S of every cell"),
         max_concurrent: Optional[int] = typer.Option(None, "--max-concurrent", help="trials running at once"),
         parallel_cells: int = typer.Option(1, "--parallel-cells", min=1, help="cells running at once, each a driver "
-                                           "process of its own on the one Ray cluster (output in <cell>/matrix-cell.log)"),
+                                           "process of its own on the one Ray cluster "
+                                           "(output in <cell>/matrix-cell.log)"),
         retry_failed: bool = typer.Option(False, "--retry-failed", help="run failed cells again (resuming them)"),
         check: bool = typer.Option(False, "--check", help="validate every cell and list them; run nothing"),
         no_report: bool = typer.Option(False, "--no-report", help="skip the report over the matrix at the end"),
@@ -31,10 +42,7 @@ def matrix_command(
     """Algorithms x scenarios x dataset pairings (paper Tables 1-2) as one batch: each cell a study with its own
     folder and MLflow lineage, run on one Ray cluster (one after another, or --parallel-cells at once), resumable
     cell by cell (rerun the same command), then the report over the whole matrix."""
-    from gtep.cli import _run_guarded, console, through_ray_client
-
     def go() -> None:
-        from gtep.config import ConfigError
         from gtep.matrix import load_matrix, load_matrix_preset, matrix_root, resolve_cells
 
         if config and preset:
@@ -44,22 +52,23 @@ def matrix_command(
                               "gtep matrices lists them)")
         if through_ray_client(address, config):
             return
-        matrix = load_matrix(config) if config else load_matrix_preset(preset)
+        matrix = load_matrix(config) if config else load_matrix_preset(str(preset))  # one of them is given
         overrides = {"tracking.tracking_uri": tracking_uri, "compute.ray_address": address, "search.trials": trials,
                      "search.orderings": orderings, "compute.max_concurrent": max_concurrent}
         cells = resolve_cells(matrix, output, overrides)  # every cell before any compute; nothing written
         root = matrix_root(matrix, output).resolve()
         first = cells[0].resolved.config
         run_matrix_cells(matrix, cells, root, first.tracking_uri, first.compute.ray_address, check=check,
-                         retry_failed=retry_failed, report=not no_report, console=console,
-                         parallel_cells=parallel_cells)
-    _run_guarded(go)
+                         retry_failed=retry_failed, report=not no_report, parallel_cells=parallel_cells)
+    run_guarded(go)
 
 
-def run_matrix_cells(matrix, cells, root: Path, tracking_uri: str, address: Optional[str], *, check: bool,
-                     retry_failed: bool, report: bool, console, parallel_cells: int = 1) -> None:
-    from gtep.orchestration.matrix import STATE_FILE, cells_table, report_matrix, run_matrix
+def run_matrix_cells(matrix: MatrixConfig, cells: list[ResolvedCell], root: Path, tracking_uri: str,
+                     address: Optional[str], *, check: bool, retry_failed: bool, report: bool,
+                     parallel_cells: int = 1) -> None:
+    from gtep.orchestration.matrix import STATE_FILE, cells_table, run_matrix
     from gtep.orchestration.phases import check_address, check_tracking
+    from gtep.orchestration.report_store import create_store
 
     check_address(address)
     check_tracking(tracking_uri)
@@ -72,31 +81,35 @@ def run_matrix_cells(matrix, cells, root: Path, tracking_uri: str, address: Opti
                        parallel_cells=parallel_cells)
     console.print(cells_table(matrix, root / STATE_FILE, cells))
     if report and any(p.action in ("finished", "skip") for p in plans):
-        report_matrix(matrix, tracking_uri, root, console)
+        report_matrix(matrix, tracking_uri, root)
     console.print(f"matrix folder: {root}  (matrix.json, one study folder per cell)\nMLflow store: {tracking_uri}")
     failed = [p.rc.cell.name for p in plans if p.action in ("failed", "skip-failed")]
     if failed:
-        console.print(f"[red]{len(failed)} cell(s) failed[/] (errors in {root / STATE_FILE}); rerun with "
+        console.print(f"[red]{len(failed)} cell(s) failed[/] (errors in {escape(str(root / STATE_FILE))}); rerun with "
                       "--retry-failed to run them again")
         raise typer.Exit(1)
 
 
-def create_store(tracking_uri: str) -> None:
-    from mlflow.tracking import MlflowClient
+def report_matrix(matrix: MatrixConfig, tracking_uri: str, root: Path) -> Path | None:
+    """The paper's tables over the whole matrix (gtep report --matrix NAME); the matrix's results are kept in
+    MLflow either way, so a report that cannot be built is a warning with the command to build it later."""
+    from gtep.report import run_report
 
-    from gtep.orchestration.phases import sqlite_write_ahead_log
+    later = f"gtep report --matrix {matrix.matrix} --tracking-uri '{tracking_uri}'"
+    out = root / "report"
+    try:
+        run_report(tracking_uri, [], matrix=matrix.matrix, out=out,
+                   formats=("table", "md", "csv", "latex"), console=console)
+    except Exception as err:  # noqa: BLE001 - the computed results are safe in MLflow; say how to retry
+        console.print(f"[yellow]report over the matrix failed ({err.__class__.__name__}: {escape(str(err))}); "
+                      f"build it later with: {escape(later)}[/]", highlight=False)
+        return None
+    console.print(f"report files: {out}")
+    return out
 
-    if tracking_uri.startswith("sqlite:///"):
-        sqlite_write_ahead_log(Path(tracking_uri.removeprefix("sqlite:///")))
-    MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
 
-
-def cell_listing(cells, state_path: Path):
+def cell_listing(cells: list[ResolvedCell], state_path: Path) -> Table:
     """`gtep matrix --check`: what each cell would run, and its status when the matrix ran before."""
-    import json
-
-    from rich.table import Table
-
     states = json.loads(state_path.read_text())["cells"] if state_path.exists() else {}
     table = Table(title=f"{len(cells)} cells, all valid", caption=str(state_path.parent))
     for column in ("cell", "scenario", "D^HT", "D^E", "similarity", "backbone", "R x S", "status"):
@@ -110,14 +123,12 @@ def cell_listing(cells, state_path: Path):
     return table
 
 
+@app.command("matrices")
 def matrices_command(show: Optional[str] = typer.Option(None, "--show", help="print a matrix preset's YAML "
                                                        "(to copy and edit)")) -> None:
     """Matrices shipped with gtep (use with gtep matrix --preset NAME)."""
-    from gtep.cli import _run_guarded, console
-
     def go() -> None:
         import yaml
-        from rich.table import Table
 
         from gtep.matrix import matrix_preset_names, matrix_preset_text
 
@@ -136,4 +147,4 @@ def matrices_command(show: Optional[str] = typer.Option(None, "--show", help="pr
             table.add_row(name, ", ".join(doc["algorithms"]), ", ".join(doc["scenarios"]), pairings, str(cells),
                           comment.split(". ")[0][:120])
         console.print(table)
-    _run_guarded(go)
+    run_guarded(go)

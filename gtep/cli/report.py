@@ -1,7 +1,6 @@
-"""`gtep report`: the command line of gtep.report.build.run_report (registered in gtep/cli.py).
+"""gtep report: the command line of gtep.report.build.run_report (the paper's tables and figures from MLflow).
 
-Kept apart from cli.py so the report's options live with the report; heavy imports (MLflow, pandas, matplotlib,
-Optuna) happen only when the command runs, so `gtep --help` stays fast.
+Heavy imports (MLflow, pandas, matplotlib, Optuna) happen only when the command runs, so `gtep --help` stays fast.
 """
 from __future__ import annotations
 
@@ -11,10 +10,16 @@ from typing import List, Optional
 
 import typer
 
+from gtep.cli.common import console, run_guarded
+from gtep.config import ConfigError
+
+app = typer.Typer()
+
 SelectorsArg = typer.Argument(None, help="study names, experiment names (gtep/<study>) or globs ('gtep/mx-*')",
                               show_default=False)
 
 
+@app.command("report")
 def report_command(
         selectors: Optional[List[str]] = SelectorsArg,
         matrix: Optional[str] = typer.Option(None, "--matrix", help="only phase runs of this gtep matrix "
@@ -32,12 +37,9 @@ def report_command(
     every algorithm in each phase, the overestimation gap, Kendall's tau between the phases' rankings, Original vs
     H*, per-task curves, cost plots, and hyperparameter importance and convergence from the tuning trials.
     Reads MLflow only; nothing is re-run."""
-    from gtep.cli import _run_guarded, console
-
     def go() -> None:
-        from gtep.config import ConfigError
+        from gtep.orchestration.report_store import open_store
         from gtep.report.build import check_formats, run_report
-        from gtep.report.collect import open_store
 
         chosen = check_formats(formats)
         uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
@@ -50,4 +52,4 @@ def report_command(
         console.print(f"report files: {report.out} ({len(report.paths)} files)")
         if report.run_id:
             console.print(f"report run: {report.run_id} in experiment gtep/reports of {uri}")
-    _run_guarded(go)
+    run_guarded(go)

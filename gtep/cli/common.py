@@ -1,0 +1,141 @@
+"""What every gtep command shares: the consoles, the common options, the error exit and the config a command
+builds from its options. Command modules import this module and never each other (tests/test_architecture.py);
+heavy imports (Ray, MLflow, torch) happen inside the commands, so `gtep --help` stays fast."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, NoReturn, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from gtep.config import ConfigError, ExperimentConfig, ResolvedExperiment, load_config, load_preset, resolve
+
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigOpt = typer.Option(None, "--config", "-c", help="experiment YAML file")
+PresetOpt = typer.Option(None, "--preset", help="a scenario shipped with gtep (gtep presets); default: 'default'")
+OutputOpt = typer.Option(None, "--output", help="folder for studies and the default MLflow store [./gtep-runs]")
+UriOpt = typer.Option(None, "--tracking-uri", help="MLflow tracking URI [sqlite:///<output>/mlflow.db]")
+AddressOpt = typer.Option(None, "--address", help="an existing Ray cluster (host:port, ray://host:10001, auto)")
+TrialsOpt = typer.Option(None, "--trials", help="R: hyperparameter sets to sample")
+OrderingsOpt = typer.Option(None, "--orderings", help="S: class orderings")
+SeedOpt = typer.Option(None, "--seed", help="the study seed (orderings, samples, initialisation)")
+AlgorithmOpt = typer.Option(None, "--algorithm", help="override the config's algorithm (gtep algorithms)")
+ConcurrentOpt = typer.Option(None, "--max-concurrent", help="trials running at once")
+StudyOpt = typer.Option(None, "--study", help="override the study name (its folder and MLflow experiment)")
+BackboneOpt = typer.Option(None, "--backbone", help="override the backbone (resnet32, resnet18, any timm ViT...)")
+WeightsOpt = typer.Option(None, "--weights", help="pretrained ViT weights: safetensors or a state dict (gtep pretrain)")
+ResumeOpt = typer.Option(None, "--resume", help="continue the study in OUTPUT/STUDY after a crash, with its own config")
+ProtocolOpt = typer.Option("gtep", "--protocol", help="gtep, or conventional: also re-run H* on the tuning classes "
+                           "(fresh orderings S..2S-1), the practice the paper criticises (section 3.1)")
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr and exit status 2. The message is escaped: a hint such as [0.1, 0.01] is text, not markup."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def run_guarded(fn: Callable[[], object]) -> None:
+    """Run a command's body: bad input (ConfigError and the like) is `fail`, a phase that stopped before its
+    result was complete (StudyStopped) prints its message and exits with its own code, never 0."""
+    from gtep.data import DatasetError
+    from gtep.errors import StudyStopped
+    from gtep.protocol.selection import AllSetsDivergedError
+    from gtep.spaces import SearchSpaceError
+
+    try:
+        fn()
+    except (ConfigError, DatasetError, SearchSpaceError, AllSetsDivergedError) as err:
+        fail(str(err))
+    except StudyStopped as err:
+        command = fn.__qualname__.split(".")[0]  # `go` is defined inside the command's function: tune, run...
+        summary = getattr(err, "summary", None)
+        if summary:  # what did finish, with its k/S, so that nothing reads it as complete
+            from gtep.report.tables import phase_summary
+
+            console.print(phase_summary(summary, getattr(err, "dataset", ""), f"{getattr(err, 'phase', '')} phase: INCOMPLETE"))
+        err_console.print(f"[bold red]stopped:[/] {escape(err.describe(command))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(err.exit_code)
+
+
+def check_protocol(protocol: str) -> str:
+    if protocol not in ("gtep", "conventional"):
+        raise ConfigError("--protocol", f"{protocol!r} is not a protocol; choose gtep or conventional")
+    return protocol
+
+
+def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any) -> ExperimentConfig:
+    if config and preset:
+        raise ConfigError("--preset", "give either --config or --preset, not both")
+    cfg = load_config(config) if config else load_preset(preset or "default")
+    mapped = {"tracking.output": overrides.get("output"), "tracking.tracking_uri": overrides.get("tracking_uri"),
+              "compute.ray_address": overrides.get("address"), "search.trials": overrides.get("trials"),
+              "search.orderings": overrides.get("orderings"), "seed": overrides.get("seed"),
+              "algorithm": overrides.get("algorithm"), "compute.max_concurrent": overrides.get("max_concurrent"),
+              "study": overrides.get("study"), "backbone": overrides.get("backbone"),
+              "weights": overrides.get("weights")}
+    for field, value in (("--trials", overrides.get("trials")), ("--orderings", overrides.get("orderings"))):
+        if value is not None and value < 1:
+            raise ConfigError(field, f"must be >= 1, got {value}")
+    return cfg.with_overrides(**mapped)
+
+
+def resumed_config(study_dir: Path, config: Optional[Path], preset: Optional[str],
+                   overrides: dict[str, Any]) -> ExperimentConfig:
+    """The config a study was started with (its manifest), placed where the study folder is now."""
+    manifest = study_dir / "manifest.json"
+    if not manifest.exists():
+        raise ConfigError("--resume", f"{study_dir} has no manifest.json; give the OUTPUT/STUDY folder of a study "
+                          "that gtep tune or gtep run started")
+    allowed = {"address", "tracking_uri"}
+    extra = sorted(k for k, v in overrides.items() if v is not None and k not in allowed)
+    if config or preset or extra:
+        given = ["--config"] * bool(config) + ["--preset"] * bool(preset) + [f"--{k.replace('_', '-')}" for k in extra]
+        raise ConfigError("--resume", f"a study resumes with the config it started with; drop {', '.join(given)} "
+                          "(only --address and --tracking-uri may change)")
+    stored = json.loads(manifest.read_text())["config"]
+    cfg = ExperimentConfig.model_validate(stored)
+    return cfg.with_overrides(**{"tracking.output": study_dir.resolve().parent, "study": study_dir.name,
+                                 "compute.ray_address": overrides.get("address"),
+                                 "tracking.tracking_uri": overrides.get("tracking_uri")})
+
+
+def prepare(config: Optional[Path], preset: Optional[str], resume: Optional[Path] = None,
+            **overrides: Any) -> ResolvedExperiment:
+    """All validation that needs no compute: the file, the names, the data, the search space, the address."""
+    from gtep.orchestration.phases import check_address, check_tracking
+
+    cfg = resumed_config(resume, config, preset, overrides) if resume else build_config(config, preset, **overrides)
+    resolved = resolve(cfg)
+    check_address(resolved.config.compute.ray_address)
+    check_tracking(resolved.config.tracking_uri)
+    return resolved
+
+
+def through_ray_client(address: Optional[str], config: Optional[Path]) -> bool:
+    """With --address ray://..., rerun this very command on the cluster's head (jobs.run_through_client)."""
+    if not address or not address.startswith("ray://"):
+        return False
+    from gtep.orchestration import jobs
+    from gtep.orchestration.phases import check_address
+
+    check_address(address)
+    argv, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--address":
+            skip = True
+        elif not arg.startswith("--address="):
+            argv.append("@config" if config is not None and Path(arg) == config else arg)
+    code, output = jobs.run_through_client(address, argv, config)
+    sys.stdout.write(output)
+    if code:
+        raise typer.Exit(code)
+    return True

@@ -1,0 +1,87 @@
+"""gtep algorithms | spaces | presets: what is registered and shipped (no compute)."""
+from __future__ import annotations
+
+import re
+import sys
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from gtep.cli.common import console, fail
+from gtep.config import preset_names, preset_text
+
+app = typer.Typer()
+
+
+@app.command()
+def algorithms() -> None:
+    """Registered algorithms with their tuned hyperparameter counts (paper Figure 10)."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.spaces import SearchSpaceError, load_space
+
+    table = Table(title="algorithms")
+    for column in ("name", "method", "tuned hyperparameters", "presets"):
+        table.add_column(column, no_wrap=column == "name")
+    for name in ALGORITHMS.names():
+        cls = ALGORITHMS.get(name)
+        try:
+            space = load_space(name)
+            tuned, presets = str(len(space.space.names)), ", ".join(space.presets)
+        except SearchSpaceError:
+            tuned, presets = "-", "(no search space)"
+        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip()
+        flat = " ".join(doc.split())
+        cited = re.match(r"^[^(:.]*\([^)]*\)", flat)  # "BiC (Wu et al., CVPR 2019)"
+        summary = cited.group(0) if cited else flat.split(". ")[0]
+        table.add_row(name, summary[:60], tuned, presets)
+    console.print(table)
+
+
+@app.command()
+def spaces(algorithm: Optional[str] = typer.Argument(None, help="an algorithm; all if omitted")) -> None:
+    """A search space with its value sets and presets."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.spaces import SearchSpaceError, load_space
+
+    names = [algorithm] if algorithm else ALGORITHMS.names()
+    for name in names:
+        try:
+            space = load_space(name) if name in ALGORITHMS else fail(
+                f"algorithm: unknown algorithm {name!r}; choose from {ALGORITHMS.names()}")
+        except SearchSpaceError as err:
+            if algorithm:
+                fail(str(err))
+            continue
+        table = Table(title=f"{name}  ({space.path}, {space.space.size():,} combinations)")
+        table.add_column("hyperparameter")
+        table.add_column("values")
+        for preset in space.presets:
+            table.add_column(f"preset: {preset}")
+        for key, values in space.space.sets.items():
+            table.add_row(key, ", ".join(map(str, values)), *[str(p.get(key, "")) for p in space.presets.values()])
+        console.print(table)
+
+
+@app.command()
+def presets() -> None:
+    """Scenarios shipped with gtep (use with --preset NAME)."""
+    import yaml
+
+    table = Table(title="presets")
+    for column in ("name", "algorithm", "scenario", "datasets", "R x S", "description"):
+        table.add_column(column, no_wrap=column == "name")
+    for name in preset_names():
+        text = preset_text(name)
+        doc = yaml.safe_load(text)
+        comment = " ".join(line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#"))
+        data = doc["datasets"]
+        datasets = data["split"]["dataset"] + " (split)" if "split" in data else \
+            f"{data['tuning']['dataset']} -> {data['evaluation']['dataset']}"
+        search = doc.get("search", {})
+        table.add_row(name, doc["algorithm"], str(doc["scenario"]["increments"]), datasets,
+                      f"{search.get('trials', 30)} x {search.get('orderings', 5)}", comment[:120])
+    console.print(table)
+    from gtep.matrix import matrix_preset_names
+
+    console.print(f"matrix presets (gtep matrix --preset NAME; gtep matrices): {', '.join(matrix_preset_names())}")

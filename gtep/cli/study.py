@@ -1,0 +1,208 @@
+"""gtep tune | evaluate | run: the protocol's two phases on Ray Tune, tracked in MLflow."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from gtep.cli.common import (
+    AddressOpt,
+    AlgorithmOpt,
+    BackboneOpt,
+    ConcurrentOpt,
+    ConfigOpt,
+    OrderingsOpt,
+    OutputOpt,
+    PresetOpt,
+    ProtocolOpt,
+    ResumeOpt,
+    SeedOpt,
+    StudyOpt,
+    TrialsOpt,
+    UriOpt,
+    WeightsOpt,
+    check_protocol,
+    console,
+    prepare,
+    run_guarded,
+    through_ray_client,
+)
+from gtep.config import ConfigError, ResolvedExperiment
+
+app = typer.Typer()
+
+
+def load_best_file(resolved: ResolvedExperiment, best: Optional[Path], tuning_run: Optional[str],
+                   hparams: Optional[str]) -> dict[str, Any] | None:
+    from gtep.orchestration.study import read_best
+    from gtep.spaces import SearchSpaceError, load_space, validate_values
+
+    given = [x for x in (best, tuning_run, hparams) if x]
+    if len(given) > 1:
+        raise ConfigError("--best", "give one of --best, --tuning-run or --hparams")
+    algorithm = resolved.config.algorithm
+    if hparams:
+        presets = load_space(algorithm, resolved.space_path).presets
+        if hparams not in presets:
+            raise ConfigError("--hparams", f"{algorithm} has no preset {hparams!r}; choose from {sorted(presets)}")
+        return {"algorithm": algorithm, "set_index": -1, "hparams": presets[hparams], "source": f"preset:{hparams}"}
+    if best:
+        if not best.exists():
+            raise ConfigError("--best", f"{best} does not exist; give the best.yaml that gtep tune wrote")
+        try:
+            data = read_best(best)
+        except ValueError as err:
+            raise ConfigError("--best", str(err)) from None
+        if data["algorithm"] != algorithm:
+            raise ConfigError("--best", f"{best} holds H* of {data['algorithm']!r} but the config runs {algorithm!r}; "
+                              "pass the matching best.yaml or --algorithm")
+        try:
+            validate_values(best, algorithm, data["hparams"])
+        except SearchSpaceError as err:
+            raise ConfigError("--best", str(err)) from None
+        return data
+    return None
+
+
+def _print_tune(outcome, resolved: ResolvedExperiment) -> None:
+    from gtep.report.tables import hparams_table, phase_summary
+
+    console.print(phase_summary(outcome.summary, resolved.tuning.dataset,
+                                f"H* on the tuning phase (set {outcome.set_index})"))
+    console.print(hparams_table(outcome.hparams, "H*"))
+    console.print(f"best.yaml: {outcome.paths.best}\nmanifest:  {outcome.paths.manifest}\ntuning run: {outcome.run_id}")
+
+
+def _print_store(resolved: ResolvedExperiment) -> None:
+    cfg = resolved.config
+    console.print(f"MLflow store: {cfg.tracking_uri}")
+    if cfg.tracking.tracking_uri is None:
+        console.print(f"Browse it with: [bold]gtep ui --output {cfg.tracking.output}[/]")
+
+
+@app.command()
+def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
+         tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
+         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt,
+         algorithm: Optional[str] = AlgorithmOpt, max_concurrent: Optional[int] = ConcurrentOpt,
+         study: Optional[str] = StudyOpt, backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
+         resume: Optional[Path] = ResumeOpt) -> None:
+    """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml)."""
+    def go():
+        from gtep.orchestration.phases import ray_session, tune_phase
+
+        if through_ray_client(address, config):
+            return
+        resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
+                           trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,
+                           max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights)
+        with ray_session(resolved.config.compute.ray_address):
+            outcome = tune_phase(resolved, console, resume=resume is not None)
+        _print_tune(outcome, resolved)
+        _print_store(resolved)
+    run_guarded(go)
+
+
+@app.command()
+def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt,
+             best: Optional[Path] = typer.Option(None, "--best", help="best.yaml written by gtep tune"),
+             tuning_run: Optional[str] = typer.Option(None, "--tuning-run", help="MLflow run id of a tuning phase"),
+             hparams: Optional[str] = typer.Option(None, "--hparams",
+                                                   help="a named preset instead of H* (e.g. original)"),
+             output: Optional[Path] = OutputOpt, tracking_uri: Optional[str] = UriOpt,
+             address: Optional[str] = AddressOpt, orderings: Optional[int] = OrderingsOpt,
+             seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
+             max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
+             backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
+             protocol: str = ProtocolOpt) -> None:
+    """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std
+    (--protocol conventional: over S fresh orderings of the tuning classes D^HT instead)."""
+    def go():
+        from gtep.orchestration.phases import best_from_run, conventional_phase, evaluate_phase, ray_session
+        from gtep.report.tables import phase_summary
+
+        check_protocol(protocol)
+        if through_ray_client(address, config):
+            return
+        resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address,
+                           orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
+                           study=study, backbone=backbone, weights=weights)
+        chosen = load_best_file(resolved, best, tuning_run, hparams)
+        if tuning_run:
+            chosen = best_from_run(resolved, tuning_run)
+            if chosen["algorithm"] != resolved.config.algorithm:
+                raise ConfigError("--tuning-run", f"run {tuning_run} tuned {chosen['algorithm']!r}, "
+                                  f"not {resolved.config.algorithm!r}; pass --algorithm {chosen['algorithm']}")
+        if chosen is None:
+            default = resolved.config.study_dir / "best.yaml"
+            if not default.exists():
+                raise ConfigError("--best", f"no H* given and {default} does not exist; run gtep tune first, "
+                                  "or pass --best, --tuning-run or --hparams")
+            chosen = load_best_file(resolved, default, None, None)
+        with ray_session(resolved.config.compute.ray_address):
+            if protocol == "conventional":
+                outcome = conventional_phase(resolved, chosen, console)
+            else:
+                outcome = evaluate_phase(resolved, chosen, console)
+        if protocol == "conventional":
+            console.print(phase_summary(outcome.summary, resolved.tuning.dataset,
+                                        "Conventional protocol: H* on the tuning classes (fresh orderings)"))
+        else:
+            console.print(phase_summary(outcome.summary, resolved.evaluation.dataset, "Evaluation phase"))
+        _print_store(resolved)
+    run_guarded(go)
+
+
+@app.command()
+def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
+        tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
+        orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
+        max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
+        backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
+        resume: Optional[Path] = ResumeOpt, protocol: str = ProtocolOpt,
+        with_original: bool = typer.Option(False, "--with-original", help="also evaluate the algorithm's original "
+                                           "preset on D^E beside H* (the paper's 'Original')")) -> None:
+    """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side. No options: the embedded default."""
+    def go():
+        from gtep.orchestration.phases import (
+            conventional_phase,
+            evaluate_phase,
+            original_best,
+            original_phase,
+            ray_session,
+            tune_phase,
+        )
+        from gtep.orchestration.study import read_best
+        from gtep.report.tables import hparams_table, phase_comparison
+
+        check_protocol(protocol)
+        if through_ray_client(address, config):
+            return
+        start = time.perf_counter()
+        resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
+                           trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,
+                           max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights)
+        cfg = resolved.config
+        console.print(f"[bold]gtep run[/] study={cfg.study} algorithm={cfg.algorithm} backbone={cfg.backbone} "
+                      f"scenario={cfg.scenario.increments} R={cfg.search.trials} S={cfg.search.orderings}")
+        if with_original:
+            original_best(resolved)  # a missing preset is an error before any compute
+        extra = {}
+        with ray_session(cfg.compute.ray_address):
+            tuned = tune_phase(resolved, console, resume=resume is not None)
+            best = read_best(tuned.paths.best)
+            evaluated = evaluate_phase(resolved, best, console, resume=resume is not None)
+            if protocol == "conventional":
+                extra["conventional"] = conventional_phase(resolved, best, console, resume=resume is not None).summary
+            if with_original:
+                extra["original"] = original_phase(resolved, console, resume=resume is not None).summary
+        console.print(hparams_table(tuned.hparams, f"H* (set {tuned.set_index} of {cfg.search.trials})"))
+        console.print(phase_comparison(tuned.summary, evaluated.summary, resolved.tuning.dataset,
+                                       resolved.evaluation.dataset,
+                                       f"GTEP: {cfg.algorithm} on {cfg.scenario.increments}", extra=extra))
+        console.print(f"study folder: {tuned.paths.root}  (best.yaml, manifest.json, *_results.csv)")
+        _print_store(resolved)
+        console.print(f"wall time: {time.perf_counter() - start:.0f} s")
+    run_guarded(go)

@@ -1,0 +1,89 @@
+"""gtep ui | server | sync: the MLflow side, a UI over a store, a tracking server, writes a study could not make.
+
+`ui` and `server` run MLflow's own commands in a subprocess (so nothing here imports MLflow)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from gtep.cli.common import UriOpt, console, fail, run_guarded
+from gtep.config import ConfigError
+
+app = typer.Typer()
+
+
+@app.command()
+def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", help="the --output folder of the runs"),
+       tracking_uri: Optional[str] = UriOpt, host: str = typer.Option("127.0.0.1", help="bind address"),
+       port: int = typer.Option(5000, help="port")) -> None:
+    """The MLflow UI over the store the runs went to (127.0.0.1 unless --host says otherwise)."""
+    uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        fail(f"--output: no MLflow store at {uri[len('sqlite:///'):]}; run gtep run first or pass --output")
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    console.print(f"MLflow UI on http://{host}:{port} over {uri} (Ctrl-C stops it)")
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    raise typer.Exit(subprocess.call(cmd, env=env))
+
+
+def mlflow_server_command(backend_store_uri: str, artifacts_destination: str, host: str, port: int,
+                          workers: int) -> list[str]:
+    """The `mlflow server` line `gtep server` runs (README shows it for use without gtep)."""
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
+            "--artifacts-destination", artifacts_destination, "--serve-artifacts",
+            "--host", host, "--port", str(port), "--workers", str(workers)]
+
+
+@app.command()
+def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.db", "--backend-store-uri",
+                                                 help="postgresql://user:pass@host:5432/db for a shared server"),
+           artifacts_destination: str = typer.Option("gtep-server/mlartifacts", "--artifacts-destination",
+                                                     help="a folder, s3://... or gs://... for run artifacts"),
+           host: str = typer.Option("127.0.0.1", help="bind address (0.0.0.0 only inside a private network)"),
+           port: int = typer.Option(5000, help="port"),
+           workers: int = typer.Option(2, help="server worker processes")) -> None:
+    """An MLflow tracking server for studies on a cluster (log to it with --tracking-uri http://HOST:PORT)."""
+    def go():
+        import importlib.util
+
+        scheme = backend_store_uri.split(":", 1)[0]
+        driver = "psycopg2" if scheme == "postgresql+psycopg2" else "psycopg"
+        if scheme.startswith("postgresql") and importlib.util.find_spec(driver) is None:
+            raise ConfigError("--backend-store-uri",
+                              f"PostgreSQL needs its driver {driver}: pip install 'gtep[server]'")
+        if scheme == "sqlite":
+            Path(backend_store_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        if "://" not in artifacts_destination:
+            Path(artifacts_destination).mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        console.print(f"MLflow tracking server on http://{host}:{port} (store {backend_store_uri.split('@')[-1]}, "
+                      f"artifacts {artifacts_destination}); Ctrl-C stops it")
+        cmd = mlflow_server_command(backend_store_uri, artifacts_destination, host, port, workers)
+        raise typer.Exit(subprocess.call(cmd, env=env))
+    run_guarded(go)
+
+
+@app.command()
+def sync(study_dir: Path = typer.Argument(..., help="OUTPUT/STUDY: the study folder"),
+         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
+                                                    help="write to another store than the study's")) -> None:
+    """Write what a study could not write to MLflow while its tracking server was away."""
+    def go():
+        from gtep.orchestration.journal import TrackingJournal
+
+        try:
+            journal = TrackingJournal.load(study_dir, tracking_uri)
+        except FileNotFoundError as err:
+            raise ConfigError("study_dir", f"{err}; give the OUTPUT/STUDY folder of a study") from None
+        before = len(journal.pending)
+        left = journal.flush(force=True)
+        console.print(f"{study_dir}: {before - left} writes applied to {journal.state.tracking_uri}, {left} waiting")
+        if left:
+            fail(f"--tracking-uri: {journal.state.tracking_uri} did not take them ({journal.last_error}); "
+                 "run gtep sync again when it answers")
+    run_guarded(go)

@@ -1,0 +1,209 @@
+"""The MLflow store as plain pandas frames for gtep report (read only), and the report run that logs a report.
+
+It reads the lineage `gtep.orchestration.tracking` writes:
+
+    phase run (gtep.level=phase)  >  trial run (gtep.level=trial)  >  ordering run (gtep.level=ordering, acc_t steps)
+
+and turns every run into a row of its tags and metrics. Which runs a report keeps (the latest usable phase run per
+label, its trials and orderings) is the report's own choice, made on these frames in `gtep.report.collect`; this
+module is the only place the report's data touches MLflow.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import pandas as pd
+from mlflow.entities import Run, ViewType
+from mlflow.tracking import MlflowClient
+
+from gtep.config import ConfigError
+
+PREFIX = "gtep/"  # a study's experiment is gtep/<study> (gtep.orchestration.tracking)
+REPORTS_EXPERIMENT = "gtep/reports"
+PHASE_METRICS = ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "diverged", "best_hmean", "best_acc",
+                 "best_avg_acc", "best_acc_std", "best_avg_acc_std", "best_set_index")
+TRIAL_METRICS = ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "mean_of_hmeans", "diverged_orderings",
+                 "orderings")
+ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc", "params_total",
+                    "params_trainable", "train_seconds", "diverged")
+TRIAL_COLUMNS = ["run_id", "phase_run_id", "set_index", "status", "start_time", *TRIAL_METRICS]
+ORDERING_COLUMNS = ["run_id", "trial_run_id", "set_index", "ordering", "status", "run_status", "end_time",
+                    *ORDERING_METRICS]
+HPARAM_COLUMNS = ["trial_run_id", "name", "value"]
+STEP_COLUMNS = ["run_id", "t", "acc"]
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    return Path(tracking_uri[len("sqlite:///"):]) if tracking_uri.startswith("sqlite:///") else None
+
+
+def open_store(tracking_uri: str, option: str = "--tracking-uri") -> RunStore:
+    """An existing store. A missing sqlite file is an error naming `option`, not a new empty store."""
+    path = sqlite_path(tracking_uri)
+    if path is not None and not path.exists():
+        raise ConfigError(option, f"there is no MLflow store at {path}; pass the --output folder of the runs "
+                          "(gtep run wrote <output>/mlflow.db) or their --tracking-uri")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    try:
+        client.search_experiments(max_results=1)
+    except Exception as err:  # noqa: BLE001 - a server that is away surfaces as several MLflow/requests types
+        raise ConfigError(option, f"the MLflow store at {tracking_uri} does not answer "
+                          f"({err.__class__.__name__}); start it or give another --tracking-uri") from None
+    return RunStore(client, tracking_uri)
+
+
+def create_store(tracking_uri: str) -> None:
+    """Create a store's tables now (and put a local sqlite store in WAL mode): `gtep matrix --parallel-cells`
+    does it before its cell drivers start, which would otherwise race to create a fresh sqlite store's tables."""
+    from gtep.orchestration.phases import sqlite_write_ahead_log  # here: the report's reads need no Ray
+
+    path = sqlite_path(tracking_uri)
+    if path is not None:
+        sqlite_write_ahead_log(path)
+    MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+
+
+class RunStore:
+    """The runs of one store as frames, one row per run. Columns survive an empty result, so frames join cleanly."""
+
+    def __init__(self, client: MlflowClient, tracking_uri: str) -> None:
+        self.client, self.tracking_uri = client, tracking_uri
+
+    def study_experiments(self) -> dict[str, str]:
+        """Every gtep study experiment (name -> id); the reports' own experiment is not a study."""
+        found = _all_pages(lambda token: self.client.search_experiments(
+            view_type=ViewType.ACTIVE_ONLY, max_results=1000, page_token=token))
+        return {e.name: e.experiment_id for e in found if e.name.startswith(PREFIX) and e.name != REPORTS_EXPERIMENT}
+
+    def phase_runs(self, experiments: dict[str, str], matrix: str | None = None) -> pd.DataFrame:
+        """The phase runs of the experiments (name -> id); with `matrix`, only those tagged gtep.matrix=<matrix>."""
+        name_of = {v: k for k, v in experiments.items()}
+        where = f"tags.`gtep.matrix` = '{matrix}'" if matrix else ""
+        runs = self._search(sorted(experiments.values()), "phase", where)
+        return pd.DataFrame([phase_row(r, name_of[r.info.experiment_id]) for r in runs])
+
+    def trial_runs(self, experiment_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The trial runs (one row each) and their hyperparameter sets, long: (trial run, name, value)."""
+        runs = self._search(experiment_ids, "trial")
+        trials = _frame([trial_row(r) for r in runs], TRIAL_COLUMNS)
+        return trials, trial_hparams(runs)
+
+    def ordering_runs(self, experiment_ids: list[str]) -> pd.DataFrame:
+        return _frame([ordering_row(r) for r in self._search(experiment_ids, "ordering")], ORDERING_COLUMNS)
+
+    def accuracy_steps(self, ordering_ids: list[str]) -> pd.DataFrame:
+        """acc_t per ordering run: accuracy on all classes seen after task t (step t = 1..T)."""
+        rows = [{"run_id": run_id, "t": int(point.step), "acc": float(point.value)}
+                for run_id in ordering_ids for point in self.client.get_metric_history(run_id, "acc_t")]
+        frame = pd.DataFrame(rows, columns=STEP_COLUMNS)
+        return frame.drop_duplicates(["run_id", "t"], keep="last").sort_values(["run_id", "t"]).reset_index(drop=True)
+
+    def log_report(self, folder: Path, selectors: list[str], matrix: str | None, metrics: dict[str, float]) -> str:
+        """One run in gtep/reports with every file of the report as an artifact, so the MLflow UI shows the tables
+        and plots beside the studies' runs."""
+        experiment_id = self._reports_experiment()
+        tags = {"gtep.level": "report", "gtep.sources": ",".join(selectors) or "*"}
+        if matrix:
+            tags["gtep.matrix"] = matrix
+        run = self.client.create_run(experiment_id, run_name=f"report-{time.strftime('%Y%m%d-%H%M%S')}", tags=tags)
+        run_id = run.info.run_id
+        try:
+            for key, value in metrics.items():
+                if math.isfinite(value):
+                    self.client.log_metric(run_id, key, value)
+            self.client.log_artifacts(run_id, str(folder))
+        except Exception:
+            self.client.set_terminated(run_id, "FAILED")
+            raise
+        self.client.set_terminated(run_id, "FINISHED")
+        return run_id
+
+    def _search(self, experiment_ids: list[str], level: str, extra: str = "") -> list[Run]:
+        if not experiment_ids:
+            return []
+        query = f"tags.`gtep.level` = '{level}'" + (f" and {extra}" if extra else "")
+        return _all_pages(lambda token: self.client.search_runs(experiment_ids, query, ViewType.ACTIVE_ONLY, 1000,
+                                                                page_token=token))
+
+    def _reports_experiment(self) -> str:
+        """gtep/reports, created once. Beside a sqlite store its artifacts go to <store folder>/mlartifacts/reports,
+        as the studies' do, rather than into whatever folder the command runs in."""
+        existing = self.client.get_experiment_by_name(REPORTS_EXPERIMENT)
+        if existing is not None:
+            return str(existing.experiment_id)
+        path = sqlite_path(self.tracking_uri)
+        location = (path.resolve().parent / "mlartifacts" / "reports").as_uri() if path is not None else None
+        return str(self.client.create_experiment(REPORTS_EXPERIMENT, artifact_location=location))
+
+
+def _all_pages(fetch: Callable[[str | None], Any]) -> list[Any]:
+    items: list[Any] = []
+    token = None
+    while True:
+        page = fetch(token)
+        items.extend(page)
+        token = page.token
+        if not token:
+            return items
+
+
+def _frame(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
+    """Rows as a frame that keeps its columns when there are no rows (an empty study still joins cleanly)."""
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+
+
+# ---------------------------------------------------------------- runs as rows
+
+def _metrics(run: Run, names: Iterable[str]) -> dict[str, float]:
+    return {name: float(run.data.metrics.get(name, math.nan)) for name in names}
+
+
+def phase_label(run: Run) -> str:
+    """tune | evaluate | original | conventional. An evaluation with the `original` preset is still written as an
+    `evaluate` phase run with gtep.hparams_source=preset:original; both spellings mean the paper's "Original"."""
+    tags = run.data.tags
+    phase = tags.get("gtep.phase", "")
+    source = tags.get("gtep.hparams_source", "")
+    if phase == "evaluate" and source.startswith("preset:"):
+        return str(source[len("preset:"):])
+    return str(phase)
+
+
+def phase_row(run: Run, experiment: str) -> dict[str, Any]:
+    tags, params = run.data.tags, run.data.params
+    tag = {column: tags.get(f"gtep.{name}", "") for column, name in (
+        ("attempt", "attempt"), ("matrix", "matrix"), ("cell", "cell"), ("scenario_tag", "scenario"),
+        ("pairing_tag", "pairing"), ("similarity_tag", "similarity"), ("hparams_source", "hparams_source"),
+        ("tuning_run_id", "tuning_run_id"), ("best_trial_run_id", "best_trial_run_id"),
+        ("best_set_index_tag", "best_set_index"))}
+    param = {name: params.get(f"gtep.{name}", "") for name in ("algorithm", "backbone", "dataset", "increments",
+                                                                 "selection")}
+    return {"run_id": run.info.run_id, "experiment": experiment,
+            "study": tags.get("gtep.study", experiment[len(PREFIX):]), "phase": phase_label(run),
+            "status": run.info.status, "start_time": run.info.start_time or 0, **tag, **param,
+            **_metrics(run, PHASE_METRICS)}
+
+
+def trial_row(run: Run) -> dict[str, Any]:
+    return {"run_id": run.info.run_id, "phase_run_id": run.data.tags.get("mlflow.parentRunId", ""),
+            "set_index": int(run.data.tags.get("gtep.set_index", -1)), "status": run.info.status,
+            "start_time": run.info.start_time or 0, **_metrics(run, TRIAL_METRICS)}
+
+
+def ordering_row(run: Run) -> dict[str, Any]:
+    tags = run.data.tags
+    diverged = tags.get("gtep.status") == "diverged" or run.data.metrics.get("diverged", 0) > 0
+    return {"run_id": run.info.run_id, "trial_run_id": tags.get("mlflow.parentRunId", ""),
+            "set_index": int(tags.get("gtep.set_index", -1)), "ordering": int(tags.get("gtep.ordering", -1)),
+            "status": "diverged" if diverged else tags.get("gtep.status", "finished"), "run_status": run.info.status,
+            "end_time": run.info.end_time or 0, **_metrics(run, ORDERING_METRICS)}
+
+
+def trial_hparams(trial_runs: list[Run]) -> pd.DataFrame:
+    """Each trial's hyperparameter set: its params without the gtep.* ones common to the study."""
+    rows = [{"trial_run_id": run.info.run_id, "name": k, "value": v} for run in trial_runs
+            for k, v in sorted(run.data.params.items()) if not k.startswith("gtep.")]
+    return pd.DataFrame(rows, columns=HPARAM_COLUMNS)
