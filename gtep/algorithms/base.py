@@ -41,8 +41,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import (Any, Callable, ClassVar, Generic, Iterable, Literal, Protocol, Self, TypeVar, get_args,
-                    get_origin)
+from typing import Any, Callable, ClassVar, Generic, Iterable, Literal, Protocol, Self, TypeVar, get_args, get_origin
 
 import torch
 import torch.nn.functional as F

@@ -25,8 +25,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from gtep.algorithms._prompting import (PromptLearner, PromptNet, PromptParams, key_similarity, pull_loss,
-                                        uniform_parameter)
+from gtep.algorithms._prompting import (
+    PromptLearner,
+    PromptNet,
+    PromptParams,
+    key_similarity,
+    pull_loss,
+    uniform_parameter,
+)
 from gtep.algorithms.base import ALGORITHMS, Optimizer, Scheduler, TaskData
 from gtep.models.vit import Prefix
 

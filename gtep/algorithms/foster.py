@@ -28,8 +28,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._expansion import BackboneStack
-from gtep.algorithms.base import (ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData,
-                                  distillation_loss, freeze)
+from gtep.algorithms.base import (
+    ALGORITHMS,
+    CommonParams,
+    FitFn,
+    IncrementalLearner,
+    TaskData,
+    distillation_loss,
+    freeze,
+)
 from gtep.models.heads import LinearHead, embed_head
 from gtep.protocol.sampling import steplr_milestones
 

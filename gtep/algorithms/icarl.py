@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gtep.algorithms.base import (ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData,
-                                  distillation_loss)
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, distillation_loss
 
 
 @dataclass(frozen=True)

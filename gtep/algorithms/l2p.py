@@ -18,8 +18,14 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from gtep.algorithms._prompting import (PromptLearner, PromptNet, PromptParams, key_similarity, pull_loss,
-                                        uniform_parameter)
+from gtep.algorithms._prompting import (
+    PromptLearner,
+    PromptNet,
+    PromptParams,
+    key_similarity,
+    pull_loss,
+    uniform_parameter,
+)
 from gtep.algorithms.base import ALGORITHMS, Optimizer, Scheduler
 
 

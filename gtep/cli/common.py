@@ -59,7 +59,8 @@ def run_guarded(fn: Callable[[], object]) -> None:
         if summary:  # what did finish, with its k/S, so that nothing reads it as complete
             from gtep.report.tables import phase_summary
 
-            console.print(phase_summary(summary, getattr(err, "dataset", ""), f"{getattr(err, 'phase', '')} phase: INCOMPLETE"))
+            title = f"{getattr(err, 'phase', '')} phase: INCOMPLETE"
+            console.print(phase_summary(summary, getattr(err, "dataset", ""), title))
         err_console.print(f"[bold red]stopped:[/] {escape(err.describe(command))}", highlight=False, soft_wrap=True)
         raise typer.Exit(err.exit_code)
 

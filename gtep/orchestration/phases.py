@@ -28,8 +28,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gtep.config import ConfigError, ResolvedExperiment
-from gtep.errors import StudyStopped
 from gtep.data import resolve_dataset
+from gtep.errors import StudyStopped
 from gtep.orchestration.interrupt import Interruption, StopOnSignal, StudyInterrupted, interruptible
 from gtep.orchestration.journal import RUN_REF, TrackingJournal, quiet_http_client
 from gtep.orchestration.study import Manifest, StudyPaths, read_best, write_best
@@ -411,7 +411,8 @@ def _searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
 
 
 def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, param_space: dict[str, Any],
-              search_alg, num_samples: int, callbacks: list[tune.Callback], stopper: tune.Stopper | None = None) -> None:
+              search_alg, num_samples: int, callbacks: list[tune.Callback],
+              stopper: tune.Stopper | None = None) -> None:
     cfg = resolved.config
     tuner = tune.Tuner(
         trainable_for(resolved, phase, study_folders(resolved, paths, phase, attempt)),
@@ -479,7 +480,8 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
                               u["status"] == "diverged") for u in units]
     scores = [score_set(i, [r for r in results if r.set_index == i], S) for i in set_indices]
     write_results_csv(paths.results("tune"), units, manifest.hparams, scores)
-    counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in ("complete", "incomplete", "diverged")}
+    counts = {f"sets_{state}": sum(s.status == state for s in scores)
+              for state in ("complete", "incomplete", "diverged")}
     try:
         selection = select_best(results, cfg.search.selection, expected_orderings=S, sets=set_indices)
     except Exception:

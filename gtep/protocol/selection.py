@@ -114,7 +114,7 @@ def score_set(set_index: int, results: list[OrderingResult], expected_orderings:
         avg_acc_mean=avg_mean,
         avg_acc_std=avg_std,
         hmean_of_means=harmonic_mean(acc_mean, avg_mean),
-        mean_of_hmeans=float("nan") if diverged else float(np.mean(per_ordering_hm)) if per_ordering_hm else float("nan"),
+        mean_of_hmeans=float(np.mean(per_ordering_hm)) if per_ordering_hm and not diverged else float("nan"),
         expected_orderings=expected_orderings,
     )
 
