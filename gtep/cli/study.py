@@ -105,6 +105,21 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
     run_guarded(go)
 
 
+def resumed_set(study_dir: Path, phase: str, given: object) -> dict:
+    """The set a resumed fixed-set phase ran, from the study's manifest (a resume never changes it)."""
+    import json
+
+    if given:
+        raise ConfigError("--resume", "a resumed phase runs the set it started with; drop --best, --tuning-run "
+                          "and --hparams")
+    record = json.loads((study_dir / "manifest.json").read_text())["phases"].get(phase)
+    if not record or "hparams" not in record:
+        raise ConfigError("--resume", f"{study_dir} has no {phase} phase to resume; run gtep evaluate without --resume")
+    return {"algorithm": json.loads((study_dir / "manifest.json").read_text())["algorithm"],
+            "set_index": record.get("set_index", -1), "hparams": record["hparams"],
+            "tuning_run_id": record.get("tuning_run_id", ""), "source": record.get("hparams_source", "tuning")}
+
+
 @app.command()
 def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt,
              best: Optional[Path] = typer.Option(None, "--best", help="best.yaml written by gtep tune"),
@@ -116,9 +131,10 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
              seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
              max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
              backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
-             protocol: str = ProtocolOpt) -> None:
+             protocol: str = ProtocolOpt, resume: Optional[Path] = ResumeOpt) -> None:
     """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std
-    (--protocol conventional: over S fresh orderings of the tuning classes D^HT instead)."""
+    (--protocol conventional: over S fresh orderings of the tuning classes D^HT instead).
+    --resume OUTPUT/STUDY runs the orderings an interrupted or incomplete evaluation is missing."""
     def go():
         from gtep.orchestration.phases import best_from_run, conventional_phase, evaluate_phase, ray_session
         from gtep.report.tables import phase_summary
@@ -126,10 +142,14 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
         check_protocol(protocol)
         if through_ray_client(address, config):
             return
-        resolved = prepare(config, preset, output=output, tracking_uri=tracking_uri, address=address,
+        resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
                            orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
                            study=study, backbone=backbone, weights=weights)
-        chosen = load_best_file(resolved, best, tuning_run, hparams)
+        phase = "conventional" if protocol == "conventional" else "evaluate"
+        if resume is not None:
+            chosen = resumed_set(resume, phase, best or tuning_run or hparams)
+        else:
+            chosen = load_best_file(resolved, best, tuning_run, hparams)
         if tuning_run:
             chosen = best_from_run(resolved, tuning_run)
             if chosen["algorithm"] != resolved.config.algorithm:
@@ -143,9 +163,9 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
             chosen = load_best_file(resolved, default, None, None)
         with ray_session(resolved.config.compute.ray_address):
             if protocol == "conventional":
-                outcome = conventional_phase(resolved, chosen, console)
+                outcome = conventional_phase(resolved, chosen, console, resume=resume is not None)
             else:
-                outcome = evaluate_phase(resolved, chosen, console)
+                outcome = evaluate_phase(resolved, chosen, console, resume=resume is not None)
         if protocol == "conventional":
             console.print(phase_summary(outcome.summary, resolved.tuning.dataset,
                                         "Conventional protocol: H* on the tuning classes (fresh orderings)"))

@@ -101,3 +101,18 @@ def test_an_evaluation_that_lost_an_ordering_is_flagged_and_exits_non_zero(tmp_p
     assert phase.info.status == "FAILED" and phase.data.tags["gtep.status"] == "incomplete"
     assert phase.data.tags["gtep.orderings"] == "1/2" and "1 of 2 orderings finished" in phase.data.tags["gtep.reason"]
     assert set(pd.read_csv(study / "evaluate_results.csv")["set_orderings"]) == {"1/2"}
+
+    # the bug is gone (no marker left behind): the resume runs the missing ordering only and completes the phase
+    for marker in ray_with_the_plugin.iterdir():
+        marker.unlink()
+    finished_before = {u["ordering"] for u in manifest["units"].values()}
+    from tests.orchestration.test_phases import runner
+    from gtep.cli import app
+
+    resumed = runner.invoke(app, ["evaluate", "--resume", str(study)])
+    assert resumed.exit_code == 0, resumed.output
+    after = json.loads((study / "manifest.json").read_text())
+    assert after["phases"]["evaluate"]["status"] == "finished" and len(after["units"]) == 2
+    assert {u["ordering"] for u in after["units"].values()} > finished_before
+    phase, = runs_of(store(tmp_path), "flaky-eval", level="phase", phase="evaluate")
+    assert phase.info.status == "FINISHED" and phase.data.tags["gtep.orderings"] == "2/2"
