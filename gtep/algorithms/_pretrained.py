@@ -11,12 +11,13 @@ Not auto-imported (leading underscore): it registers nothing.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from gtep.algorithms.base import IncrementalLearner, P, freeze
+from gtep.models.vit import PromptableViT
 
 
 class PretrainedLearner(IncrementalLearner[P]):
@@ -26,9 +27,10 @@ class PretrainedLearner(IncrementalLearner[P]):
     fixed_first_task = False
     uses_pretrained = True
 
-    def new_backbone(self) -> nn.Module:
+    def new_backbone(self) -> PromptableViT:
         """The pretrained ViT, frozen: these methods learn beside it, never in it."""
-        return freeze(super().new_backbone())
+        # create_backbone wraps every ViT in a PromptableViT, and these methods run on ViTs only
+        return freeze(cast(PromptableViT, super().new_backbone()))
 
     def encode(self, fn: Callable[[Tensor], Tensor], x: Tensor, batch: int = 256) -> Tensor:
         """`fn` over every image of `x` once, `batch` at a time, with the network in eval mode and no

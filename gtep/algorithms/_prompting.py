@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner
 from gtep.algorithms.base import CommonParams, FitFn, TaskData, freeze
+from gtep.models.vit import PromptableViT
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def mask_old_classes(logits: Tensor, known: int) -> Tensor:
 class PromptNet(nn.Module):
     """A frozen PromptableViT, a growing head and the prompt-free query; subclasses add prompts and keys."""
 
-    def __init__(self, backbone: nn.Module) -> None:
+    def __init__(self, backbone: PromptableViT) -> None:
         super().__init__()
         self.backbone = freeze(backbone)  # the learner's backbone is frozen already; a net built alone too
         self.head = GrowingHead(backbone.out_dim)
@@ -103,7 +104,7 @@ class PromptLearner(PretrainedLearner[PP]):
     net: PromptNet
     task_index: int | None = None  # the task being trained (DualPrompt uses it); None at test time
 
-    def make_net(self, backbone: nn.Module) -> PromptNet:
+    def make_net(self, backbone: PromptableViT) -> PromptNet:
         raise NotImplementedError
 
     def build_network(self) -> nn.Module:

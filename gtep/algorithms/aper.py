@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner, class_means
 from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData, freeze, parameter_count
-from gtep.models.vit import Adapter
+from gtep.models.vit import Adapter, PromptableViT
 
 
 class DropoutAdapter(Adapter):
@@ -37,7 +37,7 @@ class DropoutAdapter(Adapter):
         return self.up(F.dropout(F.relu(self.down(x)), self.dropout, self.training)) * self.scale
 
 
-def adapter_set(backbone: nn.Module, ffn_num: int, dropout: float) -> nn.ModuleList:
+def adapter_set(backbone: PromptableViT, ffn_num: int, dropout: float) -> nn.ModuleList:
     """One adapter per transformer block: what PromptableViT's `adapters=` takes."""
     return nn.ModuleList(DropoutAdapter(backbone.out_dim, ffn_num, dropout) for _ in range(backbone.depth))
 
@@ -64,7 +64,9 @@ class APERParams(CommonParams):
 class APERNet(nn.Module):
     """Frozen ViT, one adapter set, class prototypes over [pretrained ; adapted] features."""
 
-    def __init__(self, backbone: nn.Module, ffn_num: int, dropout: float) -> None:
+    prototypes: Tensor
+
+    def __init__(self, backbone: PromptableViT, ffn_num: int, dropout: float) -> None:
         super().__init__()
         self.backbone = backbone
         self.adapters = adapter_set(backbone, ffn_num, dropout)
@@ -103,7 +105,7 @@ class APERAdapter(PretrainedLearner[APERParams]):
 
     def fit_task(self, task: TaskData, fit: FitFn) -> None:
         if task.index == 0:
-            fit(list(self.net.adapters.parameters()) + list(self.net.head.parameters()), self.loss,
+            fit(list(self.net.adapters.parameters()) + list(self.first_task_head().parameters()), self.loss,
                 task.x, task.y, task.recipe, modules=[self.net])
             self.net.head = None  # the first-task classifier is replaced by prototypes (PILOT does the same)
             freeze(self.net.adapters)
@@ -111,7 +113,12 @@ class APERAdapter(PretrainedLearner[APERParams]):
         self.net.prototypes[task.known:task.total] = class_means(features, task.y, task.new_classes)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
-        return F.cross_entropy(self.net.head(self.net.adapted(x)), y)
+        return F.cross_entropy(self.first_task_head()(self.net.adapted(x)), y)
+
+    def first_task_head(self) -> CosineHead:
+        if self.net.head is None:
+            raise RuntimeError("APER's cosine head exists only while the first task trains")
+        return self.net.head
 
     def parameter_counts(self) -> tuple[int, int]:
         """Trainable = the adapters this run learnt (frozen after task 1, kept for inference); the

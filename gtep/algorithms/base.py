@@ -41,14 +41,27 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Generic, Iterable, Literal, Protocol, Self, TypeVar, get_args, get_origin
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Generic,
+    Iterable,
+    Literal,
+    Protocol,
+    Self,
+    TypeVar,
+    cast,
+    get_args,
+    get_origin,
+)
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms.memory import ExemplarMemory
-from gtep.models import IncrementalNet, create_backbone
+from gtep.models import Backbone, IncrementalNet, create_backbone
 from gtep.registry import Registry
 
 Scheduler = Literal["steplr", "cosine", "constant"]
@@ -81,7 +94,7 @@ class CommonParams:
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"{cls.__name__} has no hyperparameter(s) {unknown}; it has {sorted(known)}")
-        coerced = {k: tuple(v) if k == "milestones" and v is not None else v for k, v in values.items()}
+        coerced: dict[str, Any] = {k: tuple(v) if k == "milestones" and v is not None else v for k, v in values.items()}
         return cls(**coerced)
 
 
@@ -219,7 +232,7 @@ class IncrementalLearner(Generic[P]):
         method that replaces those readers may return what they need instead. May read self.params."""
         return IncrementalNet(self.new_backbone())
 
-    def new_backbone(self) -> nn.Module:
+    def new_backbone(self) -> Backbone:
         """A freshly initialised (or pretrained, with --weights) backbone of the run's architecture."""
         return create_backbone(self.backbone_name, self.weights)
 
@@ -229,7 +242,9 @@ class IncrementalLearner(Generic[P]):
         (and after self.old_net is snapshot), before the network is moved to the device. Must leave the
         network able to score task.total classes. May add head rows, backbones, prompts or heads that only
         train during this task, and set per-task state. Default: self.net.expand(task.total)."""
-        self.net.expand(task.total)
+        # nn.Module's attribute lookup types `expand` as Tensor | Module; every default-grown net defines it
+        expand = cast(Callable[[int], None], self.net.expand)
+        expand(task.total)
 
     def trainable_parameters(self) -> Iterable[nn.Parameter]:
         """What the default fit_task optimises (fit skips those with requires_grad False). Default: all."""

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from gtep.algorithms._pretrained import PretrainedLearner
 from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, Optimizer, Scheduler, TaskData
 from gtep.models.heads import LinearHead
-from gtep.models.vit import Prefix
+from gtep.models.vit import Prefix, PromptableViT
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,11 @@ class CodaPromptNet(nn.Module):
     Finished components live in buffers `pool_*` (layers, capacity, ...); the current task's block is the
     parameters `p`, `k`, `a`, copied into the pool when the task ends."""
 
-    def __init__(self, backbone: nn.Module, layers: tuple[int, ...], pool_size: int, length: int) -> None:
+    pool_p: Tensor
+    pool_k: Tensor
+    pool_a: Tensor
+
+    def __init__(self, backbone: PromptableViT, layers: tuple[int, ...], pool_size: int, length: int) -> None:
         super().__init__()
         self.backbone = backbone
         self.layers = tuple(sorted({layer for layer in layers if 0 <= layer < backbone.depth}))

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from gtep.algorithms._prompting import (
     PromptLearner,
@@ -34,7 +34,7 @@ from gtep.algorithms._prompting import (
     uniform_parameter,
 )
 from gtep.algorithms.base import ALGORITHMS, Optimizer, Scheduler, TaskData
-from gtep.models.vit import Prefix
+from gtep.models.vit import Prefix, PromptableViT
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class DualPromptParams(PromptParams):
 class DualPromptNet(PromptNet):
     """Frozen ViT + per-layer G-prompt and E-prompt pool (prefixes) + E-prompt keys + a head on [CLS]."""
 
-    def __init__(self, backbone: nn.Module, p: DualPromptParams) -> None:
+    def __init__(self, backbone: PromptableViT, p: DualPromptParams) -> None:
         super().__init__(backbone)
         if not 1 <= p.top_k <= p.pool_size:
             raise ValueError(f"DualPrompt top_k={p.top_k} must be between 1 and pool_size={p.pool_size}")
@@ -112,7 +112,7 @@ class DualPrompt(PromptLearner[DualPromptParams]):
 
     net: DualPromptNet
 
-    def make_net(self, backbone: nn.Module) -> DualPromptNet:
+    def make_net(self, backbone: PromptableViT) -> DualPromptNet:
         return DualPromptNet(backbone, self.params)
 
     def grow(self, task: TaskData) -> None:

@@ -22,6 +22,7 @@ initialisation, scale 0.1, dropout 0.1), fresh for each task.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from torch import Tensor, nn
 from gtep.algorithms._pretrained import PretrainedLearner, class_means
 from gtep.algorithms.aper import CosineHead, adapter_set
 from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData, freeze, parameter_count
+from gtep.models.vit import PromptableViT
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,10 @@ class EASEParams(CommonParams):
 class EASENet(nn.Module):
     """Frozen ViT, one adapter set per task, prototypes (classes, subspaces, embed_dim)."""
 
-    def __init__(self, backbone: nn.Module, alpha: float) -> None:
+    prototypes: Tensor
+    class_task: Tensor
+
+    def __init__(self, backbone: PromptableViT, alpha: float) -> None:
         super().__init__()
         self.backbone = backbone
         self.alpha = alpha
@@ -108,19 +113,24 @@ class EASE(PretrainedLearner[EASEParams]):
 
     def fit_task(self, task: TaskData, fit: FitFn) -> None:
         current = self.net.subspaces[-1]
-        fit(list(current.parameters()) + list(self.net.head.parameters()), self.loss, task.x, task.y,
+        fit(list(current.parameters()) + list(self.task_head().parameters()), self.loss, task.x, task.y,
             task.recipe, modules=[self.net])
         self.net.head = None  # the task head only shapes the subspace; classification uses prototypes
         freeze(current)
         new = slice(task.known, task.total)
         for k in range(len(self.net.subspaces)):  # each image once per subspace
-            features = self.encode(lambda x, k=k: self.net.encode(x, k), task.x)
+            features = self.encode(partial(self.net.encode, subspace=k), task.x)
             self.net.prototypes[new, k] = class_means(features, task.y, task.new_classes)
         complement_prototypes(self.net.prototypes, self.net.class_task, self.params.recalc_sim)
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         # The head covers only this task's classes, so labels shift to start at 0 (PILOT's aux_targets).
-        return F.cross_entropy(self.net.head(self.net.encode(x, len(self.net.subspaces) - 1)), y - self.known)
+        return F.cross_entropy(self.task_head()(self.net.encode(x, len(self.net.subspaces) - 1)), y - self.known)
+
+    def task_head(self) -> CosineHead:
+        if self.net.head is None:
+            raise RuntimeError("EASE's cosine head exists only while its task trains")
+        return self.net.head
 
     def parameter_counts(self) -> tuple[int, int]:
         """Trainable = every task's adapters (each learnt on its task, frozen after, all used at inference);

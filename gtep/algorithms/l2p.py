@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from gtep.algorithms._prompting import (
     PromptLearner,
@@ -27,6 +27,7 @@ from gtep.algorithms._prompting import (
     uniform_parameter,
 )
 from gtep.algorithms.base import ALGORITHMS, Optimizer, Scheduler
+from gtep.models.vit import PromptableViT
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class L2PParams(PromptParams):
 class L2PNet(PromptNet):
     """Frozen ViT + prompt pool with keys + a head on the averaged prompt-token outputs."""
 
-    def __init__(self, backbone: nn.Module, pool_size: int, prompt_length: int, top_k: int) -> None:
+    def __init__(self, backbone: PromptableViT, pool_size: int, prompt_length: int, top_k: int) -> None:
         super().__init__(backbone)
         if not 1 <= top_k <= pool_size:
             raise ValueError(f"L2P top_k={top_k} must be between 1 and pool_size={pool_size}")
@@ -76,6 +77,6 @@ class L2PNet(PromptNet):
 class L2P(PromptLearner[L2PParams]):
     """L2P (Wang et al. 2022): a key-matched prompt pool on a frozen ViT, trained with a pull constraint."""
 
-    def make_net(self, backbone: nn.Module) -> L2PNet:
+    def make_net(self, backbone: PromptableViT) -> L2PNet:
         p = self.params
         return L2PNet(backbone, p.pool_size, p.prompt_length, p.top_k)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner
 from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData
-from gtep.models.vit import Adapter
+from gtep.models.vit import Adapter, PromptableViT
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,11 @@ class CosineHead(nn.Module):
 class RanPACNet(nn.Module):
     """Backbone + PETL; a cosine head in the first session, the random-projection ridge head after."""
 
-    def __init__(self, backbone: nn.Module, params: RanPACParams) -> None:
+    w_rand: Tensor
+    w_out: Tensor
+    prompts: nn.Parameter | None
+
+    def __init__(self, backbone: PromptableViT, params: RanPACParams) -> None:
         super().__init__()
         self.backbone = backbone
         dim = backbone.out_dim
@@ -84,7 +88,11 @@ class RanPACNet(nn.Module):
             self.head.expand(total)
 
     def petl_parameters(self) -> list[nn.Parameter]:
-        return list(self.adapters.parameters()) if self.adapters is not None else [self.prompts]
+        if self.adapters is not None:
+            return list(self.adapters.parameters())
+        if self.prompts is None:
+            raise RuntimeError("RanPACNet has neither adapters nor prompts")
+        return [self.prompts]
 
     def embed(self, x: Tensor) -> Tensor:
         prompts = self.prompts.expand(len(x), -1, -1) if self.prompts is not None else None

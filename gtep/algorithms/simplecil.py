@@ -11,12 +11,15 @@ from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner, class_means
 from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData
+from gtep.models import Backbone
 
 
 class PrototypeNet(nn.Module):
     """A backbone and one prototype (mean feature) per class, compared by cosine similarity."""
 
-    def __init__(self, backbone: nn.Module) -> None:
+    prototypes: Tensor
+
+    def __init__(self, backbone: Backbone) -> None:
         super().__init__()
         self.backbone = backbone
         self.register_buffer("prototypes", torch.empty(0, backbone.out_dim))
@@ -35,6 +38,8 @@ class PrototypeNet(nn.Module):
 @ALGORITHMS.register("simplecil")
 class SimpleCIL(PretrainedLearner[CommonParams]):
     """SimpleCIL (Zhou et al. 2023): frozen pretrained features and class-mean prototypes, no training."""
+
+    net: PrototypeNet
 
     def build_network(self) -> nn.Module:
         return PrototypeNet(self.new_backbone())
