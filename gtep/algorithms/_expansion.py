@@ -6,11 +6,13 @@ mode whatever the training loop asks), so the old model's outputs are exactly wh
 """
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
 from gtep.algorithms.base import freeze
-from gtep.models import create_backbone
+from gtep.models import Backbone, create_backbone
 
 
 class BackboneStack(nn.Module):
@@ -25,7 +27,7 @@ class BackboneStack(nn.Module):
     @property
     def out_dim(self) -> int:
         """Features of one backbone."""
-        return self.backbones[0].out_dim
+        return cast(Backbone, self.backbones[0]).out_dim
 
     @property
     def feature_dim(self) -> int:

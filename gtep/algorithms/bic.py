@@ -20,13 +20,14 @@ network runs in eval mode, so its logits are computed once and stage 2 fits the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, FitRecipe, IncrementalLearner, TaskData
-from gtep.models import IncrementalNet
+from gtep.models import Backbone, IncrementalNet
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class BiasLayer(nn.Module):
 class BiasCorrectedNet(IncrementalNet):
     """IncrementalNet whose logits go through one BiasLayer per task, each on that task's class range."""
 
-    def __init__(self, backbone: nn.Module) -> None:
+    def __init__(self, backbone: Backbone) -> None:
         super().__init__(backbone)
         self.bias_layers = nn.ModuleList()
 
@@ -65,9 +66,14 @@ class BiasCorrectedNet(IncrementalNet):
         """Apply every task's (alpha, beta) to its classes at once: tasks are contiguous label ranges."""
         if not len(self.bias_layers):
             return logits
-        scale = torch.cat([layer.alpha.expand(layer.size) for layer in self.bias_layers])
-        shift = torch.cat([layer.beta.expand(layer.size) for layer in self.bias_layers])
+        layers = self.layers()
+        scale = torch.cat([layer.alpha.expand(layer.size) for layer in layers])
+        shift = torch.cat([layer.beta.expand(layer.size) for layer in layers])
         return logits * scale + shift
+
+    def layers(self) -> list[BiasLayer]:
+        """The bias layers, one per task, oldest first."""
+        return [cast(BiasLayer, layer) for layer in self.bias_layers]
 
     def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
         out = self.backbone(x)
@@ -143,4 +149,4 @@ class BiC(IncrementalLearner[BiCParams]):
 
     def bias_parameters(self) -> list[tuple[float, float]]:
         """(alpha, beta) of every task, for logs and tests."""
-        return [(layer.alpha.item(), layer.beta.item()) for layer in self.net.bias_layers]
+        return [(layer.alpha.item(), layer.beta.item()) for layer in self.net.layers()]

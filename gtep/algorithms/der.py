@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, freeze
+from gtep.models import Backbone
 from gtep.models.heads import LinearHead, align_weights, embed_head
 
 
@@ -30,10 +31,16 @@ class DERParams(CommonParams):
     lambda_aux: float = 1.0  # weight of the auxiliary (new classes + "old") loss
 
 
-class FlatFeatures(nn.Module):
+class Extractor(nn.Module):
+    """What ExpandableNet adds per task: a module mapping the trunk's output to `out_dim` flat features."""
+
+    out_dim: int
+
+
+class FlatFeatures(Extractor):
     """A backbone seen as an extractor: only its flat feature vector."""
 
-    def __init__(self, backbone: nn.Module) -> None:
+    def __init__(self, backbone: Backbone) -> None:
         super().__init__()
         self.backbone = backbone
         self.out_dim = backbone.out_dim
@@ -68,7 +75,7 @@ class ExpandableNet(nn.Module):
     def trunk_frozen(self) -> bool:
         return not self.train_trunk and len(self.extractors) > 1
 
-    def grow(self, extractor: nn.Module, total: int) -> None:
+    def grow(self, extractor: Extractor, total: int) -> None:
         """Freeze every extractor so far, add `extractor` initialised from the newest one, grow the heads."""
         extractor = extractor.to(self.head.weight.device)
         if len(self.extractors):
@@ -111,12 +118,13 @@ D = TypeVar("D", bound=DERParams)
 @ALGORITHMS.register("der")
 class DER(IncrementalLearner[D]):
     Params = DERParams
+    net: ExpandableNet
     # No snapshot of the old model (distills stays False): the frozen extractors are DER's memory of it.
 
     def build_network(self) -> nn.Module:
         return ExpandableNet(nn.Identity())
 
-    def new_extractor(self) -> nn.Module:
+    def new_extractor(self) -> Extractor:
         return FlatFeatures(self.new_backbone())
 
     def grow(self, task: TaskData) -> None:

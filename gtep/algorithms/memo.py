@@ -20,11 +20,13 @@ in eval mode. It is not a batch size of the training loss, where memory and new 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from torch import Tensor, nn
 
 from gtep.algorithms.base import ALGORITHMS
-from gtep.algorithms.der import DER, DERParams, ExpandableNet
+from gtep.algorithms.der import DER, DERParams, ExpandableNet, Extractor
+from gtep.models import Backbone
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class MEMOParams(DERParams):
     train_base: bool = True  # keep training the generalized blocks after task 1 (PyCIL's memo.json)
 
 
-class SpecializedBlock(nn.Module):
+class SpecializedBlock(Extractor):
     """The last stage of a backbone and its global average pooling: one task's specialized block."""
 
     def __init__(self, stage: nn.Module, out_dim: int) -> None:
@@ -46,13 +48,14 @@ class SpecializedBlock(nn.Module):
         return self.pool(self.stage(x))
 
 
-def split_backbone(backbone: nn.Module) -> tuple[nn.Module, SpecializedBlock]:
+def split_backbone(backbone: Backbone) -> tuple[nn.Module, SpecializedBlock]:
     """(generalized blocks, specialized block) of a backbone with a `stem` and a `stages` ModuleList."""
     if not hasattr(backbone, "stem") or not hasattr(backbone, "stages"):
         name = type(backbone).__name__
         raise ValueError(f"MEMO needs a backbone with `stem` and `stages` (a ResNet), not {name}")
-    generalized = nn.Sequential(backbone.stem, *backbone.stages[:-1])
-    return generalized, SpecializedBlock(backbone.stages[-1], backbone.out_dim)
+    stem, stages = cast(nn.Module, backbone.stem), cast(nn.ModuleList, backbone.stages)
+    generalized = nn.Sequential(stem, *stages[:-1])
+    return generalized, SpecializedBlock(stages[-1], backbone.out_dim)
 
 
 @ALGORITHMS.register("memo")
@@ -68,7 +71,7 @@ class MEMO(DER[MEMOParams]):
         generalized, self._first_block = split_backbone(self.new_backbone())
         return ExpandableNet(generalized, train_trunk=self.params.train_base)
 
-    def new_extractor(self) -> nn.Module:
+    def new_extractor(self) -> Extractor:
         if self._first_block is not None:  # task 1: the last stage of the backbone the trunk came from
             block, self._first_block = self._first_block, None
             return block

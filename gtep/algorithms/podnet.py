@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
+from gtep.models import Backbone
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class LSCHead(nn.Module):
 class PODNetNet(nn.Module):
     """Backbone + LSC head; returns the backbone's fmaps and features plus the LSC logits."""
 
-    def __init__(self, backbone: nn.Module, nb_proxy: int) -> None:
+    def __init__(self, backbone: Backbone, nb_proxy: int) -> None:
         super().__init__()
         self.backbone = backbone
         self.head = LSCHead(backbone.out_dim, nb_proxy)
@@ -129,6 +130,7 @@ def pod_flat_loss(features: Tensor, old_features: Tensor) -> Tensor:
 class PODNet(IncrementalLearner[PODNetParams]):
     first_task_hparams = ("nb_proxy", "nca_margin", "nca_scale")  # proxies shape the head; NCA trains task 1
     distills = True
+    net: PODNetNet
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
-from gtep.models.heads import align_weights
+from gtep.models.heads import IncrementalNet, align_weights
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,7 @@ class WAParams(CommonParams):
 @ALGORITHMS.register("wa")
 class WA(IncrementalLearner[WAParams]):
     distills = True
+    net: IncrementalNet
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:
         return self.distilled_cross_entropy(x, y, self.params.T, self.params.lambda_kd)
