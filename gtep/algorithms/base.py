@@ -145,6 +145,7 @@ class FitFn(Protocol):
 
 P = TypeVar("P", bound=CommonParams)
 M = TypeVar("M", bound=nn.Module)
+T = TypeVar("T")
 
 # The engine's steps: written once below, never overridden (see the module docstring).
 ENGINE_STEPS = ("begin_task", "learn_task", "end_task", "update_memory")
@@ -345,6 +346,14 @@ def freeze(module: M) -> M:
     """Stop a module's parameters from training (its BatchNorm statistics are the caller's business)."""
     module.requires_grad_(False)
     return module
+
+
+def required(value: T | None, what: str) -> T:
+    """`value`, which the learner's state at this point guarantees is set (a head that exists while a task
+    trains, weights set before they are read); a RuntimeError naming `what` if it is not."""
+    if value is None:
+        raise RuntimeError(f"{what} is not set at this point")
+    return value
 
 
 def parameter_count(module: nn.Module) -> int:

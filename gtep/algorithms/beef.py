@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._expansion import BackboneStack
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, freeze
+from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, freeze, required
 from gtep.models.heads import LinearHead
 from gtep.protocol.sampling import steplr_milestones
 
@@ -73,14 +73,14 @@ class BeefNet(nn.Module):
 
     def branch(self, new_features: Tensor) -> tuple[Tensor, Tensor]:
         """The new model alone: logits over [old tasks' backward prototypes, new classes], energy logits."""
-        new = self.new_head(new_features)
+        new = required(self.new_head, "BEEF's new head")(new_features)
         train = new if self.backward is None else torch.cat([self.backward(new_features), new], dim=1)
-        return train, self.energy_head(new_features)
+        return train, required(self.energy_head, "BEEF's energy head")(new_features)
 
     def forward(self, x: Tensor) -> dict[str, Tensor]:
         features = self.stack(x)
         if self.new_head is None:  # merged: one head over every backbone
-            return {"features": features, "logits": self.old_head(features)}
+            return {"features": features, "logits": required(self.old_head, "BEEF's merged head")(features)}
         d = self.stack.out_dim
         train, energy = self.branch(features[:, -d:])
         if self.old_head is None:
@@ -97,18 +97,19 @@ class BeefNet(nn.Module):
     @torch.no_grad()
     def merge(self) -> None:
         """PyCIL's update_fc_after: fold the bi-compatible logits into one frozen linear head."""
-        d, new = self.stack.out_dim, self.new_head
+        d, new = self.stack.out_dim, required(self.new_head, "BEEF's new head")
         if self.old_head is None:
             merged = new
         else:
+            backward = required(self.backward, "BEEF's backward prototypes")
             known = self.old_head.out_dim
             scale = (1 + self.alpha)[self.class_task]
             merged = LinearHead(self.stack.feature_dim, known + new.out_dim).to(new.weight.device)
             merged.weight.zero_()
             merged.weight[:known, :-d] = self.old_head.weight
-            merged.weight[:known, -d:] = self.backward.weight[self.class_task] * scale[:, None]
+            merged.weight[:known, -d:] = backward.weight[self.class_task] * scale[:, None]
             merged.weight[known:, -d:] = new.weight
-            merged.bias[:known] = (self.old_head.bias + self.backward.bias[self.class_task] * scale
+            merged.bias[:known] = (self.old_head.bias + backward.bias[self.class_task] * scale
                                    + self.beta[self.class_task])
             merged.bias[known:] = new.bias
         self.old_head = freeze(merged)
@@ -205,7 +206,9 @@ class BEEF(IncrementalLearner[BEEFParams]):
 
     def fuse(self, task: TaskData, fit: FitFn) -> None:
         net = self.net
-        for module in (net.stack.backbones[-1], net.new_head, net.backward, net.energy_head):
+        heads = (required(net.new_head, "BEEF's new head"), required(net.backward, "BEEF's backward prototypes"),
+                 required(net.energy_head, "BEEF's energy head"))
+        for module in (net.stack.backbones[-1], *heads):
             freeze(module)
         net.alpha.requires_grad_(True)
         net.beta.requires_grad_(True)

@@ -36,6 +36,7 @@ from gtep.algorithms.base import (
     TaskData,
     distillation_loss,
     freeze,
+    required,
 )
 from gtep.models.heads import LinearHead, embed_head
 from gtep.protocol.sampling import steplr_milestones
@@ -79,7 +80,7 @@ class FosterNet(nn.Module):
         if self.fe_head is not None:
             d = self.stack.out_dim
             out["fe_logits"] = self.fe_head(features[:, -d:])
-            out["old_logits"] = self.old_head(features[:, :-d])
+            out["old_logits"] = required(self.old_head, "FOSTER's old head")(features[:, :-d])
         return out
 
 
@@ -143,12 +144,13 @@ class FOSTER(IncrementalLearner[FOSTERParams]):
         teacher = self.net.eval()
         student = FosterNet(self.backbone_name).to(self.device)
         student.stack.backbones[0].load_state_dict(teacher.stack.backbones[0].state_dict())
-        student.head = embed_head(teacher.old_head, student.stack.out_dim, task.total)
+        student.head = embed_head(required(teacher.old_head, "FOSTER's old head"), student.stack.out_dim, task.total)
+        class_weights = required(self.class_weights, "FOSTER's class weights")
 
         def loss(xb: Tensor, yb: Tensor) -> Tensor:
             with torch.no_grad():
                 target = teacher(xb)["logits"]
-            return balanced_kd(student(xb)["logits"], target, self.class_weights, self.params.T)
+            return balanced_kd(student(xb)["logits"], target, class_weights, self.params.T)
 
         epochs = task.scaled_epochs(self.params.compression_epochs)
         # As the reference code: the sampled lr and schedule (milestones by the paper's rule on the
