@@ -16,7 +16,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -38,8 +38,9 @@ def _is_safe_module(name: str, plugins: list[str]) -> bool:
     return name.startswith(SAFE_MODULE_PREFIXES) or any(name == p or name.startswith(f"{p}.") for p in plugins)
 
 
-def _safe_classes() -> list[type]:
-    classes = []
+def _safe_classes() -> list[Callable[..., Any] | tuple[Callable[..., Any], str]]:
+    """The classes a checkpoint may rebuild, typed as torch.serialization.safe_globals takes them."""
+    classes: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = []
     plugins = [name.strip() for name in os.environ.get("GTEP_PLUGINS", "").split(",") if name.strip()]
     for name, module in list(sys.modules.items()):
         if module is None or not _is_safe_module(name, plugins):
@@ -51,10 +52,12 @@ def _safe_classes() -> list[type]:
 
 
 def rng_state(generator: torch.Generator) -> dict[str, Any]:
+    # the legacy tuple (the default): ("MT19937", key, pos, has_gauss, cached_gaussian)
+    numpy_state = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state())
     state = {"torch": torch.get_rng_state(), "generator": generator.get_state(),
              # numpy's MT19937 key as a tensor: numpy arrays are not on weights_only's allowlist
-             "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
-             "numpy_pos": int(np.random.get_state()[2])}
+             "numpy": torch.from_numpy(numpy_state[1].astype(np.int64)),
+             "numpy_pos": int(numpy_state[2])}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 import torch
@@ -24,7 +24,7 @@ from gtep.engine.device import resolve_device
 from gtep.engine.loop import Trainer
 from gtep.engine.runner import to_tensor
 from gtep.models import create_backbone
-from gtep.models.vit import is_vit
+from gtep.models.vit import PromptableViT, is_vit
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
     mean, std = torch.tensor(pixels.mean(0), device=device), torch.tensor(pixels.std(0) + 1e-6, device=device)
     x = to_tensor(subset.x_train, mean, std, device)
     y = torch.from_numpy(relabel[subset.y_train]).to(device)
-    backbone = create_backbone(spec.backbone).to(device)
+    # a ViT (checked above): create_backbone wraps every ViT in a PromptableViT
+    backbone = cast(PromptableViT, create_backbone(spec.backbone)).to(device)
     head = nn.Linear(backbone.out_dim, len(spec.classes)).to(device)
     model = nn.ModuleDict({"backbone": backbone, "head": head})
 

@@ -10,12 +10,13 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
 
 from gtep.algorithms import ALGORITHMS, CommonParams, FitRecipe, IncrementalLearner, TaskData
+from gtep.algorithms.base import Scheduler
 from gtep.data import ImageSet
 from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from gtep.engine.device import describe_device, resolve_device
@@ -90,7 +91,7 @@ def task_recipe(index: int, params: CommonParams, first: FirstTaskSpec, scale: f
     """Task 1 uses Table 3 (ResNet methods); later tasks the sampled set, with milestones from the paper's rule."""
     if index == 0 and fixed_first_task:
         epochs = _scaled(first.epochs, scale)
-        scheduler = params.scheduler if first.scheduler == "sampled" else first.scheduler
+        scheduler = params.scheduler if first.scheduler == "sampled" else cast(Scheduler, first.scheduler)
         milestones = tuple(sorted({max(1, round(m * scale)) for m in first.milestones}))
         return FitRecipe(epochs, first.lr, first.batch_size, first.weight_decay, scheduler, milestones,
                          first.lr_decay, params.optimizer, params.momentum)

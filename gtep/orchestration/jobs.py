@@ -166,7 +166,8 @@ def run_through_client(address: str, argv: list[str], config: Path | None) -> tu
     import ray
 
     text = config.read_text() if config is not None else None
-    ray.init(address=address, logging_level="ERROR")
+    # Ray annotates logging_level as int, but its own default is a name ("info") and setup_logger converts names
+    ray.init(address=address, logging_level="ERROR")  # type: ignore[arg-type]
     try:
         task = ray.remote(num_cpus=0, resources={"node:__internal_head__": 0.001}, max_retries=0)(_run_on_head)
         return ray.get(task.remote(argv, text))

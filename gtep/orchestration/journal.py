@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -186,7 +186,7 @@ class TrackingJournal:
         """A resumed study marks its runs running again (they stay the same runs)."""
         self._append({"op": "reopen", "key": key})
 
-    def log(self, key: str, metrics: dict[str, float] | None = None, steps: list[tuple[str, float, int]] = (),
+    def log(self, key: str, metrics: Mapping[str, float] | None = None, steps: Sequence[tuple[str, float, int]] = (),
             params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
             timestamp: int | None = None) -> None:
         ts = timestamp or now_ms()

@@ -220,6 +220,8 @@ def start_cell_process(plan: CellPlan, phases: list[str], state: MatrixState, ad
     with log.open("ab") as out:
         process = subprocess.Popen([sys.executable, "-m", "gtep.orchestration.matrix_cell"], stdin=subprocess.PIPE,
                                    stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "160"})
+    if process.stdin is None:  # stdin=PIPE always gives one
+        raise RuntimeError("the cell process has no stdin pipe")
     process.stdin.write(json.dumps(job).encode())
     process.stdin.close()
     return CellProcess(plan, process, log, result, before)
@@ -242,7 +244,8 @@ def run_in_parallel(todo: list[CellPlan], phases: list[str], state: MatrixState,
     import ray
 
     address = ray.get_runtime_context().gcs_address  # the cells join this very cluster, local or not
-    waiting, running = list(todo), []
+    waiting: list[CellPlan] = list(todo)
+    running: list[CellProcess] = []
     console.print(f"{min(parallel_cells, len(todo))} cells at a time, each a driver of its own; their output: "
                   f"{root}/<cell>/matrix-cell.log")
     progress = Progress(TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[now]}"),

@@ -373,7 +373,10 @@ def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest
     if journal.flush(force=True):
         raise ConfigError("--tracking-uri", f"cannot write to the MLflow store at {cfg.tracking_uri} "
                           f"({journal.last_error}); start it or give another --tracking-uri")
-    return attempt, journal.run_id(key)
+    run_id = journal.run_id(key)
+    if run_id is None:  # the forced flush above applied create_run, or it raised
+        raise RuntimeError(f"the journal has no MLflow run for {key} after flushing")
+    return attempt, run_id
 
 
 # ---------------------------------------------------------------- phase 1: tuning
@@ -494,10 +497,11 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     best_index = selection.best_index
     hparams = manifest.hparams(best_index)
     summary = summarize_units([u for u in units if u["set_index"] == best_index], S)
-    best = {"study": cfg.study, "algorithm": cfg.algorithm, "backbone": cfg.backbone, "set_index": best_index,
-            "selection": cfg.search.selection, "score": float(selection.best.score(cfg.search.selection)),
-            "acc": summary["acc"], "avg_acc": summary["avg_acc"], "tuning_run_id": run_id,
-            "hparams": hparams, "effective": effective_hyperparameters(hparams)}
+    best: dict[str, Any] = {
+        "study": cfg.study, "algorithm": cfg.algorithm, "backbone": cfg.backbone, "set_index": best_index,
+        "selection": cfg.search.selection, "score": float(selection.best.score(cfg.search.selection)),
+        "acc": summary["acc"], "avg_acc": summary["avg_acc"], "tuning_run_id": run_id,
+        "hparams": hparams, "effective": effective_hyperparameters(hparams)}
     write_best(paths.best, best)
     score_rows = [{"set_index": s.set_index, "hmean_of_means": s.hmean_of_means, "mean_of_hmeans": s.mean_of_hmeans,
                    "acc": s.acc_mean, "avg_acc": s.avg_acc_mean, "diverged_orderings": s.diverged_orderings,
