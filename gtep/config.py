@@ -379,7 +379,14 @@ def _check_weights(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -
         raise ConfigError("weights", f"pretrained weights apply to ViT backbones, not {cfg.backbone!r}; drop --weights")
     if not Path(cfg.weights).exists():
         raise ConfigError("weights", f"{cfg.weights} does not exist; train one with gtep pretrain or fix the path")
-    meta = weights_metadata(Path(cfg.weights))
+    if Path(cfg.weights).is_dir():
+        raise ConfigError("weights", f"{cfg.weights} is a folder; give a .safetensors file (gtep pretrain) "
+                          "or a saved state dict")
+    try:
+        meta = weights_metadata(Path(cfg.weights))
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged header
+        raise ConfigError("weights", f"{cfg.weights} is not a readable safetensors file ({err.__class__.__name__}); "
+                          "give the file gtep pretrain wrote") from None
     if meta.get("gtep.backbone") and meta["gtep.backbone"] != cfg.backbone:
         raise ConfigError("weights", f"{cfg.weights} holds {meta['gtep.backbone']}, not {cfg.backbone}; "
                           "match --backbone")
