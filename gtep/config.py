@@ -218,6 +218,12 @@ def _validate(data: dict[str, Any], source: str) -> ExperimentConfig:
             message = "is not a known field; remove it or check its spelling"
         elif first["type"] == "missing":
             message = "is required; add it to the experiment file"
+        elif first["type"] in ("model_type", "dict_type", "model_attributes_type"):
+            message = f"should be a mapping of its fields (key: value lines), not {first['input']!r}"
+        elif first["type"] == "list_type":
+            message = f"should be a list such as [1, 2, 3], not {first['input']!r}"
+        elif first["type"] == "value_error":
+            message = message.removeprefix("Value error, ")
         elif first["type"] == "string_pattern_mismatch":
             message = f"{first['input']!r} is not a valid name; {NAME_RULE} (it names a folder and an experiment)"
         raise ConfigError(field, f"{message} (in {source})") from None
