@@ -26,6 +26,7 @@ class ConfigError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.reason = message
 
 
 class _Strict(BaseModel):
@@ -58,7 +59,7 @@ class SplitSpec(_Strict):
 
     dataset: str
     by: Literal["class", "group"] = "class"
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     classes: list[int] | None = None  # restrict the pool before splitting
     classes_per_phase: int | None = Field(None, ge=1)  # default: half the pool each
     tuning_groups: list[str] | None = None  # by=group: which groups (e.g. alphabets) go to tuning
@@ -158,7 +159,7 @@ class ExperimentConfig(_Strict):
     training: TrainingSpec = TrainingSpec()
     compute: ComputeSpec = ComputeSpec()
     tracking: TrackingSpec = TrackingSpec()
-    seed: int = 0
+    seed: int = Field(0, ge=0)  # numpy seeds are non-negative
 
     @property
     def study_dir(self) -> Path:
@@ -203,6 +204,9 @@ def _expand_env(value: Any, where: str) -> Any:
     return value
 
 
+NAME_RULE = "start with a letter or digit and use only letters, digits, '_', '.' and '-'"
+
+
 def _validate(data: dict[str, Any], source: str) -> ExperimentConfig:
     try:
         return ExperimentConfig.model_validate(data)
@@ -214,17 +218,46 @@ def _validate(data: dict[str, Any], source: str) -> ExperimentConfig:
             message = "is not a known field; remove it or check its spelling"
         elif first["type"] == "missing":
             message = "is required; add it to the experiment file"
+        elif first["type"] in ("model_type", "dict_type", "model_attributes_type"):
+            message = f"should be a mapping of its fields (key: value lines), not {first['input']!r}"
+        elif first["type"] == "list_type":
+            message = f"should be a list such as [1, 2, 3], not {first['input']!r}"
+        elif first["type"] == "value_error":
+            message = message.removeprefix("Value error, ")
+        elif first["type"] == "string_pattern_mismatch":
+            message = f"{first['input']!r} is not a valid name; {NAME_RULE} (it names a folder and an experiment)"
         raise ConfigError(field, f"{message} (in {source})") from None
+
+
+def validate_config(data: Any, source: str) -> ExperimentConfig:
+    """A config from data (a study's manifest, say): a bad field is one ConfigError naming it and `source`."""
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{source} holds no experiment config (a mapping of fields)")
+    return _validate(data, source)
+
+
+def read_yaml(path: Path, field: str, what: str) -> Any:
+    """A YAML file's data. A missing file, a folder, a binary file or bad syntax is one ConfigError naming `field`
+    (the option or config field that gave the path), the file and, for bad syntax, the line and column."""
+    from gtep.spaces import yaml_error
+
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(field, f"{path} does not exist; give the path of {what}")
+    if path.is_dir():
+        raise ConfigError(field, f"{path} is a folder; give the path of {what}")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(field, yaml_error(path, err)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(field, f"cannot read {path} as YAML text ({err.__class__.__name__}); "
+                          f"give the path of {what}") from None
 
 
 def load_config(path: Path) -> ExperimentConfig:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError("--config", f"{path} does not exist; give the path of an experiment YAML file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError("--config", f"{path} is not valid YAML ({err.__class__.__name__}); fix its syntax") from None
+    data = read_yaml(path, "--config", "an experiment YAML file")
     if not isinstance(data, dict):
         raise ConfigError("--config", f"{path} must be a YAML mapping of fields (study, algorithm, scenario, ...)")
     return _validate(_expand_env(data, ""), str(path))
@@ -352,7 +385,14 @@ def _check_weights(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -
         raise ConfigError("weights", f"pretrained weights apply to ViT backbones, not {cfg.backbone!r}; drop --weights")
     if not Path(cfg.weights).exists():
         raise ConfigError("weights", f"{cfg.weights} does not exist; train one with gtep pretrain or fix the path")
-    meta = weights_metadata(Path(cfg.weights))
+    if Path(cfg.weights).is_dir():
+        raise ConfigError("weights", f"{cfg.weights} is a folder; give a .safetensors file (gtep pretrain) "
+                          "or a saved state dict")
+    try:
+        meta = weights_metadata(Path(cfg.weights))
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged header
+        raise ConfigError("weights", f"{cfg.weights} is not a readable safetensors file ({err.__class__.__name__}); "
+                          "give the file gtep pretrain wrote") from None
     if meta.get("gtep.backbone") and meta["gtep.backbone"] != cfg.backbone:
         raise ConfigError("weights", f"{cfg.weights} holds {meta['gtep.backbone']}, not {cfg.backbone}; "
                           "match --backbone")
@@ -364,6 +404,50 @@ def _check_weights(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -
                 shared = sorted(pretrained & set(phase.classes))
                 raise ConfigError("weights", f"{cfg.weights} was pretrained on {len(shared)} classes the {phase.phase} "
                                   f"phase uses (e.g. {shared[:5]}); pretrain on classes kept out of both phases")
+
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:[0-9]+)?)$")
+TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+
+
+def check_device(device: str, field: str) -> None:
+    if not _DEVICE.match(device):
+        raise ConfigError(field, f"{device!r} is not a device; use auto, cpu, cuda or cuda:N")
+
+
+def _blocking_file(path: Path) -> Path | None:
+    """The file (not folder) that `path` or one of its parents is, so that the folder cannot be made there."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
+def check_output(output: Path, field: str) -> None:
+    blocking = _blocking_file(Path(output).expanduser())
+    if blocking is not None:
+        raise ConfigError(field, f"{blocking} is a file, so the folder {output} cannot be made there; "
+                          "give a folder for the studies")
+
+
+def check_tracking_uri(uri: str, field: str) -> None:
+    """A store MLflow can open: a known scheme, and for sqlite a file whose folder can be made (nothing is written)."""
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    if match is None or re.match(r"^[A-Za-z]:[\\/]", uri):
+        return  # a plain folder: MLflow's file store
+    scheme = match.group(1).split("+", 1)[0].lower()
+    if scheme not in TRACKING_SCHEMES:
+        raise ConfigError(field, f"{uri!r} has the unknown scheme {scheme!r}; use sqlite:///PATH/mlflow.db, "
+                          "http://HOST:PORT (gtep server) or postgresql://... (MLflow knows "
+                          f"{', '.join(TRACKING_SCHEMES)})")
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///"):] if uri.startswith("sqlite:///") else ""
+        if not path:
+            raise ConfigError(field, f"{uri!r} names no file; write sqlite:///PATH/mlflow.db "
+                              "(four slashes for an absolute path)")
+        blocking = _blocking_file(Path(path).parent)
+        if blocking is not None:
+            raise ConfigError(field, f"{blocking} is a file, so {path} cannot be made there; give another path")
 
 
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
@@ -383,6 +467,9 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     if ALGORITHMS.get(cfg.algorithm).uses_pretrained and not is_vit(cfg.backbone):
         raise ConfigError("backbone", f"{cfg.algorithm} works on a pretrained ViT, not {cfg.backbone!r}; "
                           "pass --backbone vit_... --weights FILE (gtep pretrain makes one)")
+    check_device(cfg.training.device, "training.device")
+    check_output(cfg.tracking.output, "tracking.output")
+    check_tracking_uri(cfg.tracking_uri, "tracking.tracking_uri")
     increments = tuple(cfg.scenario.increment_list)
     tuning, evaluation = _phase_classes(cfg)
     _check_weights(cfg, (tuning, evaluation))

@@ -41,6 +41,7 @@ from gtep.config import (
     ResolvedExperiment,
     _expand_env,
     _phase_classes,
+    read_yaml,
     resolve,
 )
 from gtep.protocol.scenarios import parse_increments
@@ -197,12 +198,7 @@ def check_matrix(m: MatrixConfig) -> None:
 
 def load_matrix(path: Path) -> MatrixConfig:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError("--config", f"{path} does not exist; give the path of a matrix YAML file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError("--config", f"{path} is not valid YAML ({err.__class__.__name__}); fix its syntax") from None
+    data = read_yaml(path, "--config", "a matrix YAML file")  # a missing file, a folder, bad syntax (line, column)
     return parse_matrix(data, str(path))
 
 

@@ -35,6 +35,14 @@ def spaces_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / "search_spaces"
 
 
+def yaml_error(path: Path | str, err: yaml.YAMLError) -> str:
+    """A YAML syntax error as a person fixes it: the file, the line and column (1-based), what the parser wanted."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or getattr(err, "context", None) or err.__class__.__name__
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{path} is not valid YAML{where} ({problem}); fix its syntax"
+
+
 def default_space_file(algorithm: str) -> Path:
     return spaces_dir() / f"{algorithm}.yaml"
 
@@ -88,10 +96,15 @@ def load_space(algorithm: str, path: Path | None = None) -> AlgorithmSpace:
     path = Path(path) if path else default_space_file(algorithm)
     if not path.exists():
         raise SearchSpaceError(f"search space file {path} does not exist; set search.space or add {path.name}")
+    if path.is_dir():
+        raise SearchSpaceError(f"{path} is a folder; give the path of a search-space YAML file")
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise SearchSpaceError(f"{path}: not valid YAML ({err.__class__.__name__}); fix the syntax") from None
+        raise SearchSpaceError(yaml_error(path, err)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise SearchSpaceError(f"cannot read {path} as a YAML text file ({err.__class__.__name__}); "
+                               "give a search-space YAML file") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("space"), dict) or not doc["space"]:
         raise SearchSpaceError(f"{path}: the search space is empty; "
                                "give a non-empty mapping 'space: {name: [values]}'")
@@ -105,6 +118,8 @@ def load_space(algorithm: str, path: Path | None = None) -> AlgorithmSpace:
             validate_values(path, algorithm, {name: value})
         sets[name] = tuple(values)
     presets = doc.get("presets") or {}
+    if not isinstance(presets, dict):
+        raise SearchSpaceError(f"{path}: presets must be a mapping 'presets: {{name: {{hyperparameter: value}}}}'")
     for preset, values in presets.items():
         if not isinstance(values, dict):
             raise SearchSpaceError(f"{path}: presets.{preset} must be a mapping of hyperparameter values")

@@ -12,7 +12,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gtep.config import ConfigError, ExperimentConfig, ResolvedExperiment, load_config, load_preset, resolve
+from gtep.config import (
+    ConfigError,
+    ExperimentConfig,
+    ResolvedExperiment,
+    load_config,
+    load_preset,
+    resolve,
+    validate_config,
+)
 
 console = Console()
 err_console = Console(stderr=True)
@@ -71,20 +79,47 @@ def check_protocol(protocol: str) -> str:
     return protocol
 
 
+# The config field each option of tune | evaluate | run sets (build_config): an error about a field whose value
+# the user typed as an option names the option (`as_option`).
+OPTION_FIELDS = {"output": "tracking.output", "tracking_uri": "tracking.tracking_uri", "address": "compute.ray_address",
+                 "trials": "search.trials", "orderings": "search.orderings", "seed": "seed", "algorithm": "algorithm",
+                 "max_concurrent": "compute.max_concurrent", "study": "study", "backbone": "backbone",
+                 "weights": "weights"}
+# counts an option must reach (the config says the same, but this way the message names the option)
+OPTION_MINIMUM = {"trials": 1, "orderings": 1, "max_concurrent": 1, "seed": 0}
+
+
+def option_name(key: str) -> str:
+    return f"--{key.replace('_', '-')}"
+
+
+def as_option(err: ConfigError, overrides: dict[str, Any]) -> ConfigError:
+    """`err` naming the option instead of the config field when the field's value came from that option."""
+    for key, field in OPTION_FIELDS.items():
+        if overrides.get(key) is not None and (err.field == field or err.field.startswith(f"{field}.")):
+            reason = err.reason.replace(" (in command line)", "")
+            return ConfigError(option_name(key), f"{reason} (sets {err.field})")
+    return err
+
+
+def check_counts(**options: Any) -> None:
+    """Counts typed as options (--trials, --orderings, --max-concurrent, --seed) reach their minimum."""
+    for key, least in OPTION_MINIMUM.items():
+        value = options.get(key)
+        if value is not None and value < least:
+            raise ConfigError(option_name(key), f"must be >= {least}, got {value}")
+
+
 def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any) -> ExperimentConfig:
     if config and preset:
         raise ConfigError("--preset", "give either --config or --preset, not both")
+    check_counts(**overrides)
     cfg = load_config(config) if config else load_preset(preset or "default")
-    mapped = {"tracking.output": overrides.get("output"), "tracking.tracking_uri": overrides.get("tracking_uri"),
-              "compute.ray_address": overrides.get("address"), "search.trials": overrides.get("trials"),
-              "search.orderings": overrides.get("orderings"), "seed": overrides.get("seed"),
-              "algorithm": overrides.get("algorithm"), "compute.max_concurrent": overrides.get("max_concurrent"),
-              "study": overrides.get("study"), "backbone": overrides.get("backbone"),
-              "weights": overrides.get("weights")}
-    for field, value in (("--trials", overrides.get("trials")), ("--orderings", overrides.get("orderings"))):
-        if value is not None and value < 1:
-            raise ConfigError(field, f"must be >= 1, got {value}")
-    return cfg.with_overrides(**mapped)
+    mapped = {field: overrides.get(key) for key, field in OPTION_FIELDS.items()}
+    try:
+        return cfg.with_overrides(**mapped)
+    except ConfigError as err:
+        raise as_option(err, overrides) from None
 
 
 def resumed_config(study_dir: Path, config: Optional[Path], preset: Optional[str],
@@ -100,8 +135,16 @@ def resumed_config(study_dir: Path, config: Optional[Path], preset: Optional[str
         given = ["--config"] * bool(config) + ["--preset"] * bool(preset) + [f"--{k.replace('_', '-')}" for k in extra]
         raise ConfigError("--resume", f"a study resumes with the config it started with; drop {', '.join(given)} "
                           "(only --address and --tracking-uri may change)")
-    stored = json.loads(manifest.read_text())["config"]
-    cfg = ExperimentConfig.model_validate(stored)
+    try:
+        stored = json.loads(manifest.read_text()).get("config")
+    except (ValueError, OSError, AttributeError) as err:
+        raise ConfigError("--resume", f"{manifest} is not a gtep manifest ({err.__class__.__name__}); give the "
+                          "OUTPUT/STUDY folder of a study that gtep tune or gtep run started") from None
+    try:
+        cfg = validate_config(stored, str(manifest))
+    except ConfigError as err:
+        raise ConfigError("--resume", f"{manifest} holds a config gtep cannot use ({err}); give the OUTPUT/STUDY "
+                          "folder of a study that gtep tune or gtep run started") from None
     return cfg.with_overrides(**{"tracking.output": study_dir.resolve().parent, "study": study_dir.name,
                                  "compute.ray_address": overrides.get("address"),
                                  "tracking.tracking_uri": overrides.get("tracking_uri")})
@@ -113,7 +156,10 @@ def prepare(config: Optional[Path], preset: Optional[str], resume: Optional[Path
     from gtep.orchestration.phases import check_address, check_tracking
 
     cfg = resumed_config(resume, config, preset, overrides) if resume else build_config(config, preset, **overrides)
-    resolved = resolve(cfg)
+    try:
+        resolved = resolve(cfg)
+    except ConfigError as err:
+        raise as_option(err, overrides) from None
     check_address(resolved.config.compute.ray_address)
     check_tracking(resolved.config.tracking_uri)
     return resolved

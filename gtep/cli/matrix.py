@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gtep.cli.common import console, run_guarded, through_ray_client
+from gtep.cli.common import check_counts, console, run_guarded, through_ray_client
 from gtep.config import ConfigError
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ def matrix_command(
         if not config and not preset:
             raise ConfigError("--config", "give a matrix file (--config m.yaml) or a matrix preset (--preset small; "
                               "gtep matrices lists them)")
+        check_counts(trials=trials, orderings=orderings, max_concurrent=max_concurrent)
         if through_ray_client(address, config):
             return
         matrix = load_matrix(config) if config else load_matrix_preset(str(preset))  # one of them is given

@@ -6,7 +6,7 @@ from pathlib import Path
 import typer
 
 from gtep.cli.common import console, run_guarded
-from gtep.config import ConfigError
+from gtep.config import ConfigError, check_device
 
 app = typer.Typer()
 
@@ -57,6 +57,11 @@ def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:../sha
             raise ConfigError("--backbone", f"{backbone!r} is not a ViT; use vit_micro_patch4_32 or a timm ViT name")
         if out.suffix != ".safetensors":
             raise ConfigError("--out", f"{out} should end in .safetensors")
+        if not lr > 0:
+            raise ConfigError("--lr", f"must be > 0, got {lr:g}")
+        check_device(device, "--device")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError("--device", f"{device} was asked for but CUDA is not available here; use cpu or auto")
         ids = parse_classes(classes)
         try:
             source = resolve_dataset(dataset)

@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 
 from gtep.cli.common import console, run_guarded
-from gtep.config import ConfigError
+from gtep.config import ConfigError, check_tracking_uri
 
 app = typer.Typer()
 
@@ -43,6 +43,7 @@ def report_command(
 
         chosen = check_formats(formats)
         uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
+        check_tracking_uri(uri, "--tracking-uri" if tracking_uri else "--output")
         open_store(uri, "--tracking-uri" if tracking_uri else "--output")  # the option the user can fix
         if out is not None and out.exists() and not out.is_dir():
             raise ConfigError("--out", f"{out} is a file; give a folder for the report")

@@ -29,14 +29,13 @@ from gtep.cli.common import (
     run_guarded,
     through_ray_client,
 )
-from gtep.config import ConfigError, ResolvedExperiment
+from gtep.config import ConfigError, ResolvedExperiment, read_yaml
 
 app = typer.Typer()
 
 
 def load_best_file(resolved: ResolvedExperiment, best: Optional[Path], tuning_run: Optional[str],
                    hparams: Optional[str]) -> dict[str, Any] | None:
-    from gtep.orchestration.study import read_best
     from gtep.spaces import SearchSpaceError, load_space, validate_values
 
     given = [x for x in (best, tuning_run, hparams) if x]
@@ -49,12 +48,10 @@ def load_best_file(resolved: ResolvedExperiment, best: Optional[Path], tuning_ru
             raise ConfigError("--hparams", f"{algorithm} has no preset {hparams!r}; choose from {sorted(presets)}")
         return {"algorithm": algorithm, "set_index": -1, "hparams": presets[hparams], "source": f"preset:{hparams}"}
     if best:
-        if not best.exists():
-            raise ConfigError("--best", f"{best} does not exist; give the best.yaml that gtep tune wrote")
-        try:
-            data = read_best(best)
-        except ValueError as err:
-            raise ConfigError("--best", str(err)) from None
+        data = read_yaml(best, "--best", "the best.yaml that gtep tune wrote")
+        if not isinstance(data, dict) or not isinstance(data.get("hparams"), dict) or "algorithm" not in data:
+            raise ConfigError("--best", f"{best} is not a gtep best.yaml (it needs 'algorithm' and a mapping "
+                              "'hparams'); give the best.yaml that gtep tune wrote")
         if data["algorithm"] != algorithm:
             raise ConfigError("--best", f"{best} holds H* of {data['algorithm']!r} but the config runs {algorithm!r}; "
                               "pass the matching best.yaml or --algorithm")

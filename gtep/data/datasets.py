@@ -112,7 +112,71 @@ def _to_rgb(x: np.ndarray, invert: bool) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.uint8)
 
 
+NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _npz_shape(archive, key: str) -> tuple[int, ...]:
+    """An array's shape from its .npy header inside the archive, without reading the array."""
+    with archive.zip.open(f"{key}.npy") as fh:
+        version = np.lib.format.read_magic(fh)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        return tuple(read(fh)[0])
+
+
+def check_npz(source: DatasetSource) -> None:
+    """The file is an .npz archive (numpy.savez) holding x_train, y_train, x_test, y_test, with images N x H x W x 3
+    (or greyscale N x H x W) and one label per image. Reads only the arrays' headers."""
+    import zipfile
+
+    path, where = source.root, f"dataset {source.name!r}"
+    fix = "write it with numpy.savez(x_train=..., y_train=..., x_test=..., y_test=...)"
+    if path.is_dir():
+        raise DatasetError(f"{where}: {path} is a folder; give an .npz file (a folder of images is 'imagefolder:')")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise DatasetError(f"{where}: {path} is not an .npz file ({err.__class__.__name__}); {fix}") from None
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+        raise DatasetError(f"{where}: {path} holds a single array, not an .npz archive of arrays; {fix}")
+    with archive:
+        missing = [k for k in NPZ_ARRAYS if k not in archive.files]
+        if missing:
+            raise DatasetError(f"{where}: {path} lacks the arrays {missing} (it has {sorted(archive.files)}); {fix}")
+        try:
+            shapes = {k: _npz_shape(archive, k) for k in NPZ_ARRAYS}
+        except (ValueError, KeyError, OSError, zipfile.BadZipFile) as err:
+            raise DatasetError(f"{where}: {path} has an unreadable array ({err}); {fix}") from None
+    for split in ("train", "test"):
+        x, y = shapes[f"x_{split}"], shapes[f"y_{split}"]
+        if not (len(x) == 3 or (len(x) == 4 and x[3] == 3)) or 0 in x:
+            raise DatasetError(f"{where}: x_{split} has shape {x}; it must be images N x H x W x 3 (RGB) or "
+                               "N x H x W (greyscale), uint8")
+        if len(y) != 1 or y[0] != x[0]:
+            raise DatasetError(f"{where}: y_{split} has shape {y} for {x[0]} images in x_{split}; "
+                               "give one integer class id per image")
+    with np.load(path, allow_pickle=False) as archive:
+        try:
+            labels = {k: archive[k] for k in ("y_train", "y_test")}
+            named = len(archive["class_names"]) if "class_names" in archive.files else None
+            groups = [len(archive[k]) for k in ("class_alphabet", "class_groups") if k in archive.files]
+        except ValueError as err:  # object arrays: numpy refuses to unpickle them
+            raise DatasetError(f"{where}: {path} stores Python objects ({err.__class__.__name__}); save labels as "
+                               "integer arrays and names as str arrays (np.array(names, dtype=str))") from None
+    wrong = [n for n in groups if named is not None and n != named]
+    if wrong:
+        raise DatasetError(f"{where}: class_groups (or class_alphabet) lists {wrong[0]} entries for {named} "
+                           "class_names; give one group per class")
+    for key, y in labels.items():
+        if not np.issubdtype(y.dtype, np.integer) or y.min() < 0:
+            raise DatasetError(f"{where}: {key} must hold integer class ids from 0 (it is {y.dtype}, "
+                               f"min {y.min()}); give one integer class id per image")
+        if named is not None and y.max() >= named:
+            raise DatasetError(f"{where}: {key} has class id {y.max()} but class_names lists {named} classes; "
+                               "give ids 0..len(class_names)-1")
+
+
 def _npz_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
+    check_npz(source)
     with np.load(source.root) as data:
         if "class_names" in data.files:
             names = [str(n) for n in data["class_names"]]
@@ -187,7 +251,18 @@ def synthetic(spec: str = "") -> DatasetSource:
         key, _, value = item.partition("=")
         if key not in options:
             raise DatasetError(f"synthetic dataset option {key!r} is unknown; choose from {sorted(options)}")
-        options[key] = type(options[key])(value)
+        try:
+            options[key] = type(options[key])(value)
+        except ValueError:
+            raise DatasetError(f"synthetic dataset option {key}={value!r} is not a number; "
+                               f"write e.g. 'synthetic:classes=20,train=30'") from None
+    for key in ("classes", "train", "test"):
+        if options[key] < 1:
+            raise DatasetError(f"synthetic dataset option {key}={options[key]} must be at least 1")
+    if options["size"] < 8 or options["size"] % 8:
+        raise DatasetError(f"synthetic dataset option size={options['size']} must be a multiple of 8 (8, 16, 32...)")
+    if options["noise"] < 0:
+        raise DatasetError(f"synthetic dataset option noise={options['noise']} must be >= 0")
     name = f"synthetic:{spec}" if spec else "synthetic"
     return DatasetSource(name, None, _load_synthetic, _synthetic_metadata, options)
 
@@ -284,6 +359,8 @@ def imagefolder(spec: str) -> DatasetSource:
         key, _, value = item.partition("=")
         if key not in ("classes", "size"):
             raise DatasetError(f"imagefolder option {key!r} is unknown; use classes=FILE or size=PIXELS")
+        if key == "size" and not (value.isdigit() and int(value) > 0):
+            raise DatasetError(f"imagefolder option size={value!r} must be a number of pixels, e.g. size=32")
         options[key] = os.path.expanduser(value) if key == "classes" else int(value)
     if "classes" in options and not Path(options["classes"]).exists():
         raise DatasetError(f"dataset 'imagefolder:{spec}': class-list file {options['classes']} does not exist")

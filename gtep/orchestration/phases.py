@@ -27,7 +27,7 @@ from ray.tune.search.basic_variant import BasicVariantGenerator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gtep.config import ConfigError, ResolvedExperiment
+from gtep.config import ConfigError, ResolvedExperiment, check_tracking_uri
 from gtep.data import resolve_dataset
 from gtep.errors import StudyStopped
 from gtep.orchestration.interrupt import Interruption, StopOnSignal, StudyInterrupted, interruptible
@@ -70,7 +70,9 @@ def check_address(address: str | None) -> None:
 
 
 def check_tracking(uri: str) -> None:
-    """A tracking server that does not answer is refused before Ray starts (an outage later is journaled)."""
+    """A store MLflow cannot open, or a tracking server that does not answer, is refused before Ray starts (an
+    outage later is journaled)."""
+    check_tracking_uri(uri, "--tracking-uri")
     if not uri.startswith(("http://", "https://")):
         return
     import urllib.request
