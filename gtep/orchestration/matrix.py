@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -176,7 +177,7 @@ def mark_finished(plan: CellPlan, state: MatrixState, phases: list[str], hmeans:
 def mark_failed(plan: CellPlan, state: MatrixState, message: str, wall: float, console: Console) -> None:
     name = plan.rc.cell.name
     state.update(name, status="failed", error=message[:2000], wall_seconds=round(wall, 1), finished_at=time.time())
-    console.print(f"[bold red]{name} failed[/] after {wall:.0f} s: {message}", highlight=False)
+    console.print(f"[bold red]{name} failed[/] after {wall:.0f} s: {escape(message)}", highlight=False)
     plan.action, plan.record = "failed", state.cell(name)
 
 

@@ -25,6 +25,7 @@ from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune.search.basic_variant import BasicVariantGenerator
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gtep.config import ConfigError, ResolvedExperiment, check_tracking_uri
@@ -169,7 +170,8 @@ def open_journal(resolved: ResolvedExperiment, paths: StudyPaths) -> TrackingJou
 
 def finish_journal(journal: TrackingJournal, paths: StudyPaths, console: Console) -> None:
     if journal.flush(force=True):
-        console.print(f"[yellow]MLflow at {journal.state.tracking_uri} is not answering ({journal.last_error}): "
+        reason = escape(str(journal.last_error))
+        console.print(f"[yellow]MLflow at {journal.state.tracking_uri} is not answering ({reason}): "
                       f"{len(journal.pending)} writes wait in {journal.journal_path}; "
                       f"run [bold]gtep sync {paths.root}[/] when it is back.[/]")
 
