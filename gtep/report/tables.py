@@ -79,15 +79,17 @@ def paper_cell(stats: Any) -> str:
 
 
 def paper_table(summary: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
-    """One scenario and pairing as the paper prints it: algorithms as rows, per phase 'Acc / AvgAcc' mean (std);
-    then the overestimation gap of the harmonic mean and the rank in each phase ('2 → 1'). The datasets are the
-    pairing's, named in the table's title."""
+    """One scenario and pairing as the paper prints it: algorithms as rows, per phase 'Acc / AvgAcc' mean (std)
+    and the harmonic mean of the two means (HM, %, the selection score the terminal shows); then the
+    overestimation gap of the harmonic mean and the rank in each phase ('2 → 1'). The datasets are the pairing's,
+    named in the table's title."""
     columns: dict[str, dict[str, str]] = {}
     for phase in PHASE_HEADERS:  # the column order: tuning data first, then unseen data
         part = summary[summary["phase"] == phase]
         if part.empty:
             continue
         columns[PHASE_HEADERS[phase]] = {r["label"]: paper_cell(r) for _, r in part.iterrows()}
+        columns[f"HM {PHASE_HEADERS[phase]}"] = {r["label"]: pct(r["hmean"]) for _, r in part.iterrows()}
     table = pd.DataFrame(columns)
     if not gaps.empty:
         by_label = gaps.set_index("label")
