@@ -145,8 +145,8 @@ def importance_notes(importance: pd.DataFrame) -> list[str]:
     if importance.empty:
         return []
     trials = importance.groupby("label")["trials"].first()
-    return [f"{label}: {search.few_trials_warning(int(n))}." for label, n in trials.items()
-            if search.few_trials_warning(int(n))]
+    few = trials[[bool(search.few_trials_warning(int(n))) for n in trials]]
+    return [f"{', '.join(labels.index)}: {search.few_trials_warning(int(n))}." for n, labels in few.groupby(few)]
 
 
 def ranking_line(ranking: pd.DataFrame, table: pd.DataFrame | None = None) -> str:

@@ -154,7 +154,8 @@ def importance(frame: pd.DataFrame, path: Path, heading: str) -> Path | None:
         ax = figure.add_subplot(1, len(labels), i + 1)
         bars = ax.barh(rows["hyperparameter"], 100 * rows["importance"])
         ax.bar_label(bars, fmt="%.1f", fontsize="small", padding=2)
-        ax.set(xlabel="importance (%)", title=f"{label} ({counts[label]} trials)", xlim=(0, 110))
+        ax.set(xlabel="importance (%)", title=f"{label} ({counts[label]} trials)", xlim=(0, 125))
+        ax.set_xticks(range(0, 101, 20))
     figure.suptitle(heading)
     few = min(counts.values())
     if few_trials_warning(few):

@@ -51,7 +51,8 @@ def hand_store() -> StoreData:
     hparams = pd.DataFrame([{"trial_run_id": t["run_id"], "name": "lr", "value": str(0.1 * (t["set_index"] + 1))}
                             for t in trials if t["run_id"].startswith("T")])
     steps = pd.DataFrame([{"run_id": o["run_id"], "t": t, "acc": o["acc"] + (2 - t) * 0.1}
-                          for o in orderings if o["phase_run_id"].startswith("E") and o["status"] == "finished"
+                          for o in orderings if (o["phase_run_id"].startswith("E") or o["trial_run_id"].endswith("/1"))
+                          and o["status"] == "finished"
                           for t in (1, 2)])
     tuned = pd.DataFrame([t for t in trials if t["run_id"].startswith("T")])
     return StoreData(pd.DataFrame(phases), tuned, hparams, pd.DataFrame(orderings), steps)
