@@ -159,8 +159,9 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
     phases = phases.reset_index(drop=True)
     left_out = left_out_phases(everything, phases)
     if phases.empty:
-        raise ConfigError("SELECTORS", "the selected studies have no finished phase run yet (only running or "
-                          "crashed ones); wait for them or resume them (gtep run --resume)")
+        why = "; ".join(left_out["note"]) or "only running or crashed ones"
+        raise ConfigError("SELECTORS", f"the selected studies have no finished phase run yet ({why}); wait for "
+                          "them or resume them (gtep run --resume, gtep evaluate --resume)")
     trials = trials[trials["phase_run_id"].isin(phases["run_id"])].reset_index(drop=True)
     orderings = store.ordering_runs(ids)
     orderings = orderings.merge(trials[["run_id", "phase_run_id"]].rename(columns={"run_id": "trial_run_id"}),

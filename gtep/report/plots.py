@@ -124,13 +124,19 @@ def original_vs_hstar(summary: pd.DataFrame, path: Path, heading: str) -> Path |
 
 
 def convergence(curves: pd.DataFrame, path: Path, heading: str) -> Path | None:
-    """Best-so-far selection score against the number of tuning trials, with the paper's 20-trial mark."""
+    """Best-so-far selection score against the number of tuning trials, with the paper's 20-trial mark; a set
+    that has no score (diverged, or fewer than S orderings) is marked with an x."""
     if curves.empty or curves["best_so_far"].isna().all():
         return None
     figure = _figure()
     ax = figure.add_subplot()
+    colour = _colours(curves["label"].unique())
     for label, rows in curves.groupby("label", sort=True):
-        ax.step(rows["trial"], 100 * rows["best_so_far"], where="post", marker=".", label=label)
+        ax.step(rows["trial"], 100 * rows["best_so_far"], where="post", marker=".", label=label, color=colour[label])
+        unscored = rows[rows["score"].isna() & rows["best_so_far"].notna()]
+        ax.plot(unscored["trial"], 100 * unscored["best_so_far"], "x", color=colour[label], markersize=8)
+    if (curves["score"].isna() & curves["best_so_far"].notna()).any():  # one legend entry for every x
+        ax.plot([], [], "x", color="grey", label="set not scored (diverged or incomplete)")
     if curves["trial"].max() >= CONVERGENCE_MARK:
         ax.axvline(CONVERGENCE_MARK, color="grey", linestyle="--", linewidth=1)
     ax.set(xlabel="trials", ylabel="best harmonic mean so far (%)", title=heading)
