@@ -155,9 +155,12 @@ def ranking_line(ranking: pd.DataFrame, table: pd.DataFrame | None = None) -> st
         count = "" if table is None else f" (here {len(table)})"
         return ("Kendall's tau: not computed; comparing the phases' rankings needs two or more algorithms with a "
                 f"tuning and an evaluation result{count}.")
-    parts = [f"Kendall's tau ({r.metric}, {r.algorithms} algorithms) = "
-             f"{'undefined (tied scores)' if math.isnan(r.tau) else f'{r.tau:.3f}'}" for r in ranking.itertuples()]
-    return "; ".join(parts)
+    names = {"hmean": "HM", "acc": "Acc", "avg_acc": "AvgAcc"}
+    parts = [f"{names.get(r.metric, r.metric)} {'undefined (tied scores)' if math.isnan(r.tau) else f'{r.tau:.3f}'}"
+             + (f" ({r.algorithms} algorithms)" if r.algorithms != ranking["algorithms"].max() else "")
+             for r in ranking.itertuples()]
+    return (f"Kendall's tau between the tuning and evaluation rankings of {ranking['algorithms'].max()} algorithms: "
+            + ", ".join(parts))
 
 
 def left_out_notes(report: Report, group: tuple[str, str] | None) -> list[str]:
@@ -321,9 +324,10 @@ def print_report(report: Report, console: Console) -> None:
     for group in report.tables:
         for heading, frame, notes in group_sections(report, group):
             if frame is not None:
+                frame = frame if heading else tables.terminal_paper_table(frame)
                 console.print(tables.rich_frame(frame, heading or f"{group[0]}: {group[1]}",
-                                                "" if heading else "Acc / AvgAcc (%), mean (std) over orderings; "
-                                                "HM (%)"))
+                                                "" if heading else "Acc (std) over AvgAcc (std), %, over "
+                                                "orderings; HM (%) of the phase to its left"))
             for line in notes:
                 style = "yellow" if line.startswith(("Warning", "Left out")) else ""
                 console.print(f"[{style}]{line}[/]" if style else line, highlight=False, markup=bool(style))

@@ -107,6 +107,22 @@ def _ranks(by_label: pd.DataFrame, label: str) -> str:
     return " → ".join("-" if math.isnan(v) else str(int(v)) for v in (a, b))
 
 
+def terminal_paper_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The paper table narrowed for a terminal: Acc and AvgAcc on two lines of a cell, headers on two lines and
+    each phase's HM column headed just 'HM' (it stands right of its phase), so it fits 80 columns where it can."""
+    def header(name: str) -> str:
+        if name.startswith("HM "):
+            return "HM"
+        if name == "gap HM (pp)":
+            return "gap HM\n(pp)"
+        if name == "rank tune → eval":
+            return "rank\ntune→eval"
+        return name.replace(" (", "\n(", 1)
+
+    narrow = table.map(lambda v: str(v).replace(" / ", "\n") if " / " in str(v) else v)
+    return narrow.rename(columns=header)
+
+
 def rich_frame(frame: pd.DataFrame, title: str, caption: str = "") -> Table:
     """A string frame as a terminal table, its index as the first column."""
     table = Table(title=title, caption=caption or None)

@@ -149,6 +149,8 @@ def test_files_and_plots(report, tmp_path):
         assert png in paths and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     assert not (folder / "original_vs_hstar.png").exists()  # no original phase in this store
     assert "NaN (1/2 diverged)" in (tmp_path / "report.md").read_text()
+    assert ("Kendall's tau between the tuning and evaluation rankings of 3 algorithms: HM 0.333, Acc 0.333, "
+            "AvgAcc 0.333") in (tmp_path / "report.md").read_text()
     assert r"$D^{HT}$" in (folder / "table.tex").read_text()
     assert pd.read_csv(tmp_path / "ranking.csv").loc[0, "tau"] == pytest.approx(1 / 3)
 
@@ -201,7 +203,7 @@ def test_one_algorithm_has_no_nan_tau_lines(tmp_path):
     assert single.ranking.empty
     build.write_files(single, tmp_path, ("md", "csv", "latex"))
     text = (tmp_path / "report.md").read_text()
-    assert "Kendall's tau (" not in text and "= NaN" not in text
+    assert "Kendall's tau between" not in text and "NaN" not in text.split("### Tuning trials")[0]
     assert "Kendall's tau: not computed" in text and "(here 1)" in text
     assert not (tmp_path / "ranking.tex").exists()
 
