@@ -259,7 +259,8 @@ def markdown_report(report: Report, folders: dict[tuple[str, str], Path], out: P
 HTML_STYLE = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;margin:.5em 0}"
               "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th:first-child,td:first-child"
               "{text-align:left}p.note{color:#444;margin:.2em 0}p.warning{color:#b22222}img{max-width:100%;"
-              "margin:.5em 0;border:1px solid #eee}")
+              "margin:.5em 0;border:1px solid #eee}div.figures{display:flex;flex-wrap:wrap;gap:.5em;"
+              "align-items:flex-start}")
 
 
 def html_report(report: Report, folders: dict[tuple[str, str], Path]) -> str:
@@ -284,11 +285,13 @@ def html_report(report: Report, folders: dict[tuple[str, str], Path]) -> str:
             parts += [f"<h3>{html.escape(heading)}</h3>"] if heading else []
             parts += [table(frame)] if frame is not None else []
             parts += [note(n) for n in notes]
+        parts.append('<div class="figures">')
         for name in PLOTS:
             png = folder / f"{name}.png"
             if png.exists():
                 data = base64.b64encode(png.read_bytes()).decode("ascii")
-                parts.append(f'<div><img alt="{name}" src="data:image/png;base64,{data}"></div>')
+                parts.append(f'<img alt="{name}" src="data:image/png;base64,{data}">')
+        parts.append("</div>")
     parts.append("</body></html>")
     return "\n".join(parts)
 
