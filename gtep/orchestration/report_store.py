@@ -37,8 +37,8 @@ ORDERING_COLUMNS = ["run_id", "trial_run_id", "set_index", "ordering", "status",
 # Accuracies are fractions inside the report. Runs tagged gtep.units=percent logged these metrics in percent (57.0
 # for 0.57); older runs logged fractions. Both are read into fractions here, so a report prints the same either way.
 UNITS_TAG = "gtep.units"
-PERCENT_METRICS = frozenset({"acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "forgetting", "old_acc", "new_acc",
-                             "mean_of_hmeans", "best_hmean", "best_acc", "best_avg_acc", "best_acc_std",
+PERCENT_METRICS = frozenset({"acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "hmean_std", "forgetting", "old_acc",
+                             "new_acc", "mean_of_hmeans", "best_hmean", "best_acc", "best_avg_acc", "best_acc_std",
                              "best_avg_acc_std", "acc_t"})
 # a tuning phase run logs H*'s numbers as best_* (fraction stores) or as acc, avg_acc, hmean (percent stores)
 BEST_ALIASES = (("best_acc", "acc"), ("best_avg_acc", "avg_acc"), ("best_hmean", "hmean"), ("best_acc_std", "acc_std"),

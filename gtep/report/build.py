@@ -210,7 +210,7 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
         plots.original_vs_hstar(summary, folder / "original_vs_hstar.png",
                                 plots.title("Original vs H* on D^E", scenario, pairing, "evaluation phase")),
         plots.convergence(conv, folder / "convergence.png",
-                          plots.title("Best selection score so far", scenario, pairing, tuning, width=55)),
+                          plots.title("Best selection score so far", scenario, pairing, tuning)),
         plots.importance(_part(report.importance, group), folder / "importance.png",
                          plots.title("Hyperparameter importance (fANOVA)", scenario, pairing, tuning)),
     ]

@@ -17,8 +17,9 @@ from gtep.report.importance import CONVERGENCE_MARK, few_trials_warning
 PHASE_NAMES = {"tune": "tuning phase: H* on D^HT", "evaluate": "evaluation phase: H* on D^E"}
 
 
-def title(what: str, scenario: str, pairing: str, phase: str = "", width: int = 70) -> str:
-    """'<what>' over 'scenario 10+5+5, CIFAR-100 → TinyImageNet, evaluation phase (D^E)', wrapped to the figure."""
+def title(what: str, scenario: str, pairing: str, phase: str = "", width: int = 55) -> str:
+    """'<what>' over 'scenario 10+5+5, CIFAR-100 → TinyImageNet, evaluation phase (D^E)', wrapped at `width`
+    characters: 55 fit the narrowest figure (5.5 in), so a long dataset name is not cut off at the edges."""
     where = f"scenario {scenario}, {pairing}" + (f", {phase}" if phase else "")
     return what + "\n" + textwrap.fill(where, width)
 
@@ -107,7 +108,7 @@ def original_vs_hstar(summary: pd.DataFrame, path: Path, heading: str) -> Path |
     labels = sorted(set(original.index) | set(tuned.index))
     if original.empty or not labels:
         return None
-    figure = _figure(max(5.0, 1.2 * len(labels) + 2), 4.0)
+    figure = _figure(max(5.5, 1.2 * len(labels) + 2), 4.4)
     ax = figure.add_subplot()
     x, width = np.arange(len(labels)), 0.38
     for offset, (name, part) in zip((-width / 2, width / 2), (("Original", original), ("H*", tuned))):
