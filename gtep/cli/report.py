@@ -25,7 +25,8 @@ def report_command(
         matrix: Optional[str] = typer.Option(None, "--matrix", help="only phase runs of this gtep matrix "
                                              "(tag gtep.matrix); with no selectors, every study of the store"),
         formats: List[str] = typer.Option(["table"], "--format", "-f", help="table, md, csv, latex: repeat the option "
-                                         "or separate with commas (PNG plots are always written)"),
+                                         "or separate with commas (figures as PNG and PDF, and report.html with "
+                                         "every table and figure, are always written)"),
         out: Optional[Path] = typer.Option(None, "--out", help="folder for the report's files "
                                            "(default: <output>/reports/<date-time>)"),
         output: Path = typer.Option(Path("gtep-runs"), "--output", help="the runs folder whose mlflow.db to read"),
@@ -35,7 +36,8 @@ def report_command(
 ) -> None:
     """The paper's tables and figures from tracked studies: per scenario and dataset pairing, Acc / AvgAcc of
     every algorithm in each phase, the overestimation gap, Kendall's tau between the phases' rankings, Original vs
-    H*, per-task curves, cost plots, and hyperparameter importance and convergence from the tuning trials.
+    H*, per-task curves of H* on D^HT beside D^E, cost plots, and hyperparameter importance and convergence from the
+    tuning trials, with the set states (complete / incomplete / diverged) and the phase runs left out.
     Reads MLflow only; nothing is re-run."""
     def go() -> None:
         from gtep.orchestration.report_store import open_store

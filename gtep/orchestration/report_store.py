@@ -24,14 +24,25 @@ from gtep.config import ConfigError
 PREFIX = "gtep/"  # a study's experiment is gtep/<study> (gtep.orchestration.tracking)
 REPORTS_EXPERIMENT = "gtep/reports"
 PHASE_METRICS = ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "diverged", "best_hmean", "best_acc",
-                 "best_avg_acc", "best_acc_std", "best_avg_acc_std", "best_set_index")
+                 "best_avg_acc", "best_acc_std", "best_avg_acc_std", "best_set_index", "sets_complete",
+                 "sets_incomplete", "sets_diverged")
 TRIAL_METRICS = ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "mean_of_hmeans", "diverged_orderings",
                  "orderings")
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc", "params_total",
                     "params_trainable", "train_seconds", "diverged")
-TRIAL_COLUMNS = ["run_id", "phase_run_id", "set_index", "status", "start_time", *TRIAL_METRICS]
-ORDERING_COLUMNS = ["run_id", "trial_run_id", "set_index", "ordering", "status", "run_status", "end_time",
+TRIAL_COLUMNS = ["run_id", "phase_run_id", "set_index", "status", "set_status", "orderings_tag", "start_time",
+                 *TRIAL_METRICS]
+ORDERING_COLUMNS = ["run_id", "trial_run_id", "set_index", "ordering", "status", "run_status", "end_time", "percent",
                     *ORDERING_METRICS]
+# Accuracies are fractions inside the report. Runs tagged gtep.units=percent logged these metrics in percent (57.0
+# for 0.57); older runs logged fractions. Both are read into fractions here, so a report prints the same either way.
+UNITS_TAG = "gtep.units"
+PERCENT_METRICS = frozenset({"acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "hmean_std", "forgetting", "old_acc",
+                             "new_acc", "mean_of_hmeans", "best_hmean", "best_acc", "best_avg_acc", "best_acc_std",
+                             "best_avg_acc_std", "acc_t"})
+# a tuning phase run logs H*'s numbers as best_* (fraction stores) or as acc, avg_acc, hmean (percent stores)
+BEST_ALIASES = (("best_acc", "acc"), ("best_avg_acc", "avg_acc"), ("best_hmean", "hmean"), ("best_acc_std", "acc_std"),
+                ("best_avg_acc_std", "avg_acc_std"))
 HPARAM_COLUMNS = ["trial_run_id", "name", "value"]
 STEP_COLUMNS = ["run_id", "t", "acc"]
 
@@ -94,9 +105,12 @@ class RunStore:
     def ordering_runs(self, experiment_ids: list[str]) -> pd.DataFrame:
         return _frame([ordering_row(r) for r in self._search(experiment_ids, "ordering")], ORDERING_COLUMNS)
 
-    def accuracy_steps(self, ordering_ids: list[str]) -> pd.DataFrame:
-        """acc_t per ordering run: accuracy on all classes seen after task t (step t = 1..T)."""
-        rows = [{"run_id": run_id, "t": int(point.step), "acc": float(point.value)}
+    def accuracy_steps(self, ordering_ids: list[str], percent: Iterable[str] = ()) -> pd.DataFrame:
+        """acc_t per ordering run, as a fraction: accuracy on all classes seen after task t (step t = 1..T).
+        `percent`: the runs (of ordering_ids) tagged gtep.units=percent, whose acc_t is in percent."""
+        in_percent = set(percent)
+        rows = [{"run_id": run_id, "t": int(point.step),
+                 "acc": float(point.value) / (100.0 if run_id in in_percent else 1.0)}
                 for run_id in ordering_ids for point in self.client.get_metric_history(run_id, "acc_t")]
         frame = pd.DataFrame(rows, columns=STEP_COLUMNS)
         return frame.drop_duplicates(["run_id", "t"], keep="last").sort_values(["run_id", "t"]).reset_index(drop=True)
@@ -157,8 +171,15 @@ def _frame(rows: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- runs as rows
 
+def in_percent(run: Run) -> bool:
+    return run.data.tags.get(UNITS_TAG, "") == "percent"
+
+
 def _metrics(run: Run, names: Iterable[str]) -> dict[str, float]:
-    return {name: float(run.data.metrics.get(name, math.nan)) for name in names}
+    """The run's metrics, accuracies as fractions whatever unit the run was logged in (gtep.units)."""
+    scale = 100.0 if in_percent(run) else 1.0
+    return {name: float(run.data.metrics.get(name, math.nan)) / (scale if name in PERCENT_METRICS else 1.0)
+            for name in names}
 
 
 def phase_label(run: Run) -> str:
@@ -178,18 +199,25 @@ def phase_row(run: Run, experiment: str) -> dict[str, Any]:
         ("attempt", "attempt"), ("matrix", "matrix"), ("cell", "cell"), ("scenario_tag", "scenario"),
         ("pairing_tag", "pairing"), ("similarity_tag", "similarity"), ("hparams_source", "hparams_source"),
         ("tuning_run_id", "tuning_run_id"), ("best_trial_run_id", "best_trial_run_id"),
-        ("best_set_index_tag", "best_set_index"))}
+        ("best_set_index_tag", "best_set_index"), ("status_tag", "status"), ("orderings_tag", "orderings"),
+        ("reason_tag", "reason"))}
+    metrics = _metrics(run, PHASE_METRICS)
+    if phase_label(run) == "tune":  # H*'s numbers under either name
+        for best, plain in BEST_ALIASES:
+            value = metrics[best] if not math.isnan(metrics[best]) else metrics[plain]
+            metrics[best] = metrics[plain] = value
     param = {name: params.get(f"gtep.{name}", "") for name in ("algorithm", "backbone", "dataset", "increments",
                                                                  "selection")}
     return {"run_id": run.info.run_id, "experiment": experiment,
             "study": tags.get("gtep.study", experiment[len(PREFIX):]), "phase": phase_label(run),
-            "status": run.info.status, "start_time": run.info.start_time or 0, **tag, **param,
-            **_metrics(run, PHASE_METRICS)}
+            "status": run.info.status, "start_time": run.info.start_time or 0, **tag, **param, **metrics}
 
 
 def trial_row(run: Run) -> dict[str, Any]:
     return {"run_id": run.info.run_id, "phase_run_id": run.data.tags.get("mlflow.parentRunId", ""),
             "set_index": int(run.data.tags.get("gtep.set_index", -1)), "status": run.info.status,
+            "set_status": run.data.tags.get("gtep.status", ""),
+            "orderings_tag": run.data.tags.get("gtep.orderings", ""),
             "start_time": run.info.start_time or 0, **_metrics(run, TRIAL_METRICS)}
 
 
@@ -199,7 +227,7 @@ def ordering_row(run: Run) -> dict[str, Any]:
     return {"run_id": run.info.run_id, "trial_run_id": tags.get("mlflow.parentRunId", ""),
             "set_index": int(tags.get("gtep.set_index", -1)), "ordering": int(tags.get("gtep.ordering", -1)),
             "status": "diverged" if diverged else tags.get("gtep.status", "finished"), "run_status": run.info.status,
-            "end_time": run.info.end_time or 0, **_metrics(run, ORDERING_METRICS)}
+            "end_time": run.info.end_time or 0, "percent": in_percent(run), **_metrics(run, ORDERING_METRICS)}
 
 
 def trial_hparams(trial_runs: list[Run]) -> pd.DataFrame:

@@ -6,7 +6,9 @@ Everything that can be wrong with the input is found before the first file is wr
 """
 from __future__ import annotations
 
+import base64
 import hashlib
+import html
 import math
 import re
 import tempfile
@@ -30,8 +32,10 @@ FORMATS = ("table", "md", "csv", "latex")
 class Report:
     """The frames of a report and the files it wrote. `summary`: one row per (scenario, pairing, algorithm, phase);
     `tables`: the paper-shaped string table per (scenario, pairing); `gaps`: overestimation gap and ranks per
-    algorithm; `ranking`: Kendall's tau per (scenario, pairing, metric); `curves`: Acc_t mean/std per task;
-    `importance` and `convergence`: from the tuning trials."""
+    algorithm; `ranking`: Kendall's tau per (scenario, pairing, metric), only where two or more algorithms have
+    both phases; `curves`: Acc_t mean/std per task and phase; `importance` and `convergence`: from the tuning trials;
+    `sets`: complete / incomplete / diverged / interrupted sets per tuning phase; `left_out`: phase runs not
+    reported and why."""
     phases: pd.DataFrame
     summary: pd.DataFrame
     tables: dict[tuple[str, str], pd.DataFrame]
@@ -40,6 +44,8 @@ class Report:
     curves: pd.DataFrame
     importance: pd.DataFrame
     convergence: pd.DataFrame
+    sets: pd.DataFrame = field(default_factory=pd.DataFrame)
+    left_out: pd.DataFrame = field(default_factory=pd.DataFrame)
     out: Path | None = None
     paths: list[Path] = field(default_factory=list)
     run_id: str | None = None
@@ -77,7 +83,8 @@ def search_frames(data: StoreData, phases: pd.DataFrame) -> tuple[pd.DataFrame, 
         selection = phase["selection"] or "hmean_of_means"
         hparams = data.hparams[data.hparams["trial_run_id"].isin(trials["run_id"])]
         imp = search.hyperparameter_importance(trials, hparams, selection)
-        importances.append(imp.assign(**keys, trials=len(trials)))
+        scored = int(search.trial_scores(trials, selection).notna().sum())  # what fANOVA was fitted on
+        importances.append(imp.assign(**keys, trials=scored))
         curve = search.best_so_far(trials, selection)
         curves.append(curve.assign(**keys, trials_to_best=search.trials_to_best(curve)))
     importance = pd.concat(importances, ignore_index=True) if importances else pd.DataFrame(
@@ -94,7 +101,8 @@ def build_frames(data: StoreData) -> Report:
     importance, convergence = search_frames(data, labelled)
     paper = {group: tables.paper_table(_part(summary, group), _part(gaps, group)) for group in sm.groups(summary)}
     return Report(phases=data.phases, summary=summary, tables=paper, gaps=gaps, ranking=sm.rankings(summary),
-                  curves=sm.task_curves(data, summary), importance=importance, convergence=convergence)
+                  curves=sm.task_curves(data, summary), importance=importance, convergence=convergence,
+                  sets=sm.set_counts(data, labelled), left_out=data.left_out)
 
 
 def _part(frame: pd.DataFrame, group: tuple[str, str]) -> pd.DataFrame:
@@ -103,14 +111,25 @@ def _part(frame: pd.DataFrame, group: tuple[str, str]) -> pd.DataFrame:
     return frame[(frame["scenario"] == group[0]) & (frame["pairing"] == group[1])]
 
 
-def trials_summary(convergence: pd.DataFrame) -> pd.DataFrame:
-    """Per algorithm: R, the best score and after how many trials it was reached (the paper: within 20)."""
+def trials_summary(convergence: pd.DataFrame, sets: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per algorithm: R, how many sets are complete, incomplete (fewer than S orderings finished: not eligible for
+    H*), diverged (and interrupted, when any), the best score and after how many trials it was reached (the
+    paper: within 20)."""
+    counts = pd.DataFrame() if sets is None or sets.empty else sets.set_index("label")[list(sm.SET_STATES)]
+    if convergence.empty and counts.empty:
+        return pd.DataFrame()
+    if not counts.empty and not counts["interrupted"].any():
+        counts = counts.drop(columns="interrupted")
     if convergence.empty:
-        return pd.DataFrame(columns=["trials", "best HM (%)", "reached after"])
+        return counts.astype(int)
     rows = convergence.groupby("label").agg(trials=("trial", "max"), best=("best_so_far", "max"),
                                             reached=("trials_to_best", "first"))
-    return pd.DataFrame({"trials": rows["trials"].astype(int), "best HM (%)": rows["best"].map(tables.pct),
-                         "reached after": rows["reached"].map(lambda v: "-" if math.isnan(v) else str(int(v)))})
+    frame = pd.DataFrame({"trials": rows["trials"].astype(int)})
+    if not counts.empty:
+        frame = frame.join(counts.astype(int), how="left").fillna(0).astype(int)
+    frame["best HM (%)"] = rows["best"].map(tables.pct)
+    frame["reached after"] = rows["reached"].map(lambda v: "-" if math.isnan(v) else str(int(v)))
+    return frame
 
 
 def importance_table(importance: pd.DataFrame) -> pd.DataFrame:
@@ -121,16 +140,51 @@ def importance_table(importance: pd.DataFrame) -> pd.DataFrame:
     return wide.map(lambda v: "" if pd.isna(v) else f"{100 * v:.1f}").sort_index()
 
 
-def ranking_line(ranking: pd.DataFrame) -> str:
-    parts = [f"Kendall's tau ({r.metric}, {r.algorithms} algorithms) = "
-             f"{'NaN' if math.isnan(r.tau) else f'{r.tau:.3f}'}" for r in ranking.itertuples()]
-    return "; ".join(parts)
+def importance_notes(importance: pd.DataFrame) -> list[str]:
+    """A warning per algorithm whose importance was fitted on fewer than 20 scored trials."""
+    if importance.empty:
+        return []
+    trials = importance.groupby("label")["trials"].first()
+    few = trials[[bool(search.few_trials_warning(int(n))) for n in trials]]
+    return [f"{', '.join(labels.index)}: {search.few_trials_warning(int(n))}." for n, labels in few.groupby(few)]
+
+
+def ranking_line(ranking: pd.DataFrame, table: pd.DataFrame | None = None) -> str:
+    """Kendall's tau per metric; one sentence instead when fewer than two algorithms have both phases."""
+    if ranking.empty:
+        count = "" if table is None else f" (here {len(table)})"
+        return ("Kendall's tau: not computed; comparing the phases' rankings needs two or more algorithms with a "
+                f"tuning and an evaluation result{count}.")
+    names = {"hmean": "HM", "acc": "Acc", "avg_acc": "AvgAcc"}
+    parts = [f"{names.get(r.metric, r.metric)} {'undefined (tied scores)' if math.isnan(r.tau) else f'{r.tau:.3f}'}"
+             + (f" ({r.algorithms} algorithms)" if r.algorithms != ranking["algorithms"].max() else "")
+             for r in ranking.itertuples()]
+    return (f"Kendall's tau between the tuning and evaluation rankings of {ranking['algorithms'].max()} algorithms: "
+            + ", ".join(parts))
+
+
+def left_out_notes(report: Report, group: tuple[str, str] | None) -> list[str]:
+    """The phase runs left out of a group's table (group None: those of no table), e.g. "evaluate of study X:
+    incomplete (1/2 orderings)"."""
+    frame = report.left_out
+    if frame.empty:
+        return []
+    if group is None:
+        rows = frame[[(s, p) not in report.tables for s, p in zip(frame["scenario"], frame["pairing"])]]
+    else:
+        rows = _part(frame, group)
+    return list(rows["note"])
 
 
 # ---------------------------------------------------------------- files
 
+PLOTS = ("task_curves", "acc_vs_params", "acc_vs_time", "original_vs_hstar", "convergence", "importance")
+TABLE_NOTE = ("Acc / AvgAcc in %, mean (std) over orderings (the paper's Tables 7-22); HM: harmonic mean of the mean "
+              "Acc and AvgAcc, %. Gap: tuning-phase minus evaluation-phase HM, percentage points.")
+
+
 def write_group(report: Report, group: tuple[str, str], folder: Path, formats: tuple[str, ...]) -> list[Path]:
-    """One scenario and pairing: its table in the chosen formats and its five plots."""
+    """One scenario and pairing: its table in the chosen formats and its plots, each as PNG and PDF."""
     scenario, pairing = group
     table = report.tables[group]
     written: list[Path] = []
@@ -139,59 +193,128 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
         table.to_csv(folder / "table.csv")
         written.append(folder / "table.csv")
     if "latex" in formats:
-        caption = f"Scenario {scenario}, {pairing}: Acc / AvgAcc (%), mean (std) over orderings."
+        caption = f"Scenario {scenario}, {pairing}: Acc / AvgAcc (%), mean (std) over orderings; HM (%)."
         (folder / "table.tex").write_text(tables.latex_frame(table, caption, f"tab:{folder.name}"))
         written.append(folder / "table.tex")
     summary, conv = _part(report.summary, group), _part(report.convergence, group)
+    evaluation, tuning = "evaluation phase (H* on D^E)", "tuning phase (D^HT)"
     drawn = [
-        plots.task_curves(_part(report.curves, group), folder / "task_curves.png", f"Acc_t on D^E: {scenario}"),
+        plots.task_curves(_part(report.curves, group), folder / "task_curves.png", scenario, pairing),
         plots.accuracy_against(summary, (("params_total", "parameters (total)"),
                                          ("params_trainable", "parameters (trainable)")),
-                               folder / "acc_vs_params.png", f"Acc vs parameters: {scenario}"),
+                               folder / "acc_vs_params.png",
+                               plots.title("Final accuracy vs parameters", scenario, pairing, evaluation),
+                               same="parameters (total = trainable: nothing frozen)"),
         plots.accuracy_against(summary, (("train_seconds", "training time (s)"),), folder / "acc_vs_time.png",
-                               f"Acc vs training time: {scenario}"),
-        plots.original_vs_hstar(summary, folder / "original_vs_hstar.png", f"Original vs H* on D^E: {scenario}"),
-        plots.convergence(conv, folder / "convergence.png", f"Best so far: {scenario}"),
-        plots.importance(_part(report.importance, group), folder / "importance.png", f"Importance: {scenario}"),
+                               plots.title("Final accuracy vs training time", scenario, pairing, evaluation)),
+        plots.original_vs_hstar(summary, folder / "original_vs_hstar.png",
+                                plots.title("Original vs H* on D^E", scenario, pairing, "evaluation phase")),
+        plots.convergence(conv, folder / "convergence.png",
+                          plots.title("Best selection score so far", scenario, pairing, tuning)),
+        plots.importance(_part(report.importance, group), folder / "importance.png",
+                         plots.title("Hyperparameter importance (fANOVA)", scenario, pairing, tuning)),
     ]
-    return written + [p for p in drawn if p is not None]
+    for png in drawn:
+        if png is not None:
+            written += [png, png.with_suffix(".pdf")]
+    return written
+
+
+def group_sections(report: Report, group: tuple[str, str]) -> list[tuple[str, pd.DataFrame | None, list[str]]]:
+    """The text of one group, shared by the terminal, Markdown and HTML: (heading, table, lines under it)."""
+    table = report.tables[group]
+    left_out = [f"Left out: {note}." for note in left_out_notes(report, group)]
+    sections: list[tuple[str, pd.DataFrame | None, list[str]]] = [
+        ("", table, [ranking_line(_part(report.ranking, group), table), *left_out])]
+    trials = trials_summary(_part(report.convergence, group), _part(report.sets, group))
+    if not trials.empty:
+        sections.append(("Tuning trials (hyperparameter sets)", trials.rename_axis("algorithm"),
+                         ["incomplete: fewer than S orderings finished, so the set could not be H*."]
+                         if "incomplete" in trials and trials["incomplete"].any() else []))
+    imp = importance_table(_part(report.importance, group))
+    if not imp.empty:
+        sections.append(("Hyperparameter importance (fANOVA, %)", imp,
+                         [f"Warning: {n}" for n in importance_notes(_part(report.importance, group))]))
+    return sections
 
 
 def markdown_report(report: Report, folders: dict[tuple[str, str], Path], out: Path) -> str:
-    lines = ["# GTEP report", "", "Acc / AvgAcc in %, mean (std) over orderings (the paper's Tables 7-22). "
-             "Gap: tuning-phase minus evaluation-phase harmonic mean, percentage points.", ""]
+    lines = ["# GTEP report", "", TABLE_NOTE, ""]
+    lines += [f"- Left out: {note}." for note in left_out_notes(report, None)] + [""] * bool(
+        left_out_notes(report, None))
     for group, folder in folders.items():
         rel = folder.relative_to(out).as_posix()
-        lines += [f"## {group[0]}: {group[1]}", "", tables.markdown_frame(report.tables[group]),
-                  ranking_line(_part(report.ranking, group)), ""]
-        trials = trials_summary(_part(report.convergence, group))
-        if not trials.empty:
-            lines += ["### Tuning trials", "", tables.markdown_frame(trials.rename_axis("algorithm"))]
-        imp = importance_table(_part(report.importance, group))
-        if not imp.empty:
-            lines += ["### Hyperparameter importance (fANOVA, %)", "", tables.markdown_frame(imp)]
-        lines += [f"![{name}]({rel}/{name}.png)" for name in ("task_curves", "acc_vs_params", "acc_vs_time",
-                                                              "original_vs_hstar", "convergence", "importance")
-                  if (folder / f"{name}.png").exists()]
+        lines += [f"## {group[0]}: {group[1]}", ""]
+        for heading, frame, notes in group_sections(report, group):
+            if heading:
+                lines += [f"### {heading}", ""]
+            if frame is not None:
+                lines += [tables.markdown_frame(frame)]
+            lines += [*(f"{n}  " for n in notes), ""] if notes else []
+        lines += [f"![{name}]({rel}/{name}.png)" for name in PLOTS if (folder / f"{name}.png").exists()]
         lines.append("")
     return "\n".join(lines)
 
 
+HTML_STYLE = ("body{font-family:sans-serif;margin:1.5em;max-width:1400px}table{border-collapse:collapse;margin:.5em 0}"
+              "th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th:first-child,td:first-child"
+              "{text-align:left}p.note{color:#444;margin:.2em 0}p.warning{color:#b22222}img{max-width:100%;"
+              "margin:.5em 0;border:1px solid #eee}div.figures{display:flex;flex-wrap:wrap;gap:.5em;"
+              "align-items:flex-start}")
+
+
+def html_report(report: Report, folders: dict[tuple[str, str], Path]) -> str:
+    """The report as one self-contained HTML page, figures embedded as data URIs: the MLflow UI renders an HTML
+    artifact (its Markdown view would show image links as text), and nothing else needs to be fetched."""
+    def table(frame: pd.DataFrame) -> str:
+        head = "".join(f"<th>{html.escape(str(c))}</th>" for c in [frame.index.name or "", *frame.columns])
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in [label, *row]) + "</tr>"
+                       for label, row in frame.iterrows())
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+    def note(text: str) -> str:
+        kind = "warning" if text.startswith(("Warning", "Left out")) else "note"
+        return f'<p class="{kind}">{html.escape(text)}</p>'
+
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>GTEP report</title><style>{HTML_STYLE}"
+             f"</style></head><body><h1>GTEP report</h1><p>{html.escape(TABLE_NOTE)}</p>"]
+    parts += [note(f"Left out: {n}.") for n in left_out_notes(report, None)]
+    for group, folder in folders.items():
+        parts.append(f"<h2>{html.escape(group[0])}: {html.escape(group[1])}</h2>")
+        for heading, frame, notes in group_sections(report, group):
+            parts += [f"<h3>{html.escape(heading)}</h3>"] if heading else []
+            parts += [table(frame)] if frame is not None else []
+            parts += [note(n) for n in notes]
+        parts.append('<div class="figures">')
+        for name in PLOTS:
+            png = folder / f"{name}.png"
+            if png.exists():
+                data = base64.b64encode(png.read_bytes()).decode("ascii")
+                parts.append(f'<img alt="{name}" src="data:image/png;base64,{data}">')
+        parts.append("</div>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
 def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Path]:
+    """Every group's tables and plots, the frames as CSV, report.md, and always report.html (what the MLflow UI
+    shows of the report run)."""
     out.mkdir(parents=True, exist_ok=True)
     folders = {group: out / slug(*group) for group in report.tables}
     written = [p for group, folder in folders.items() for p in write_group(report, group, folder, formats)]
     if "csv" in formats:
-        for name in ("summary", "gaps", "ranking", "curves", "importance", "convergence"):
+        for name in ("summary", "gaps", "ranking", "curves", "importance", "convergence", "sets", "left_out"):
             path = out / f"{name}.csv"
             getattr(report, name).to_csv(path, index=False)
             written.append(path)
     if "md" in formats:
         (out / "report.md").write_text(markdown_report(report, folders, out))
         written.append(out / "report.md")
+    (out / "report.html").write_text(html_report(report, folders))
+    written.append(out / "report.html")
     if "latex" in formats and not report.ranking.empty:
         frame = report.ranking.set_index("metric")[["scenario", "pairing", "algorithms", "tau"]]
-        frame = frame.assign(tau=frame["tau"].map(lambda v: "NaN" if math.isnan(v) else f"{v:.3f}"))
+        frame = frame.assign(tau=frame["tau"].map(lambda v: "tied" if math.isnan(v) else f"{v:.3f}"))
         (out / "ranking.tex").write_text(tables.latex_frame(frame, "Kendall's tau between the tuning and evaluation "
                                                                    "phase rankings.", "tab:gtep-ranking"))
         written.append(out / "ranking.tex")
@@ -199,16 +322,18 @@ def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Pat
 
 
 def print_report(report: Report, console: Console) -> None:
-    for group, table in report.tables.items():
-        console.print(tables.rich_frame(table, f"{group[0]}: {group[1]}",
-                                        "Acc / AvgAcc (%), mean (std) over orderings"))
-        console.print(ranking_line(_part(report.ranking, group)), highlight=False)
-        trials = trials_summary(_part(report.convergence, group))
-        if not trials.empty:
-            console.print(tables.rich_frame(trials.rename_axis("algorithm"), "tuning trials"))
-        imp = importance_table(_part(report.importance, group))
-        if not imp.empty:
-            console.print(tables.rich_frame(imp, "hyperparameter importance (fANOVA, %)"))
+    for note in left_out_notes(report, None):
+        console.print(f"[yellow]Left out: {note}.[/]", highlight=False)
+    for group in report.tables:
+        for heading, frame, notes in group_sections(report, group):
+            if frame is not None:
+                frame = frame if heading else tables.terminal_paper_table(frame)
+                console.print(tables.rich_frame(frame, heading or f"{group[0]}: {group[1]}",
+                                                "" if heading else "Acc (std) over AvgAcc (std), %, over "
+                                                "orderings; HM (%) of the phase to its left"))
+            for line in notes:
+                style = "yellow" if line.startswith(("Warning", "Left out")) else ""
+                console.print(f"[{style}]{line}[/]" if style else line, highlight=False, markup=bool(style))
 
 
 def report_metrics(report: Report) -> dict[str, float]:

@@ -7,7 +7,7 @@ matrix cell, phase label), the latest phase run that ended: FINISHED, or FAILED 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -15,18 +15,23 @@ from gtep.config import ConfigError
 from gtep.orchestration.report_store import PREFIX, RunStore
 
 EVALUATE_LIKE = ("evaluate", "original", "conventional")  # phases that train one set over S orderings
+NOT_A_RESULT = ("incomplete", "interrupted")  # a phase run's gtep.status when fewer than S orderings finished
+LEFT_OUT_COLUMNS = ["experiment", "study", "cell", "phase", "run_id", "scenario", "pairing", "reason", "note"]
 
 
 @dataclass
 class StoreData:
     """What a report reads. `phases`: one row per selected phase run; `trials`: the tuning trials of the selected
     tune phases; `hparams`: their hyperparameter sets, long (trial run, name, value); `orderings`: the ordering runs
-    under the selected phases; `steps`: acc_t of the evaluation-like orderings, long (run, t, acc)."""
+    under the selected phases; `steps`: acc_t of the evaluation-like orderings and of H*'s tuning orderings, long
+    (run, t, acc), a fraction; `left_out`: the phase runs not reported (incomplete, interrupted, crashed, running)
+    that no later usable run of their label replaced, with the reason in `note`."""
     phases: pd.DataFrame
     trials: pd.DataFrame
     hparams: pd.DataFrame
     orderings: pd.DataFrame
     steps: pd.DataFrame
+    left_out: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEFT_OUT_COLUMNS))
 
 
 # ---------------------------------------------------------------- the experiments a report names
@@ -56,7 +61,10 @@ def match_experiments(known: dict[str, str], selectors: list[str], matrix: str |
 
 def usable(phase: pd.Series, trials: pd.DataFrame) -> bool:
     """FINISHED, or FAILED because of divergence: an evaluation with diverged orderings, or a tuning phase whose
-    every set diverged (no H* could be selected). A crashed or still running phase is not reported."""
+    every set diverged (no H* could be selected). A crashed or still running phase is not reported, nor one tagged
+    gtep.status=incomplete (fewer than S orderings finished) or interrupted, even when some orderings diverged."""
+    if phase.get("status_tag", "") in NOT_A_RESULT:
+        return False
     if phase["status"] == "FINISHED":
         return True
     if phase["status"] != "FAILED":
@@ -75,6 +83,34 @@ def latest_phases(phases: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFrame:
     ok = ok.sort_values("start_time", kind="stable")
     latest = ok.groupby(["experiment", "study", "cell", "phase"], as_index=False, sort=False).tail(1)
     return latest.reset_index(drop=True)
+
+
+def why_left_out(phase: pd.Series) -> str:
+    """'incomplete (1/2 orderings)', 'interrupted', 'crashed (FAILED)', 'still running'."""
+    tag, orderings = str(phase.get("status_tag", "") or ""), str(phase.get("orderings_tag", "") or "")
+    if tag in NOT_A_RESULT:
+        return f"{tag} ({orderings} orderings)" if "/" in orderings else tag
+    if phase["status"] == "RUNNING":
+        return "still running (or stopped without closing its run)"
+    if phase["status"] == "KILLED":
+        return "stopped (KILLED)"
+    return f"crashed ({phase['status']})"
+
+
+def left_out_phases(phases: pd.DataFrame, chosen: pd.DataFrame) -> pd.DataFrame:
+    """The phase runs a report leaves out that matter: unusable ones newer than the run reported for their label
+    (or of a label with none), e.g. "evaluate of study X: incomplete (1/2 orderings)". An older failed attempt
+    that a later run replaced is not listed."""
+    key = ["experiment", "study", "cell", "phase"]
+    reported = {tuple(r[k] for k in key): r["start_time"] for _, r in chosen.iterrows()}
+    rows = []
+    for _, row in phases[~phases["run_id"].isin(chosen["run_id"])].sort_values("start_time").iterrows():
+        if row["start_time"] <= reported.get(tuple(row[k] for k in key), -1):
+            continue
+        reason = why_left_out(row)
+        rows.append({**{k: row[k] for k in LEFT_OUT_COLUMNS if k in row and k not in ("reason", "note")},
+                     "reason": reason, "note": f"{row['phase']} of study {row['study']}: {reason}"})
+    return pd.DataFrame(rows, columns=LEFT_OUT_COLUMNS)
 
 
 def label_groups(phases: pd.DataFrame) -> pd.DataFrame:
@@ -117,10 +153,15 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
         raise ConfigError("SELECTORS", f"no phase runs{scope} in {', '.join(sorted(experiments)) or 'the store'}; "
                           "run gtep run (or gtep matrix) first, or name other studies")
     trials, hparams = store.trial_runs(ids)
-    phases = label_groups(latest_phases(phases, trials))
+    everything = label_groups(phases)
+    chosen = latest_phases(phases, trials)["run_id"]
+    phases = everything[everything["run_id"].isin(chosen)].sort_values("start_time", kind="stable")
+    phases = phases.reset_index(drop=True)
+    left_out = left_out_phases(everything, phases)
     if phases.empty:
-        raise ConfigError("SELECTORS", "the selected studies have no finished phase run yet (only running or "
-                          "crashed ones); wait for them or resume them (gtep run --resume)")
+        why = "; ".join(left_out["note"]) or "only running or crashed ones"
+        raise ConfigError("SELECTORS", f"the selected studies have no finished phase run yet ({why}); wait for "
+                          "them or resume them (gtep run --resume, gtep evaluate --resume)")
     trials = trials[trials["phase_run_id"].isin(phases["run_id"])].reset_index(drop=True)
     orderings = store.ordering_runs(ids)
     orderings = orderings.merge(trials[["run_id", "phase_run_id"]].rename(columns={"run_id": "trial_run_id"}),
@@ -130,6 +171,22 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
         ["trial_run_id", "ordering"], keep="last").reset_index(drop=True)
     trials_tuned = trials[trials["phase_run_id"].isin(phases.loc[phases["phase"] == "tune", "run_id"])]
     hparams = hparams[hparams["trial_run_id"].isin(trials_tuned["run_id"])].reset_index(drop=True)
+    data = StoreData(phases, trials_tuned.reset_index(drop=True), hparams, orderings, orderings.iloc[:0], left_out)
     evaluated = phases.loc[phases["phase"].isin(EVALUATE_LIKE), "run_id"]
-    steps = store.accuracy_steps(orderings.loc[orderings["phase_run_id"].isin(evaluated), "run_id"].tolist())
-    return StoreData(phases, trials_tuned.reset_index(drop=True), hparams, orderings, steps)
+    best = [best_trial_id(data, phase) for _, phase in phases[phases["phase"] == "tune"].iterrows()]
+    drawn = orderings[orderings["phase_run_id"].isin(evaluated) | orderings["trial_run_id"].isin(best)]
+    data.steps = store.accuracy_steps(drawn["run_id"].tolist(), drawn.loc[drawn["percent"].astype(bool), "run_id"])
+    return data
+
+
+def best_trial_id(data: StoreData, phase: pd.Series) -> str | None:
+    """H*'s trial run: the tuning phase's gtep.best_trial_run_id tag, else its trial with gtep.best_set_index."""
+    own = data.trials[data.trials["phase_run_id"] == phase["run_id"]]
+    if phase["best_trial_run_id"] in set(own["run_id"]):
+        return str(phase["best_trial_run_id"])
+    index = phase["best_set_index_tag"] or phase["best_set_index"]
+    try:
+        hits = own[own["set_index"] == int(float(index))]
+    except (TypeError, ValueError):
+        return None
+    return str(hits["run_id"].iloc[0]) if len(hits) else None

@@ -14,15 +14,28 @@ import numpy as np
 import pandas as pd
 
 CONVERGENCE_MARK = 20  # the paper: the best hyperparameters are found within 20 of the 30 trials
+FEW_TRIALS = 20  # fANOVA's forest on fewer scored sets than this is a rough indication only
+
+
+def few_trials_warning(trials: int) -> str:
+    """The note under an importance table or plot fitted on fewer than FEW_TRIALS scored sets ('' otherwise)."""
+    if trials >= FEW_TRIALS:
+        return ""
+    return (f"fANOVA was fitted on {trials} scored trial{'s' if trials != 1 else ''} (fewer than {FEW_TRIALS}): "
+            "the importances are a rough indication, not a finding")
 
 
 def trial_scores(trials: pd.DataFrame, selection: str) -> pd.Series:
     """The selection score of each trial (indexed by trial run id): the harmonic mean of the orderings' mean Acc
-    and AvgAcc (the paper's), or the mean of per-ordering harmonic means; NaN for a set with a diverged ordering."""
+    and AvgAcc (the paper's), or the mean of per-ordering harmonic means; NaN for a set with a diverged ordering
+    and for one tagged incomplete or interrupted (fewer than S orderings: it cannot be H*)."""
     column = "mean_of_hmeans" if selection == "mean_of_hmeans" else "hmean"
-    scores = trials.set_index("run_id")[column].astype(float)
-    diverged = trials.set_index("run_id")["diverged_orderings"].fillna(0) > 0
-    return scores.where(~diverged)
+    indexed = trials.set_index("run_id")
+    scores = indexed[column].astype(float)
+    left_out = indexed["diverged_orderings"].fillna(0) > 0
+    if "set_status" in indexed:
+        left_out |= indexed["set_status"].isin(("diverged", "incomplete", "interrupted"))
+    return scores.where(~left_out)
 
 
 def best_so_far(trials: pd.DataFrame, selection: str = "hmean_of_means") -> pd.DataFrame:

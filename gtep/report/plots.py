@@ -6,12 +6,22 @@ global state or needs a display. Every function returns the file it wrote, or No
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from gtep.report.importance import CONVERGENCE_MARK
+from gtep.report.importance import CONVERGENCE_MARK, few_trials_warning
+
+PHASE_NAMES = {"tune": "tuning phase: H* on D^HT", "evaluate": "evaluation phase: H* on D^E"}
+
+
+def title(what: str, scenario: str, pairing: str, phase: str = "", width: int = 55) -> str:
+    """'<what>' over 'scenario 10+5+5, CIFAR-100 → TinyImageNet, evaluation phase (D^E)', wrapped at `width`
+    characters: 55 fit the narrowest figure (5.5 in), so a long dataset name is not cut off at the edges."""
+    where = f"scenario {scenario}, {pairing}" + (f", {phase}" if phase else "")
+    return what + "\n" + textwrap.fill(where, width)
 
 
 def _figure(width: float = 6.0, height: float = 4.0):
@@ -24,59 +34,81 @@ def _figure(width: float = 6.0, height: float = 4.0):
 
 
 def _save(figure, path: Path) -> Path:
+    """The figure as PNG (for the Markdown and HTML reports) and beside it as PDF (vector, for a paper)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")
+    figure.savefig(path.with_suffix(".pdf"), format="pdf")
     return path
 
 
-def task_curves(curves: pd.DataFrame, path: Path, title: str) -> Path | None:
-    """Acc_t after each task t in the evaluation phase, mean over orderings with a ±std band (Figures 6a, 9a)."""
-    part = curves[curves["phase"] == "evaluate"]
-    if part.empty:
+def _colours(labels) -> dict[str, str]:
+    """One colour per algorithm, the same in every panel."""
+    cycle = [f"C{i}" for i in range(10)]
+    return {label: cycle[i % len(cycle)] for i, label in enumerate(sorted(labels))}
+
+
+def task_curves(curves: pd.DataFrame, path: Path, scenario: str, pairing: str) -> Path | None:
+    """Acc_t after each task t, mean over orderings with a ±std band (Figures 6a, 9a): H*'s orderings in the tuning
+    phase on D^HT beside the evaluation phase on D^E, on one y scale, so the overestimation shows as the gap
+    between the panels."""
+    panels = [p for p in PHASE_NAMES if (curves["phase"] == p).any()]
+    if "evaluate" not in panels:
         return None
-    figure = _figure()
-    ax = figure.add_subplot()
-    for label, rows in part.groupby("label", sort=True):
-        rows = rows.sort_values("t")
-        t, mean, std = rows["t"].to_numpy(), 100 * rows["mean"].to_numpy(), 100 * rows["std"].to_numpy()
-        line, = ax.plot(t, mean, marker="o", label=label)
-        ax.fill_between(t, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
-    ax.set(xlabel="task t", ylabel="Acc_t (%)", title=title)
-    ax.set_xticks(sorted(part["t"].unique()))
-    ax.legend(fontsize="small")
+    colour = _colours(curves.loc[curves["phase"].isin(panels), "label"].unique())
+    figure = _figure(4.6 * len(panels) + 0.6, 4.4)
+    axes = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    for ax, phase in zip(axes, panels):
+        part = curves[curves["phase"] == phase]
+        for label, rows in part.groupby("label", sort=True):
+            rows = rows.sort_values("t")
+            t, mean, std = rows["t"].to_numpy(), 100 * rows["mean"].to_numpy(), 100 * rows["std"].to_numpy()
+            ax.plot(t, mean, marker="o", color=colour[label], label=label)
+            ax.fill_between(t, mean - std, mean + std, color=colour[label], alpha=0.2, linewidth=0)
+        ax.set(xlabel="task t", title=PHASE_NAMES[phase])
+        ax.set_xticks(sorted(part["t"].unique()))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("Acc_t (%), mean ± std over orderings")
+    axes[-1].legend(fontsize="small")
+    figure.suptitle(title("Accuracy after each task", scenario, pairing, width=40 * len(panels)))
     return _save(figure, path)
 
 
-def accuracy_against(summary: pd.DataFrame, columns: tuple[tuple[str, str], ...], path: Path,
-                     title: str) -> Path | None:
+def accuracy_against(summary: pd.DataFrame, columns: tuple[tuple[str, str], ...], path: Path, heading: str,
+                     same: str = "") -> Path | None:
     """Final Acc of the evaluation phase against a cost after the last task, one panel per cost: parameters
-    (Figures 6b total, 9b trainable) or training time (Figures 6c, 9c)."""
+    (Figures 6b total, 9b trainable) or training time (Figures 6c, 9c). Two costs that are equal for every
+    algorithm (nothing frozen: total = trainable parameters) share one panel, its axis named `same`."""
     part = summary[(summary["phase"] == "evaluate") & summary["acc"].notna()]
-    panels = [(c, name) for c, name in columns if part[c].notna().any()]
+    panels = [(c, name) for c, name in columns if c in part and part[c].notna().any()]
     if part.empty or not panels:
         return None
-    figure = _figure(5.0 * len(panels), 4.0)
+    if len(panels) == 2 and part[panels[0][0]].equals(part[panels[1][0]]):
+        panels = [(panels[0][0], same or f"{panels[0][1]} = {panels[1][1]}")]
+    colour = _colours(part["label"].unique())
+    figure = _figure(max(5.5, 4.6 * len(panels)), 4.4)
     for i, (column, name) in enumerate(panels):
         ax = figure.add_subplot(1, len(panels), i + 1)
         for _, row in part.iterrows():
             if math.isnan(row[column]):
                 continue
-            ax.errorbar(row[column], 100 * row["acc"], yerr=100 * row["acc_std"], fmt="o", capsize=3)
+            ax.errorbar(row[column], 100 * row["acc"], yerr=100 * row["acc_std"], fmt="o", capsize=3,
+                        color=colour[row["label"]])
             ax.annotate(row["label"], (row[column], 100 * row["acc"]), textcoords="offset points", xytext=(4, 4),
                         fontsize="small")
-        ax.set(xlabel=name, ylabel="Acc (%)")
-    figure.suptitle(title)
+        ax.set(xlabel=name, ylabel="final Acc on D^E (%)")
+        ax.grid(alpha=0.3)
+    figure.suptitle(heading)
     return _save(figure, path)
 
 
-def original_vs_hstar(summary: pd.DataFrame, path: Path, title: str) -> Path | None:
+def original_vs_hstar(summary: pd.DataFrame, path: Path, heading: str) -> Path | None:
     """AvgAcc on D^E with the authors' original hyperparameters beside H*, mean ± std (Figure 4a)."""
     original = summary[summary["phase"] == "original"].set_index("label")
     tuned = summary[summary["phase"] == "evaluate"].set_index("label")
     labels = sorted(set(original.index) | set(tuned.index))
     if original.empty or not labels:
         return None
-    figure = _figure(max(5.0, 1.2 * len(labels) + 2), 4.0)
+    figure = _figure(max(5.5, 1.2 * len(labels) + 2), 4.4)
     ax = figure.add_subplot()
     x, width = np.arange(len(labels)), 0.38
     for offset, (name, part) in zip((-width / 2, width / 2), (("Original", original), ("H*", tuned))):
@@ -87,37 +119,53 @@ def original_vs_hstar(summary: pd.DataFrame, path: Path, title: str) -> Path | N
             if math.isnan(value):  # diverged: the paper leaves the bar out and says NaN
                 ax.annotate("NaN", (xi, 0), ha="center", va="bottom", fontsize="small")
     ax.set_xticks(x, labels, rotation=30, ha="right")
-    ax.set(ylabel="AvgAcc (%)", title=title)
+    ax.set(ylabel="AvgAcc on D^E (%), mean ± std", title=heading)
     ax.legend(fontsize="small")
     return _save(figure, path)
 
 
-def convergence(curves: pd.DataFrame, path: Path, title: str) -> Path | None:
-    """Best-so-far selection score against the number of tuning trials, with the paper's 20-trial mark."""
+def convergence(curves: pd.DataFrame, path: Path, heading: str) -> Path | None:
+    """Best-so-far selection score against the number of tuning trials, with the paper's 20-trial mark; a set
+    that has no score (diverged, or fewer than S orderings) is marked with an x."""
     if curves.empty or curves["best_so_far"].isna().all():
         return None
     figure = _figure()
     ax = figure.add_subplot()
+    colour = _colours(curves["label"].unique())
     for label, rows in curves.groupby("label", sort=True):
-        ax.step(rows["trial"], 100 * rows["best_so_far"], where="post", marker=".", label=label)
+        ax.step(rows["trial"], 100 * rows["best_so_far"], where="post", marker=".", label=label, color=colour[label])
+        unscored = rows[rows["score"].isna() & rows["best_so_far"].notna()]
+        ax.plot(unscored["trial"], 100 * unscored["best_so_far"], "x", color=colour[label], markersize=8)
+    if (curves["score"].isna() & curves["best_so_far"].notna()).any():  # one legend entry for every x
+        ax.plot([], [], "x", color="grey", label="set not scored (diverged or incomplete)")
     if curves["trial"].max() >= CONVERGENCE_MARK:
         ax.axvline(CONVERGENCE_MARK, color="grey", linestyle="--", linewidth=1)
-    ax.set(xlabel="trials", ylabel="best harmonic mean so far (%)", title=title)
+    ax.set(xlabel="trials", ylabel="best harmonic mean so far (%)", title=heading)
     ax.xaxis.get_major_locator().set_params(integer=True)  # trials are counted, not measured
     ax.legend(fontsize="small")
     return _save(figure, path)
 
 
-def importance(frame: pd.DataFrame, path: Path, title: str) -> Path | None:
-    """fANOVA importance of each tuned hyperparameter, one panel per algorithm."""
+def importance(frame: pd.DataFrame, path: Path, heading: str) -> Path | None:
+    """fANOVA importance (%) of each tuned hyperparameter, one panel per algorithm, each titled with the number of
+    scored trials it was fitted on; a warning under the panels when that is fewer than 20."""
     if frame.empty:
         return None
     labels = sorted(frame["label"].unique())
-    figure = _figure(4.0 * len(labels), 0.35 * frame.groupby("label").size().max() + 1.5)
+    height = 0.35 * frame.groupby("label").size().max() + 2.2
+    figure = _figure(max(5.5, 4.0 * len(labels)), height)
+    counts = {}
     for i, label in enumerate(labels):
         rows = frame[frame["label"] == label].sort_values("importance")
+        counts[label] = int(rows["trials"].iloc[0]) if "trials" in rows else 0
         ax = figure.add_subplot(1, len(labels), i + 1)
-        ax.barh(rows["hyperparameter"], rows["importance"])
-        ax.set(xlabel="importance", title=label, xlim=(0, 1))
-    figure.suptitle(title)
+        bars = ax.barh(rows["hyperparameter"], 100 * rows["importance"])
+        ax.bar_label(bars, fmt="%.1f", fontsize="small", padding=2)
+        ax.set(xlabel="importance (%)", title=f"{label} ({counts[label]} trials)", xlim=(0, 125))
+        ax.set_xticks(range(0, 101, 20))
+    figure.suptitle(heading)
+    few = min(counts.values())
+    if few_trials_warning(few):
+        figure.supxlabel(textwrap.fill("Warning: " + few_trials_warning(few), 45 * len(labels) + 20),
+                         color="firebrick", fontsize="small")
     return _save(figure, path)

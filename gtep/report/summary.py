@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from gtep.protocol.metrics import harmonic_mean, harmonic_mean_gap, kendall_tau_b
-from gtep.report.collect import EVALUATE_LIKE, StoreData
+from gtep.report.collect import EVALUATE_LIKE, StoreData, best_trial_id
 
 GROUP = ["scenario", "pairing"]
 PHASES = ("tune", "conventional", "evaluate", "original")  # the paper's column order: tuning, then unseen data
@@ -38,19 +38,6 @@ def summarize_orderings(rows: pd.DataFrame) -> dict[str, float]:
         values = finished[key].dropna().to_numpy(dtype=float)
         out[key] = float(np.mean(values)) if len(values) else math.nan
     return out
-
-
-def best_trial_id(data: StoreData, phase: pd.Series) -> str | None:
-    """H*'s trial run: the tuning phase's gtep.best_trial_run_id tag, else its trial with gtep.best_set_index."""
-    own = data.trials[data.trials["phase_run_id"] == phase["run_id"]]
-    if phase["best_trial_run_id"] in set(own["run_id"]):
-        return str(phase["best_trial_run_id"])
-    index = phase["best_set_index_tag"] or phase["best_set_index"]
-    try:
-        hits = own[own["set_index"] == int(float(index))]
-    except (TypeError, ValueError):
-        return None
-    return str(hits["run_id"].iloc[0]) if len(hits) else None
 
 
 def phase_orderings(data: StoreData, phase: pd.Series) -> pd.DataFrame:
@@ -118,6 +105,8 @@ def rankings(summary: pd.DataFrame) -> pd.DataFrame:
         for metric in RANKED:
             x, y = part[f"{metric}_tuning"], part[f"{metric}_evaluation"]
             usable = x.notna() & y.notna()
+            if usable.sum() < 2:  # one algorithm has no ranking to compare: no row, rather than a NaN line
+                continue
             rows.append({"scenario": group[0], "pairing": group[1], "metric": metric, "algorithms": int(usable.sum()),
                          "tau": kendall_tau_b(x.to_numpy(), y.to_numpy()),
                          "order_tuning": _order(x[usable]), "order_evaluation": _order(y[usable])})
@@ -131,17 +120,43 @@ def _order(scores: pd.Series) -> str:
 
 
 def task_curves(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
-    """Acc_t per task, mean and std over the finished orderings of each evaluation-like phase (paper Figures
-    6a and 9a); a diverged ordering has no complete curve and is left out, as from the means."""
+    """Acc_t per task, mean and std over the finished orderings of each evaluation-like phase and of H*'s orderings
+    in the tuning phase (paper Figures 6a and 9a; the two side by side show the overestimation); a diverged ordering
+    has no complete curve and is left out, as from the means."""
     rows = []
-    for _, phase in summary[summary["phase"].isin(EVALUATE_LIKE)].iterrows():
-        runs = data.orderings[(data.orderings["phase_run_id"] == phase["run_id"])
-                              & (data.orderings["status"] != "diverged")]["run_id"]
+    for _, phase in summary[summary["phase"].isin(("tune", *EVALUATE_LIKE))].iterrows():
+        units = phase_orderings(data, data.phases[data.phases["run_id"] == phase["run_id"]].iloc[0])
+        runs = units[units["status"] != "diverged"]["run_id"]
         steps = data.steps[data.steps["run_id"].isin(runs)]
         for t, values in steps.groupby("t")["acc"]:
             rows.append({**{k: phase[k] for k in (*GROUP, "label", "phase")}, "t": int(t), "mean": float(values.mean()),
                          "std": float(np.std(values.to_numpy(dtype=float))), "orderings": int(len(values))})
     return pd.DataFrame(rows, columns=[*GROUP, "label", "phase", "t", "mean", "std", "orderings"])
+
+
+SET_STATES = ("complete", "incomplete", "diverged", "interrupted")
+
+
+def set_status(trials: pd.DataFrame) -> pd.Series:
+    """complete | incomplete | diverged | interrupted per trial (a hyperparameter set): its gtep.status tag, or for
+    a store older than the tag, diverged when an ordering diverged and complete when the trial run finished."""
+    tag = trials["set_status"] if "set_status" in trials else pd.Series("", index=trials.index)
+    derived = pd.Series(np.where(trials["diverged_orderings"].fillna(0) > 0, "diverged",
+                                 np.where(trials["status"] == "FINISHED", "complete",
+                                          np.where(trials["status"] == "KILLED", "interrupted", "incomplete"))),
+                        index=trials.index)
+    return tag.fillna("").where(tag.fillna("").isin(SET_STATES), derived)
+
+
+def set_counts(data: StoreData, phases: pd.DataFrame) -> pd.DataFrame:
+    """Per tuning phase (one algorithm of a scenario and pairing): how many sets are complete, incomplete (fewer
+    than S orderings finished: not eligible for H*), diverged or interrupted."""
+    rows = []
+    for _, phase in phases[phases["phase"] == "tune"].iterrows():
+        own = data.trials[data.trials["phase_run_id"] == phase["run_id"]]
+        counts = set_status(own).value_counts()
+        rows.append({**{k: phase[k] for k in (*GROUP, "label")}, **{s: int(counts.get(s, 0)) for s in SET_STATES}})
+    return pd.DataFrame(rows, columns=[*GROUP, "label", *SET_STATES])
 
 
 def groups(summary: pd.DataFrame) -> list[tuple[str, str]]:

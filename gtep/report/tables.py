@@ -79,15 +79,17 @@ def paper_cell(stats: Any) -> str:
 
 
 def paper_table(summary: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
-    """One scenario and pairing as the paper prints it: algorithms as rows, per phase 'Acc / AvgAcc' mean (std);
-    then the overestimation gap of the harmonic mean and the rank in each phase ('2 → 1'). The datasets are the
-    pairing's, named in the table's title."""
+    """One scenario and pairing as the paper prints it: algorithms as rows, per phase 'Acc / AvgAcc' mean (std)
+    and the harmonic mean of the two means (HM, %, the selection score the terminal shows); then the
+    overestimation gap of the harmonic mean and the rank in each phase ('2 → 1'). The datasets are the pairing's,
+    named in the table's title."""
     columns: dict[str, dict[str, str]] = {}
     for phase in PHASE_HEADERS:  # the column order: tuning data first, then unseen data
         part = summary[summary["phase"] == phase]
         if part.empty:
             continue
         columns[PHASE_HEADERS[phase]] = {r["label"]: paper_cell(r) for _, r in part.iterrows()}
+        columns[f"HM {PHASE_HEADERS[phase]}"] = {r["label"]: pct(r["hmean"]) for _, r in part.iterrows()}
     table = pd.DataFrame(columns)
     if not gaps.empty:
         by_label = gaps.set_index("label")
@@ -103,6 +105,22 @@ def _ranks(by_label: pd.DataFrame, label: str) -> str:
         return ""
     a, b = by_label.at[label, "rank_tuning"], by_label.at[label, "rank_evaluation"]
     return " → ".join("-" if math.isnan(v) else str(int(v)) for v in (a, b))
+
+
+def terminal_paper_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The paper table narrowed for a terminal: Acc and AvgAcc on two lines of a cell, headers on two lines and
+    each phase's HM column headed just 'HM' (it stands right of its phase), so it fits 80 columns where it can."""
+    def header(name: str) -> str:
+        if name.startswith("HM "):
+            return "HM"
+        if name == "gap HM (pp)":
+            return "gap HM\n(pp)"
+        if name == "rank tune → eval":
+            return "rank\ntune→eval"
+        return name.replace(" (", "\n(", 1)
+
+    narrow = table.map(lambda v: str(v).replace(" / ", "\n") if " / " in str(v) else v)
+    return narrow.rename(columns=header)
 
 
 def rich_frame(frame: pd.DataFrame, title: str, caption: str = "") -> Table:

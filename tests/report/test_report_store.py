@@ -91,11 +91,20 @@ def ordering_runs(client, algorithm, label):
     return [o for t in trials for o in children(client, algorithm, t.info.run_id)]
 
 
+def fraction(run, name):
+    """A run's accuracy metric as a fraction: runs tagged gtep.units=percent log 57.0 for 0.57. A tuning phase run
+    logs H*'s numbers as best_<name> (fraction stores) or <name> (percent stores)."""
+    metrics = run.data.metrics
+    value = metrics.get(f"best_{name}", metrics.get(name)) if run.data.tags.get("gtep.level") == "phase" \
+        and run.data.tags.get("gtep.phase") == "tune" else metrics[name]
+    return value / 100 if run.data.tags.get("gtep.units") == "percent" else value
+
+
 def by_hand(client, algorithm, label):
     units = ordering_runs(client, algorithm, label)
     assert len(units) == S and all(u.data.tags["gtep.status"] == "finished" for u in units)
-    acc = [u.data.metrics["acc"] for u in units]
-    avg = [u.data.metrics["avg_acc"] for u in units]
+    acc = [fraction(u, "acc") for u in units]
+    avg = [fraction(u, "avg_acc") for u in units]
     out = {"acc": statistics.fmean(acc), "acc_std": statistics.pstdev(acc), "avg_acc": statistics.fmean(avg),
            "avg_acc_std": statistics.pstdev(avg)}
     out["hmean"] = 2 * out["acc"] * out["avg_acc"] / (out["acc"] + out["avg_acc"])
@@ -132,14 +141,13 @@ def test_every_table_cell_equals_the_store(tracked):
 def test_table_agrees_with_the_phase_runs_own_metrics(tracked):
     client, summary = tracked["client"], tracked["report"].summary
     for algorithm in ALGORITHMS:
-        tune = phase_run(client, algorithm, "tune").data.metrics
-        evaluate = phase_run(client, algorithm, "evaluate").data.metrics
+        tune, evaluate = phase_run(client, algorithm, "tune"), phase_run(client, algorithm, "evaluate")
         row = summary[(summary["label"] == algorithm) & (summary["phase"] == "tune")].iloc[0]
         assert (row["acc"], row["avg_acc"], row["acc_std"]) == pytest.approx(
-            (tune["best_acc"], tune["best_avg_acc"], tune["best_acc_std"]))
+            tuple(fraction(tune, k) for k in ("acc", "avg_acc", "acc_std")))
         row = summary[(summary["label"] == algorithm) & (summary["phase"] == "evaluate")].iloc[0]
         assert (row["acc"], row["avg_acc"], row["hmean"]) == pytest.approx(
-            (evaluate["acc"], evaluate["avg_acc"], evaluate["hmean"]))
+            tuple(fraction(evaluate, k) for k in ("acc", "avg_acc", "hmean")))
 
 
 def test_gap_and_kendall_tau_by_hand(tracked):
@@ -162,7 +170,7 @@ def test_convergence_and_importance_from_the_tuning_trials(tracked):
     for algorithm in ALGORITHMS:
         phase = phase_run(client, algorithm, "tune")
         trials = sorted(children(client, algorithm, phase.info.run_id), key=lambda t: int(t.data.tags["gtep.set_index"]))
-        scores = [t.data.metrics["hmean"] for t in trials]
+        scores = [fraction(t, "hmean") for t in trials]
         curve = report.convergence[report.convergence["label"] == algorithm].sort_values("trial")
         assert list(curve["score"]) == pytest.approx(scores)
         assert list(curve["best_so_far"]) == pytest.approx([max(scores[: i + 1]) for i in range(len(scores))])
@@ -186,7 +194,8 @@ def test_plots_exist_and_are_png(tracked):
         png = folder / f"{name}.png"
         assert png.exists() and png.stat().st_size > 1000, name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for name in ("report.md", "summary.csv", "ranking.csv", "ranking.tex"):
+        assert png.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-"  # vector, for a paper
+    for name in ("report.md", "report.html", "summary.csv", "ranking.csv", "ranking.tex"):
         assert (report.out / name).stat().st_size > 0
     assert (folder / "table.tex").exists() and (folder / "table.csv").exists()
 
@@ -198,10 +207,10 @@ def test_report_run_holds_the_files(tracked):
     assert run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "gtep/reports"
     top = {a.path for a in client.list_artifacts(report.run_id)}
-    assert {"report.md", "summary.csv", "ranking.tex"} <= top
+    assert {"report.md", "report.html", "summary.csv", "ranking.tex"} <= top
     folder = next(a.path for a in client.list_artifacts(report.run_id) if a.is_dir)
     inside = {a.path.split("/")[-1] for a in client.list_artifacts(report.run_id, folder)}
-    assert {f"{name}.png" for name in PNGS} <= inside
+    assert {f"{name}.{ext}" for name in PNGS for ext in ("png", "pdf")} <= inside
 
 
 def test_report_command(tracked, tmp_path):
@@ -209,6 +218,8 @@ def test_report_command(tracked, tmp_path):
     result = invoke("report", "rep-replay", "gtep/rep-icarl", "--output", out, "--format", "table,md,csv", "-f", "latex",
                     "--out", tmp_path / "cli", "--no-log")
     assert "Kendall's tau" in result.output and "gap HM" in result.output
+    hm = f"{100 * by_hand(tracked['client'], 'icarl', 'evaluate')['hmean']:.2f}"
+    assert hm in result.output  # the evaluation phase's HM, as the terminal of gtep evaluate shows it
     assert (tmp_path / "cli" / "report.md").exists() and (tmp_path / "cli" / "ranking.tex").exists()
     assert by_hand(tracked["client"], "icarl", "evaluate")["cell"] in (tmp_path / "cli" / "report.md").read_text()
 
@@ -229,3 +240,15 @@ def test_report_command_without_a_store(tmp_path):
     result = CliRunner().invoke(app, ["report", "rep-*", "--output", str(tmp_path / "none")])
     assert result.exit_code == 2 and "--output" in result.output and "no MLflow store" in result.output
     assert not (tmp_path / "none").exists()
+
+
+def test_task_curves_of_h_star_in_both_phases(tracked):
+    client, curves = tracked["client"], tracked["report"].curves
+    for algorithm in ALGORITHMS:
+        assert {"tune", "evaluate", "original"} <= set(curves.loc[curves["label"] == algorithm, "phase"])
+        units = ordering_runs(client, algorithm, "tune")
+        scale = [100 if u.data.tags.get("gtep.units") == "percent" else 1 for u in units]
+        final = [p.value / k for u, k in zip(units, scale) for p in client.get_metric_history(u.info.run_id, "acc_t")
+                 if p.step == max(q.step for q in client.get_metric_history(u.info.run_id, "acc_t"))]
+        last = curves[(curves["label"] == algorithm) & (curves["phase"] == "tune")].sort_values("t").iloc[-1]
+        assert last["mean"] == pytest.approx(statistics.fmean(final))

@@ -51,7 +51,8 @@ def hand_store() -> StoreData:
     hparams = pd.DataFrame([{"trial_run_id": t["run_id"], "name": "lr", "value": str(0.1 * (t["set_index"] + 1))}
                             for t in trials if t["run_id"].startswith("T")])
     steps = pd.DataFrame([{"run_id": o["run_id"], "t": t, "acc": o["acc"] + (2 - t) * 0.1}
-                          for o in orderings if o["phase_run_id"].startswith("E") and o["status"] == "finished"
+                          for o in orderings if (o["phase_run_id"].startswith("E") or o["trial_run_id"].endswith("/1"))
+                          and o["status"] == "finished"
                           for t in (1, 2)])
     tuned = pd.DataFrame([t for t in trials if t["run_id"].startswith("T")])
     return StoreData(pd.DataFrame(phases), tuned, hparams, pd.DataFrame(orderings), steps)
@@ -108,9 +109,10 @@ def test_tau_sees_the_rank_change(report):
 
 
 def test_curves_leave_out_diverged_orderings(report):
-    d = report.curves[(report.curves["label"] == "d")]
+    evaluation = report.curves[report.curves["phase"] == "evaluate"]
+    d = evaluation[(evaluation["label"] == "d")]
     assert set(d["orderings"]) == {1}
-    a1 = report.curves[(report.curves["label"] == "a") & (report.curves["t"] == 1)].iloc[0]
+    a1 = evaluation[(evaluation["label"] == "a") & (evaluation["t"] == 1)].iloc[0]
     assert a1["mean"] == pytest.approx(0.5) and a1["std"] == pytest.approx(0.0)
 
 
@@ -147,6 +149,8 @@ def test_files_and_plots(report, tmp_path):
         assert png in paths and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
     assert not (folder / "original_vs_hstar.png").exists()  # no original phase in this store
     assert "NaN (1/2 diverged)" in (tmp_path / "report.md").read_text()
+    assert ("Kendall's tau between the tuning and evaluation rankings of 3 algorithms: HM 0.333, Acc 0.333, "
+            "AvgAcc 0.333") in (tmp_path / "report.md").read_text()
     assert r"$D^{HT}$" in (folder / "table.tex").read_text()
     assert pd.read_csv(tmp_path / "ranking.csv").loc[0, "tau"] == pytest.approx(1 / 3)
 
@@ -157,3 +161,92 @@ def test_unknown_format_is_refused():
     assert build.check_formats(["md,csv", "latex", "md"]) == ("md", "csv", "latex")
     with pytest.raises(ConfigError, match="--format"):
         build.check_formats(["pdf"])
+
+
+def test_every_table_has_the_harmonic_mean_of_each_phase(report):
+    table = report.tables[GROUP]
+    hm = lambda a, b: 2 * a * b / (a + b)  # noqa: E731
+    assert table.at["a", "HM tuning (D^HT)"] == f"{100 * hm(0.7, 0.8):.2f}"
+    assert table.at["a", "HM evaluation (D^E)"] == f"{100 * hm(0.4, 0.55):.2f}"
+    assert table.at["d", "HM evaluation (D^E)"] == "NaN"
+
+
+def test_task_curves_hold_h_star_on_the_tuning_data_too(report):
+    tune = report.curves[(report.curves["label"] == "a") & (report.curves["phase"] == "tune")].set_index("t")
+    # H* = set 1 of a: orderings (0.6, 0.7) and (0.8, 0.9); the hand store's acc_t is acc + (2 - t) * 0.1
+    assert tune["mean"].to_dict() == pytest.approx({1: 0.8, 2: 0.7})
+
+
+def image_width(path):
+    from matplotlib.image import imread
+
+    return imread(path).shape[1]
+
+
+def test_one_parameter_panel_when_nothing_is_frozen(tmp_path):
+    from gtep.report import plots
+
+    summary = build.build_frames(hand_store()).summary
+    columns = (("params_total", "parameters (total)"), ("params_trainable", "parameters (trainable)"))
+    one = plots.accuracy_against(summary, columns, tmp_path / "same.png", "same", same="total = trainable")
+    frozen = summary.assign(params_trainable=summary["params_total"] / 4)
+    two = plots.accuracy_against(frozen, columns, tmp_path / "frozen.png", "frozen")
+    assert image_width(two) > 1.5 * image_width(one)  # two panels side by side against one
+
+
+def test_one_algorithm_has_no_nan_tau_lines(tmp_path):
+    data = hand_store()
+    only_a = lambda frame, column: frame[frame[column].str.match(r"[TE]a")].reset_index(drop=True)  # noqa: E731
+    data = StoreData(only_a(data.phases, "run_id"), only_a(data.trials, "run_id"), data.hparams,
+                     only_a(data.orderings, "run_id"), data.steps)
+    single = build.build_frames(data)
+    assert single.ranking.empty
+    build.write_files(single, tmp_path, ("md", "csv", "latex"))
+    text = (tmp_path / "report.md").read_text()
+    assert "Kendall's tau between" not in text and "NaN" not in text.split("### Tuning trials")[0]
+    assert "Kendall's tau: not computed" in text and "(here 1)" in text
+    assert not (tmp_path / "ranking.tex").exists()
+
+
+def test_importance_is_percent_with_a_warning_under_twenty_trials(report, tmp_path):
+    build.write_files(report, tmp_path, ("md",))
+    text = (tmp_path / "report.md").read_text()
+    assert "| lr | 100.0 | 100.0 | 100.0 |" in text
+    assert "Warning: a, c, d: fANOVA was fitted on 2 scored trials (fewer than 20)" in text
+    assert set(report.importance["trials"]) == {2}
+
+
+def test_figures_are_png_and_pdf_and_the_html_embeds_them(report, tmp_path):
+    paths = build.write_files(report, tmp_path, ())
+    pngs = [p for p in paths if p.suffix == ".png"]
+    assert pngs and all(p.with_suffix(".pdf") in paths for p in pngs)
+    assert all(p.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-" for p in pngs)
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(pngs) and "![" not in page
+
+
+def test_incomplete_or_interrupted_phase_runs_are_not_results_and_are_named():
+    rows = pd.DataFrame([
+        phase("done", "s", "evaluate", "a", "D2", start_time=1, status_tag="finished"),
+        phase("lost", "s", "evaluate", "a", "D2", start_time=2, status="FAILED", diverged=1.0,
+              status_tag="incomplete", orderings_tag="1/2"),
+        phase("stop", "s", "original", "a", "D2", start_time=3, status="KILLED", status_tag="interrupted",
+              orderings_tag="5"),
+        phase("gone", "s", "tune", "a", "D1", start_time=0, status="FAILED"),
+        phase("tune", "s", "tune", "a", "D1", start_time=1),
+    ])
+    empty = pd.DataFrame(columns=["phase_run_id", "diverged_orderings"])
+    chosen = collect.latest_phases(rows, empty)
+    assert sorted(chosen["run_id"]) == ["done", "tune"]
+    notes = list(collect.left_out_phases(rows, chosen)["note"])
+    # the crashed tune attempt was replaced by a later one: not worth a line
+    assert notes == ["evaluate of study s: incomplete (1/2 orderings)", "original of study s: interrupted"]
+
+
+def test_set_states_from_tags_or_derived_for_older_stores():
+    from gtep.report.summary import set_status
+
+    trials = pd.DataFrame({"status": ["FINISHED", "FAILED", "FINISHED", "KILLED", "FAILED"],
+                           "diverged_orderings": [0, 0, 1, 0, 0],
+                           "set_status": ["", "", "", "", "incomplete"]})
+    assert list(set_status(trials)) == ["complete", "incomplete", "diverged", "interrupted", "incomplete"]
