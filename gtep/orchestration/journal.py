@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
 
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
@@ -179,14 +179,19 @@ class TrackingJournal:
             if stop.is_set():
                 return
 
-    def create_run(self, key: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None) -> None:
-        self._append({"op": "create_run", "key": key, "name": name, "parent": parent, "tags": tags or {}})
+    def create_run(self, key: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None,
+                   start_time: int | None = None) -> None:
+        """`start_time` (ms): when the run really started (an ordering trained before its run is written)."""
+        op: dict[str, Any] = {"op": "create_run", "key": key, "name": name, "parent": parent, "tags": tags or {}}
+        if start_time:
+            op["start_time"] = int(start_time)
+        self._append(op)
 
     def reopen(self, key: str) -> None:
         """A resumed study marks its runs running again (they stay the same runs)."""
         self._append({"op": "reopen", "key": key})
 
-    def log(self, key: str, metrics: dict[str, float] | None = None, steps: list[tuple[str, float, int]] = (),
+    def log(self, key: str, metrics: Mapping[str, float] | None = None, steps: Sequence[tuple[str, float, int]] = (),
             params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
             timestamp: int | None = None) -> None:
         ts = timestamp or now_ms()
@@ -202,8 +207,11 @@ class TrackingJournal:
         self._append({"op": "artifact", "key": key, "name": path.name,
                       "file": self._snapshot_text(path.name, path.read_text())})
 
-    def terminate(self, key: str, status: str) -> None:
-        self._append({"op": "terminate", "key": key, "status": status})
+    def terminate(self, key: str, status: str, end_time: int | None = None) -> None:
+        op: dict[str, Any] = {"op": "terminate", "key": key, "status": status}
+        if end_time:
+            op["end_time"] = int(end_time)
+        self._append(op)
 
     def _snapshot_text(self, name: str, text: str) -> str:
         folder = self.dir / "files" / f"{self._next_seq:06d}"  # keeps the artifact's own name: logged as it is
@@ -304,7 +312,8 @@ class TrackingJournal:
                 tags = {**self._resolve(op["tags"]), "gtep.key": key, MLFLOW_RUN_NAME: op["name"]}
                 if op["parent"]:
                     tags[MLFLOW_PARENT_RUN_ID] = self.state.runs[op["parent"]]
-                info = self.client.create_run(self.state.experiment_id, run_name=op["name"], tags=tags).info
+                info = self.client.create_run(self.state.experiment_id, start_time=op.get("start_time"),
+                                              run_name=op["name"], tags=tags).info
                 run_id = info.run_id
                 self._artifact_uris[run_id] = info.artifact_uri
                 self._created.add(key)
@@ -320,7 +329,7 @@ class TrackingJournal:
         elif kind == "artifact":
             self._log_artifact(run_id, op["name"], self.dir / "files" / op["file"])
         elif kind == "terminate":
-            self.client.set_terminated(run_id, op["status"])
+            self.client.set_terminated(run_id, op["status"], end_time=op.get("end_time"))
         else:
             raise ValueError(f"unknown journal operation {kind!r}")
 
