@@ -534,7 +534,10 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     note = phase_note("tune", phase_tags(resolved, "tune")["gtep.dataset"], summary, hparams,
                       f"H* = set{best_index:03d} of {len(selection.scores)}", top)
     # the phase run carries H* as params too, so the UI compares it with the evaluation run that re-ran it
-    journal.log(phase_key, {**phase_metrics(best_units, summary), "best_set_index": best_index, **counts},
+    # the same metric names as every phase run (no metric only one phase has: MLflow's compare view would show
+    # NaN); which set H* is stays a tag, gtep.best_set_index
+    journal.log(phase_key, {**phase_metrics(best_units, summary), "diverged": summary["diverged"],
+                            "orderings": summary["orderings"], **counts},
                 params=hparams,
                 tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished", "mlflow.note.content": note,
                       "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
@@ -674,7 +677,8 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
     tags["mlflow.note.content"] = phase_note(phase, phase_tags(resolved, phase)["gtep.dataset"], summary, hparams,
                                              label if label != "H*" else f"H* (set{set_index:03d} of the tuning run)",
                                              link)
-    journal.log(phase_key, {**phase_metrics(units, summary),
+    counts = {f"sets_{state}": int(score.status == state) for state in ("complete", "incomplete", "diverged")}
+    journal.log(phase_key, {**phase_metrics(units, summary), **counts,
                             **{k: float(summary[k]) for k in ("diverged", "orderings") if pd.notna(summary[k])}},
                 tags=tags)
     for path in (paths.manifest, paths.results(phase)) + ((paths.best,) if paths.best.exists() else ()):

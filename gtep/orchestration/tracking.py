@@ -95,7 +95,7 @@ def set_experiment_tags(client: MlflowClient, experiment_id: str) -> None:
 
 def ui_routes(experiment_id: str) -> dict[str, str]:
     """The UI's addresses (after the server's root) of a study's two views."""
-    runs = f"#/experiments/{experiment_id}/runs?viewStateShareKey="
+    runs = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey="
     return {"runs": runs + RUNS_VIEW, "orderings": runs + ORDERINGS_VIEW + "&compareRunsMode=CHART"}
 
 
