@@ -385,8 +385,9 @@ def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest
                                          "gtep.attempt": attempt, **UNITS_TAG, **phase_tags(resolved, phase), **tags})
     if resume and previous.get("attempt"):
         journal.reopen(key)
-    search = ({"gtep.trials": cfg.search.trials, "gtep.searcher": cfg.search.searcher,
-               "gtep.selection": cfg.search.selection} if phase == "tune" else {"gtep.trials": 1})
+    # how H* is selected, on every phase run (the UI compares them); gtep.trials: the sets this phase trains
+    search = {"gtep.trials": cfg.search.trials if phase == "tune" else 1, "gtep.searcher": cfg.search.searcher,
+              "gtep.selection": cfg.search.selection}
     journal.log(key, params={**common_params(resolved, phase), "gtep.orderings": cfg.search.orderings, **search,
                              **(hparams or {})})
     journal.log_text(key, "classes.json", json.dumps({"phase": phase, "dataset": spec.dataset,
