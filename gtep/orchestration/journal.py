@@ -181,11 +181,10 @@ class TrackingJournal:
 
     def create_run(self, key: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None,
                    start_time: int | None = None) -> None:
-        """`start_time` (ms): when the run really started (an ordering trained before its run is written)."""
-        op: dict[str, Any] = {"op": "create_run", "key": key, "name": name, "parent": parent, "tags": tags or {}}
-        if start_time:
-            op["start_time"] = int(start_time)
-        self._append(op)
+        """`start_time` (ms): when the run really started (an ordering trained before its run is written); by
+        default the time it is journaled, not the time the store takes it (later, or much later if it was away)."""
+        self._append({"op": "create_run", "key": key, "name": name, "parent": parent, "tags": tags or {},
+                      "start_time": int(start_time or now_ms())})
 
     def reopen(self, key: str) -> None:
         """A resumed study marks its runs running again (they stay the same runs)."""
@@ -208,10 +207,8 @@ class TrackingJournal:
                       "file": self._snapshot_text(path.name, path.read_text())})
 
     def terminate(self, key: str, status: str, end_time: int | None = None) -> None:
-        op: dict[str, Any] = {"op": "terminate", "key": key, "status": status}
-        if end_time:
-            op["end_time"] = int(end_time)
-        self._append(op)
+        """`end_time` (ms): by default the time it is journaled."""
+        self._append({"op": "terminate", "key": key, "status": status, "end_time": int(end_time or now_ms())})
 
     def _snapshot_text(self, name: str, text: str) -> str:
         folder = self.dir / "files" / f"{self._next_seq:06d}"  # keeps the artifact's own name: logged as it is

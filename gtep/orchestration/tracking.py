@@ -170,11 +170,11 @@ class MlflowWriter(tune.Callback):
     def ordering_name(self, set_index: int, ordering: int) -> str:
         return f"{self.trial_name(set_index) if self.phase == 'tune' else self.phase}/o{ordering}"
 
-    def trial_run(self, set_index: int) -> str:
+    def trial_run(self, set_index: int, start_time: int | None = None) -> str:
         key = trial_key(self.phase_key, set_index)
         if set_index not in self.opened:
             self.opened.add(set_index)
-            self.journal.create_run(key, self.trial_name(set_index), parent=self.phase_key,
+            self.journal.create_run(key, self.trial_name(set_index), parent=self.phase_key, start_time=start_time,
                                     tags=self._tags("trial", **{"gtep.set_index": str(set_index)}))
             self.journal.log(key, params={**self.common_params, **self.hparams_of(set_index)})
             runs = self.manifest.data["phases"].get(self.phase, {}).get("trial_keys", {})
@@ -186,12 +186,13 @@ class MlflowWriter(tune.Callback):
         if f"{self.phase}/{set_index}/{s}" in self.manifest.data["units"]:
             self._maybe_finish(set_index)  # already logged by an earlier attempt
             return
-        parent = self.trial_run(set_index)
+        finished_at = int(result.get("finished_at") or now_ms())
+        started_at = int(result.get("started_at") or finished_at - int(1000 * float(result.get("train_seconds") or 0)))
+        parent = self.trial_run(set_index, start_time=started_at)  # (opened by on_trial_start, as a rule)
         key = unit_key(self.phase_key, set_index, s)
         diverged = result["status"] == "diverged"
-        finished_at = int(result.get("finished_at") or now_ms())
-        self.journal.create_run(key, self.ordering_name(set_index, s), parent=parent, start_time=result.get(
-            "started_at") or finished_at - int(1000 * float(result.get("train_seconds") or 0)), tags=self._tags(
+        self.journal.create_run(key, self.ordering_name(set_index, s), parent=parent, start_time=started_at,
+                                tags=self._tags(
             "ordering", **{"gtep.set_index": str(set_index), "gtep.ordering": str(s), "gtep.status": result["status"],
                            "gtep.node": str(result.get("node", "")), "gtep.device": str(result.get("device", "")),
                            "gtep.resumed_tasks": str(result.get("resumed_tasks", 0)),
