@@ -20,15 +20,67 @@ app = typer.Typer()
 @app.command()
 def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", help="the --output folder of the runs"),
        tracking_uri: Optional[str] = UriOpt, host: str = typer.Option("127.0.0.1", help="bind address"),
-       port: int = typer.Option(5000, help="port")) -> None:
-    """The MLflow UI over the store the runs went to (127.0.0.1 unless --host says otherwise)."""
+       port: int = typer.Option(5000, help="port"),
+       study: Optional[str] = typer.Option(None, "--study", help="print the links of this study only"),
+       workers: int = typer.Option(1, help="server worker processes (one is plenty for one user)")) -> None:
+    """The MLflow UI over the store the runs went to (127.0.0.1 unless --host says otherwise); prints each
+    study's runs table (the phase runs, Acc/AvgAcc/HM side by side) and its orderings charted by phase."""
     uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         fail(f"--output: no MLflow store at {uri[len('sqlite:///'):]}; run gtep run first or pass --output")
+
+    found: list[tuple[str, dict[str, str]]] = []
+
+    def links() -> None:
+        from gtep.orchestration.tracking import prepare_ui, ui_routes
+
+        studies = prepare_ui(uri, study)
+        if study is not None and not studies:
+            raise ConfigError("--study", f"{uri} has no study {study!r}")
+        found.extend((name, ui_routes(experiment_id)) for name, experiment_id in studies)
+
+    run_guarded(links)
+    root = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
+    console.print(f"MLflow UI on {root} over {uri} (Ctrl-C stops it)", soft_wrap=True, highlight=False)
+    for name, routes in found:
+        console.print(f"  {name}: runs  {root}{routes['runs']}", soft_wrap=True, highlight=False)
+        console.print(f"  {' ' * len(name)}  orderings by phase  {root}{routes['orderings']}", soft_wrap=True,
+                      highlight=False)
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    console.print(f"MLflow UI on http://{host}:{port} over {uri} (Ctrl-C stops it)")
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
-    raise typer.Exit(subprocess.call(cmd, env=env))
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
+           "--workers", str(workers)]
+    raise typer.Exit(serve(cmd, env))
+
+
+def serve(cmd: list[str], env: dict[str, str]) -> int:
+    """Run a server in its own process group and pass SIGINT/SIGTERM/SIGHUP on to the whole group (MLflow's
+    server and its workers), so `kill <pid of gtep ui>` stops what it started; returns its exit code."""
+    import signal
+
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+
+    def forward(signum, frame) -> None:
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # workers the server left behind
+    except ProcessLookupError:
+        pass
+    return 0 if code in (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP) else code
 
 
 def mlflow_server_command(backend_store_uri: str, artifacts_destination: str, host: str, port: int,
@@ -64,7 +116,7 @@ def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.d
         console.print(f"MLflow tracking server on http://{host}:{port} (store {backend_store_uri.split('@')[-1]}, "
                       f"artifacts {artifacts_destination}); Ctrl-C stops it")
         cmd = mlflow_server_command(backend_store_uri, artifacts_destination, host, port, workers)
-        raise typer.Exit(subprocess.call(cmd, env=env))
+        raise typer.Exit(serve(cmd, env))
     run_guarded(go)
 
 

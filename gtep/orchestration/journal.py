@@ -179,8 +179,12 @@ class TrackingJournal:
             if stop.is_set():
                 return
 
-    def create_run(self, key: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None) -> None:
-        self._append({"op": "create_run", "key": key, "name": name, "parent": parent, "tags": tags or {}})
+    def create_run(self, key: str, name: str, parent: str | None = None, tags: dict[str, str] | None = None,
+                   start_time: int | None = None) -> None:
+        """`start_time` (ms): when the run really started (an ordering trained before its run is written); by
+        default the time it is journaled, not the time the store takes it (later, or much later if it was away)."""
+        self._append({"op": "create_run", "key": key, "name": name, "parent": parent, "tags": tags or {},
+                      "start_time": int(start_time or now_ms())})
 
     def reopen(self, key: str) -> None:
         """A resumed study marks its runs running again (they stay the same runs)."""
@@ -202,8 +206,9 @@ class TrackingJournal:
         self._append({"op": "artifact", "key": key, "name": path.name,
                       "file": self._snapshot_text(path.name, path.read_text())})
 
-    def terminate(self, key: str, status: str) -> None:
-        self._append({"op": "terminate", "key": key, "status": status})
+    def terminate(self, key: str, status: str, end_time: int | None = None) -> None:
+        """`end_time` (ms): by default the time it is journaled."""
+        self._append({"op": "terminate", "key": key, "status": status, "end_time": int(end_time or now_ms())})
 
     def _snapshot_text(self, name: str, text: str) -> str:
         folder = self.dir / "files" / f"{self._next_seq:06d}"  # keeps the artifact's own name: logged as it is
@@ -304,7 +309,8 @@ class TrackingJournal:
                 tags = {**self._resolve(op["tags"]), "gtep.key": key, MLFLOW_RUN_NAME: op["name"]}
                 if op["parent"]:
                     tags[MLFLOW_PARENT_RUN_ID] = self.state.runs[op["parent"]]
-                info = self.client.create_run(self.state.experiment_id, run_name=op["name"], tags=tags).info
+                info = self.client.create_run(self.state.experiment_id, start_time=op.get("start_time"),
+                                              run_name=op["name"], tags=tags).info
                 run_id = info.run_id
                 self._artifact_uris[run_id] = info.artifact_uri
                 self._created.add(key)
@@ -320,7 +326,7 @@ class TrackingJournal:
         elif kind == "artifact":
             self._log_artifact(run_id, op["name"], self.dir / "files" / op["file"])
         elif kind == "terminate":
-            self.client.set_terminated(run_id, op["status"])
+            self.client.set_terminated(run_id, op["status"], end_time=op.get("end_time"))
         else:
             raise ValueError(f"unknown journal operation {kind!r}")
 

@@ -34,7 +34,14 @@ from gtep.errors import StudyStopped
 from gtep.orchestration.interrupt import Interruption, StopOnSignal, StudyInterrupted, interruptible
 from gtep.orchestration.journal import RUN_REF, TrackingJournal, quiet_http_client
 from gtep.orchestration.study import Manifest, StudyPaths, read_best, write_best
-from gtep.orchestration.tracking import MlflowWriter, ensure_experiment, summarize_units
+from gtep.orchestration.tracking import (
+    UNITS_TAG,
+    MlflowWriter,
+    ensure_experiment,
+    phase_metrics,
+    phase_note,
+    summarize_units,
+)
 from gtep.orchestration.trainable import train_set
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
 from gtep.protocol.selection import OrderingResult, SetScore, score_set, select_best
@@ -351,10 +358,24 @@ def stop_interrupted_phase(phase: str, phase_key: str, writer: MlflowWriter, jou
     return StudyInterrupted(paths.root, phase, interruption.signum or signal.SIGINT, len(manifest.units(phase)), total)
 
 
+def phase_tags(resolved: ResolvedExperiment, phase: str) -> dict[str, str]:
+    """Tags that tell the phase runs apart in the UI: the data (dataset, D^HT or D^E, a digest of its classes)
+    and how similar D^HT and D^E are (a matrix cell's own tag replaces it)."""
+    import hashlib
+
+    spec = resolved.phase(phase)
+    role = "D^HT" if spec is resolved.tuning else "D^E"
+    digest = hashlib.sha1(",".join(map(str, spec.classes)).encode()).hexdigest()[:10]
+    return {"gtep.dataset": f"{spec.dataset} {role} ({len(spec.classes)} classes)", "gtep.data_role": role,
+            "gtep.classes_digest": digest,
+            "gtep.similarity": "high" if resolved.tuning.dataset == resolved.evaluation.dataset else "low"}
+
+
 def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest: Manifest, phase: str,
-                tags: dict[str, str], resume: bool) -> tuple[str, str]:
+                tags: dict[str, str], resume: bool, hparams: dict[str, Any] | None = None) -> tuple[str, str]:
     """The phase's attempt id and its MLflow run: new for a fresh phase, the same ones for a resumed one.
-    The run is created now, while the store answers, so its id can go into best.yaml."""
+    The run is created now, while the store answers, so its id can go into best.yaml. `hparams`: the set a
+    fixed-set phase runs, logged as the run's params (the tuning phase logs H*'s when it has selected it)."""
     cfg = resolved.config
     spec = resolved.phase(phase)
     previous = manifest.data["phases"].get(phase, {})
@@ -364,13 +385,15 @@ def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest
         attempt = uuid.uuid4().hex[:8]
         manifest.clear_units(phase)
     key = f"{phase}:{attempt}"
-    journal.create_run(key, f"{cfg.study}-{phase}", tags={"gtep.phase": phase, "gtep.level": "phase",
-                                                          "gtep.study": cfg.study, "gtep.attempt": attempt, **tags})
+    journal.create_run(key, phase, tags={"gtep.phase": phase, "gtep.level": "phase", "gtep.study": cfg.study,
+                                         "gtep.attempt": attempt, **UNITS_TAG, **phase_tags(resolved, phase), **tags})
     if resume and previous.get("attempt"):
         journal.reopen(key)
-    journal.log(key, params={**common_params(resolved, phase), "gtep.trials": cfg.search.trials,
-                             "gtep.orderings": cfg.search.orderings, "gtep.searcher": cfg.search.searcher,
-                             "gtep.selection": cfg.search.selection})
+    # how H* is selected, on every phase run (the UI compares them); gtep.trials: the sets this phase trains
+    search = {"gtep.trials": cfg.search.trials if phase == "tune" else 1, "gtep.searcher": cfg.search.searcher,
+              "gtep.selection": cfg.search.selection}
+    journal.log(key, params={**common_params(resolved, phase), "gtep.orderings": cfg.search.orderings, **search,
+                             **(hparams or {})})
     journal.log_text(key, "classes.json", json.dumps({"phase": phase, "dataset": spec.dataset,
                                                        "classes": list(spec.classes),
                                                        "class_names": list(spec.class_names)}, indent=2))
@@ -511,10 +534,21 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
                    "acc": s.acc_mean, "avg_acc": s.avg_acc_mean, "diverged_orderings": s.diverged_orderings,
                    "orderings": s.orderings, "status": s.status} for s in selection.scores]
     manifest.set_phase("tune", status="finished", best_set_index=best_index, scores=score_rows)
-    journal.log(phase_key, {"best_hmean": best["score"], "best_acc": summary["acc"], "best_avg_acc": summary["avg_acc"],
-                            "best_acc_std": summary["acc_std"], "best_avg_acc_std": summary["avg_acc_std"],
-                            "best_set_index": best_index, **counts},
-                tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished",
+    best_units = [u for u in units if u["set_index"] == best_index]
+    ranked = sorted(selection.scores, key=lambda s: -s.score(cfg.search.selection))[:10]
+    top = ["Sets by HM of the means (%):", "", "| set | Acc | AvgAcc | HM | orderings |", "|---|---:|---:|---:|---|"]
+    top += [f"| set{s.set_index:03d}{' (H*)' if s.set_index == best_index else ''} | {100 * s.acc_mean:.2f} "
+            f"| {100 * s.avg_acc_mean:.2f} | {100 * s.hmean_of_means:.2f} | {s.finished_orderings}/{S} |"
+            for s in ranked]
+    note = phase_note("tune", phase_tags(resolved, "tune")["gtep.dataset"], summary, hparams,
+                      f"H* = set{best_index:03d} of {len(selection.scores)}", top)
+    # the phase run carries H* as params too, so the UI compares it with the evaluation run that re-ran it
+    # the same metric names as every phase run (no metric only one phase has: MLflow's compare view would show
+    # NaN); which set H* is stays a tag, gtep.best_set_index
+    journal.log(phase_key, {**phase_metrics(best_units, summary), "diverged": summary["diverged"],
+                            "orderings": summary["orderings"], **counts},
+                params=hparams,
+                tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished", "mlflow.note.content": note,
                       "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
     for path in (paths.manifest, paths.best, paths.results("tune")):
         journal.log_file(phase_key, path)
@@ -577,6 +611,17 @@ def original_best(resolved: ResolvedExperiment) -> dict[str, Any]:
     return {"algorithm": algorithm, "set_index": -1, "hparams": dict(presets["original"]), "source": "preset:original"}
 
 
+def set_label(phase: str, best: dict[str, Any]) -> str:
+    """How a fixed-set phase names the set it runs: `H*` (selected by a tuning phase), `original` (the authors'
+    values), else `set003`."""
+    source = str(best.get("source") or "tuning")
+    if source.startswith("preset:"):
+        return source[len("preset:"):]
+    if source == "tuning" and best.get("tuning_run_id"):
+        return "H*"
+    return f"set{int(best.get('set_index', -1)):03d}"
+
+
 def finished_fixed_outcome(paths: StudyPaths, phase: str, previous: dict[str, Any]) -> PhaseOutcome:
     """A resumed phase that had finished with the same set and orderings: its result as recorded, nothing re-run."""
     return PhaseOutcome(phase, previous["mlflow_run_id"], int(previous.get("set_index", -1)),
@@ -606,13 +651,14 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
     run_tags = {"gtep.tuning_run_id": str(best.get("tuning_run_id") or ""),
                 "gtep.hparams_source": best.get("source", "tuning"), **(tags or {})}
     resume = resume and same and previous.get("status") in ("running", "interrupted", "incomplete")
-    attempt, run_id = begin_phase(resolved, journal, manifest, phase, run_tags, resume)
+    attempt, run_id = begin_phase(resolved, journal, manifest, phase, run_tags, resume, hparams)
     phase_key = f"{phase}:{attempt}"
     manifest.set_phase(phase, mlflow_run_id=run_id, attempt=attempt, status="running", dataset=spec.dataset,
                        classes=list(spec.classes), set_index=set_index, hparams=hparams, orderings=orderings,
                        tuning_run_id=run_tags["gtep.tuning_run_id"], hparams_source=run_tags["gtep.hparams_source"])
+    label = set_label(phase, best)
     writer = MlflowWriter(journal, phase_key, phase, S, manifest, lambda t: set_index, lambda _: hparams,
-                          common_params(resolved, phase))
+                          common_params(resolved, phase), trial_label=lambda _: label)
     with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(f"{phase} {cfg.algorithm}", total=S, status="", completed=len(manifest.units(phase)))
         interruption = run_trials(resolved, paths, phase, attempt,
@@ -634,8 +680,15 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
     tags = {"gtep.status": status, "gtep.orderings": f"{len(units)}/{S}"}
     if not complete:
         tags["gtep.reason"] = f"{len(units)} of {S} orderings finished; the others' trials failed after their retries"
-    journal.log(phase_key, {k: float(summary[k]) for k in ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean",
-                                                           "diverged", "orderings") if pd.notna(summary[k])},
+    tuned_by = run_tags["gtep.tuning_run_id"]
+    link = [f"H* was selected by the [tuning run](#/experiments/{journal.state.experiment_id}/runs/{tuned_by})."] \
+        if tuned_by else []
+    tags["mlflow.note.content"] = phase_note(phase, phase_tags(resolved, phase)["gtep.dataset"], summary, hparams,
+                                             label if label != "H*" else f"H* (set{set_index:03d} of the tuning run)",
+                                             link)
+    counts = {f"sets_{state}": int(score.status == state) for state in ("complete", "incomplete", "diverged")}
+    journal.log(phase_key, {**phase_metrics(units, summary), **counts,
+                            **{k: float(summary[k]) for k in ("diverged", "orderings") if pd.notna(summary[k])}},
                 tags=tags)
     for path in (paths.manifest, paths.results(phase)) + ((paths.best,) if paths.best.exists() else ()):
         journal.log_file(phase_key, path)

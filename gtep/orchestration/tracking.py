@@ -1,9 +1,14 @@
 """MLflow lineage, written by one writer on the driver through the study's tracking journal.
 
 experiment gtep/<study>
-  phase run     (gtep.level=phase, gtep.phase=tune|evaluate; artifacts manifest.json, best.yaml, results CSV)
-    trial run   (gtep.level=trial: one hyperparameter set; params = the set; aggregate metrics)
-      ordering run (gtep.level=ordering: params = the set + ordering; acc, avg_acc, hmean; acc_t per step)
+  phase run     `tune`, `evaluate`, ... (gtep.level=phase; params = the set it ran or selected; acc, avg_acc,
+                hmean and their _std; a Markdown note with its table; artifacts manifest.json, best.yaml, CSV)
+    trial run   `tune/set003`, `evaluate/H*` (gtep.level=trial: one hyperparameter set; aggregate metrics)
+      ordering run `tune/set003/o1`, `evaluate/o0` (gtep.level=ordering: params = the set + ordering; acc,
+                avg_acc, hmean; acc_t per step; started and ended when the ordering trained)
+
+Metrics that are accuracies go to MLflow in percent, rounded to 4 decimals (PERCENT_METRICS; every run is tagged
+gtep.units=percent), so the UI shows what the terminal and the report print; the study's files keep fractions.
 
 Workers only report to Ray Tune; this callback turns the reports into runs, which avoids SQLite locking
 and the experiment-creation race of per-worker MLflow clients (ray-project/ray#19909, mlflow/mlflow#10334).
@@ -27,6 +32,19 @@ from gtep.protocol.selection import OrderingResult, score_set
 
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                     "params_total", "params_trainable", "train_seconds")
+PERCENT_METRICS = frozenset({"acc", "avg_acc", "hmean", "acc_std", "avg_acc_std", "hmean_std", "forgetting",
+                             "old_acc", "new_acc", "mean_of_hmeans", "acc_t"})
+UNITS_TAG = {"gtep.units": "percent"}
+
+
+def percent(value: float) -> float:
+    """A fraction as the percent MLflow shows (0.5700000058859587 -> 57.0)."""
+    return round(100.0 * float(value), 4)
+
+
+def as_logged(values: dict[str, Any]) -> dict[str, float]:
+    """Metrics as they go to MLflow: accuracies in percent, counts and seconds as they are."""
+    return {k: percent(v) if k in PERCENT_METRICS else float(v) for k, v in values.items()}
 
 
 def experiment_name(study: str) -> str:
@@ -38,9 +56,63 @@ def ensure_experiment(client: MlflowClient, study: str, artifact_root: Path | No
     name = experiment_name(study)
     existing = client.get_experiment_by_name(name)
     if existing is not None:
-        return existing.experiment_id
+        experiment_id = existing.experiment_id
+        if any(existing.tags.get(k) != v for k, v in experiment_tags().items()):
+            set_experiment_tags(client, experiment_id)
+        return experiment_id
     location = (artifact_root / study).resolve().as_uri() if artifact_root else None
-    return client.create_experiment(name, artifact_location=location)
+    experiment_id = client.create_experiment(name, artifact_location=location, tags=experiment_tags())
+    return experiment_id
+
+
+# ---- the MLflow UI ---------------------------------------------------------------------------------
+# MLflow 3 opens an experiment by its kind (tag mlflow.experimentKind): without one, a new experiment opens on
+# the GenAI overview (traces, token usage). A gtep study is model development: it opens on its runs. The views
+# are MLflow's shared view states (experiment tag mlflow.sharedViewState.<key>, opened by ?viewStateShareKey=
+# <key>): the runs table with the columns that compare the phases, and the orderings charted by phase.
+EXPERIMENT_KIND = "custom_model_development"
+RUNS_VIEW, ORDERINGS_VIEW = "gtep-runs", "gtep-orderings"
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
+VIEW_COLUMNS = ["tags.`gtep.phase`", "metrics.`acc`", "metrics.`avg_acc`", "metrics.`hmean`", "metrics.`acc_std`",
+                "metrics.`avg_acc_std`", "tags.`gtep.dataset`", "tags.`gtep.status`", "tags.`gtep.orderings`"]
+GROUP_BY_PHASE = {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": "gtep.phase"}]}
+
+
+def experiment_tags() -> dict[str, str]:
+    runs = {"searchFilter": "tags.`gtep.level` = 'phase'", "orderByKey": "attributes.start_time",
+            "orderByAsc": True, "selectedColumns": VIEW_COLUMNS}
+    orderings = {"searchFilter": "tags.`gtep.level` = 'ordering'", "orderByKey": "attributes.start_time",
+                 "orderByAsc": True, "selectedColumns": VIEW_COLUMNS, "groupBy": GROUP_BY_PHASE,
+                 "useGroupedValuesInCharts": True, "hideEmptyCharts": True}
+    return {"mlflow.experimentKind": EXPERIMENT_KIND, SHARED_VIEW_TAG + RUNS_VIEW: json.dumps(runs),
+            SHARED_VIEW_TAG + ORDERINGS_VIEW: json.dumps(orderings)}
+
+
+def set_experiment_tags(client: MlflowClient, experiment_id: str) -> None:
+    for key, value in experiment_tags().items():
+        client.set_experiment_tag(experiment_id, key, value)
+
+
+def ui_routes(experiment_id: str) -> dict[str, str]:
+    """The UI's addresses (after the server's root) of a study's two views."""
+    runs = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey="
+    return {"runs": runs + RUNS_VIEW, "orderings": runs + ORDERINGS_VIEW + "&compareRunsMode=CHART"}
+
+
+def prepare_ui(tracking_uri: str, study: str | None = None) -> list[tuple[str, str]]:
+    """(study, experiment id) of the store's gtep studies, newest first (only `study` if given); each gets the
+    experiment kind and views above (studies written before them included)."""
+    client = MlflowClient(tracking_uri=tracking_uri)
+    found = client.search_experiments(filter_string="name LIKE 'gtep/%'", order_by=["creation_time DESC"])
+    out = []
+    for experiment in found:
+        name = experiment.name[len("gtep/"):]
+        if study is not None and name != study:
+            continue
+        if any(experiment.tags.get(k) != v for k, v in experiment_tags().items()):
+            set_experiment_tags(client, experiment.experiment_id)
+        out.append((name, experiment.experiment_id))
+    return out
 
 
 def _finite(value: Any) -> bool:
@@ -63,8 +135,12 @@ class MlflowWriter(tune.Callback):
 
     def __init__(self, journal: TrackingJournal, phase_key: str, phase: str, orderings: int, manifest: Manifest,
                  set_index_of: Callable[[Any], int], hparams_of: Callable[[int], dict[str, Any]],
-                 common_params: dict[str, Any]) -> None:
+                 common_params: dict[str, Any], trial_label: Callable[[int], str] | None = None) -> None:
+        """`trial_label`: how a set's runs are named after the phase (`set003` by default; `H*` for the set a
+        fixed-set phase runs). A phase with one set names its orderings `<phase>/o<s>`, the tuning phase
+        `tune/set003/o<s>`."""
         self.journal, self.phase_key, self.phase = journal, phase_key, phase
+        self.trial_label = trial_label or (lambda i: f"set{i:03d}")
         self.orderings, self.manifest = orderings, manifest
         self.set_index_of, self.hparams_of, self.common_params = set_index_of, hparams_of, common_params
         self.opened: set[int] = set()
@@ -86,13 +162,19 @@ class MlflowWriter(tune.Callback):
 
     # ---- runs -----------------------------------------------------------------------------------
     def _tags(self, level: str, **extra: str) -> dict[str, str]:
-        return {"gtep.phase": self.phase, "gtep.level": level, **extra}
+        return {"gtep.phase": self.phase, "gtep.level": level, **UNITS_TAG, **extra}
 
-    def trial_run(self, set_index: int) -> str:
+    def trial_name(self, set_index: int) -> str:
+        return f"{self.phase}/{self.trial_label(set_index)}"
+
+    def ordering_name(self, set_index: int, ordering: int) -> str:
+        return f"{self.trial_name(set_index) if self.phase == 'tune' else self.phase}/o{ordering}"
+
+    def trial_run(self, set_index: int, start_time: int | None = None) -> str:
         key = trial_key(self.phase_key, set_index)
         if set_index not in self.opened:
             self.opened.add(set_index)
-            self.journal.create_run(key, f"{self.phase}-set{set_index:03d}", parent=self.phase_key,
+            self.journal.create_run(key, self.trial_name(set_index), parent=self.phase_key, start_time=start_time,
                                     tags=self._tags("trial", **{"gtep.set_index": str(set_index)}))
             self.journal.log(key, params={**self.common_params, **self.hparams_of(set_index)})
             runs = self.manifest.data["phases"].get(self.phase, {}).get("trial_keys", {})
@@ -104,26 +186,29 @@ class MlflowWriter(tune.Callback):
         if f"{self.phase}/{set_index}/{s}" in self.manifest.data["units"]:
             self._maybe_finish(set_index)  # already logged by an earlier attempt
             return
-        parent = self.trial_run(set_index)
+        finished_at = int(result.get("finished_at") or now_ms())
+        started_at = int(result.get("started_at") or finished_at - int(1000 * float(result.get("train_seconds") or 0)))
+        parent = self.trial_run(set_index, start_time=started_at)  # (opened by on_trial_start, as a rule)
         key = unit_key(self.phase_key, set_index, s)
         diverged = result["status"] == "diverged"
-        self.journal.create_run(key, f"set{set_index:03d}-ordering{s}", parent=parent, tags=self._tags(
+        self.journal.create_run(key, self.ordering_name(set_index, s), parent=parent, start_time=started_at,
+                                tags=self._tags(
             "ordering", **{"gtep.set_index": str(set_index), "gtep.ordering": str(s), "gtep.status": result["status"],
                            "gtep.node": str(result.get("node", "")), "gtep.device": str(result.get("device", "")),
                            "gtep.resumed_tasks": str(result.get("resumed_tasks", 0)),
                            "gtep.first_task": str(result.get("first_task", ""))}))
-        values = {k: float(result[k]) for k in ORDERING_METRICS if _finite(result.get(k))}
+        values = as_logged({k: result[k] for k in ORDERING_METRICS if _finite(result.get(k))})
         if diverged:
             values["diverged"] = 1.0
-        steps = [("acc_t", float(v), t + 1) for t, v in enumerate(result.get("acc_t") or [])]
+        steps = [("acc_t", percent(v), t + 1) for t, v in enumerate(result.get("acc_t") or []) if _finite(v)]
         self.journal.log(key, values, steps, params={**self.common_params, **self.hparams_of(set_index), "ordering": s},
-                         timestamp=int(result.get("finished_at") or now_ms()))
+                         timestamp=finished_at)
         self.journal.log_text(key, "accuracy.json", json.dumps({k: result.get(k) for k in (
             "class_order", "acc_matrix", "test_counts", "task_seconds", "message")}, indent=2, default=str))
-        self.journal.terminate(key, "FAILED" if diverged else "FINISHED")
+        self.journal.terminate(key, "FAILED" if diverged else "FINISHED", end_time=finished_at)
         unit = {k: result.get(k) for k in ("status", "acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                                            "acc_t", "params_total", "params_trainable", "train_seconds", "message",
-                                           "node", "device", "finished_at", "first_task")}
+                                           "node", "device", "started_at", "finished_at", "first_task")}
         unit.update(set_index=set_index, ordering=s, mlflow_key=key)
         self.manifest.record_unit(self.phase, set_index, s, unit, deferred=True)  # saved by on_step_end
         self._count(unit)
@@ -152,9 +237,10 @@ class MlflowWriter(tune.Callback):
         tags = {"gtep.status": state, "gtep.orderings": f"{score.finished_orderings}/{self.orderings}"}
         if reason:
             tags["gtep.reason"] = reason[:500]
-        self.journal.log(key, {k: v for k, v in values.items() if _finite(v)}, tags=tags,
+        self.journal.log(key, as_logged({k: v for k, v in values.items() if _finite(v)}), tags=tags,
                          timestamp=int(max(stamps, default=0)) or None)
-        self.journal.terminate(key, status)
+        self.journal.terminate(key, status, end_time=(int(max(stamps, default=0)) or None) if status == "FINISHED"
+                               else None)
 
     def close_unfinished(self, set_indices, interrupted: bool) -> None:
         """After Tune returns: every set's trial run that is still open is incomplete (its trial ran out of
@@ -208,3 +294,33 @@ def summarize_units(units: list[dict[str, Any]], expected: int | None = None) ->
         out[f"{key}_std"] = float(np.std(values)) if values else float("nan")
     out["hmean"] = harmonic_mean(out["acc"], out["avg_acc"])
     return out
+
+
+def phase_metrics(units: list[dict[str, Any]], summary: dict[str, float]) -> dict[str, float]:
+    """What every phase run logs, with one meaning whatever the phase: the set's (H*'s, in the tuning phase)
+    acc, avg_acc, hmean over its orderings and their std (hmean_std over the orderings' own HMs), in percent."""
+    import numpy as np
+
+    hmeans = [harmonic_mean(float(u["acc"]), float(u["avg_acc"])) for u in units if u["status"] != "diverged"]
+    values = {k: summary.get(k) for k in ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean")}
+    values["hmean_std"] = float(np.std(hmeans)) if hmeans else float("nan")
+    return as_logged({k: v for k, v in values.items() if _finite(v)})
+
+
+def _pct(value: Any) -> str:
+    return f"{100 * float(value):.2f}" if _finite(value) else "–"
+
+
+def phase_note(phase: str, dataset: str, summary: dict[str, float], hparams: dict[str, Any], set_label: str,
+               extra: list[str] | None = None) -> str:
+    """The phase run's Markdown description (MLflow's mlflow.note.content): its result as the terminal prints it."""
+    finished = int(summary.get("orderings", 0)) - int(summary.get("diverged", 0))
+    lines = [f"**{phase}** on {dataset}: {set_label} over {finished}/{int(summary.get('expected', finished))} "
+             "orderings (mean ± std, %)", "",
+             "| Acc | AvgAcc | HM |", "|---:|---:|---:|",
+             f"| {_pct(summary.get('acc'))} ± {_pct(summary.get('acc_std'))} "
+             f"| {_pct(summary.get('avg_acc'))} ± {_pct(summary.get('avg_acc_std'))} | {_pct(summary.get('hmean'))} |"]
+    if hparams:
+        lines += ["", "| hyperparameter | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in hparams.items()]
+    return "\n".join(lines + ([""] + extra if extra else [])) + "\n"

@@ -72,6 +72,7 @@ def first_task_store(job: dict[str, Any]) -> FirstTaskStore | None:
 def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet, job: dict[str, Any],
                 checkpoint: Path | None) -> dict[str, Any]:
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
+    started_at = int(time.time() * 1000)  # the ordering run's start in MLflow (it is written after training)
     outcome = run_ordering(ordering_job(hparams, s, job), phase_data, checkpoint=checkpoint,
                            first_tasks=first_task_store(job))
     record = {"status": outcome.status, **outcome.metrics}
@@ -84,7 +85,8 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
         "params_total": outcome.params_total, "params_trainable": outcome.params_trainable,
         "train_seconds": outcome.train_seconds, "message": outcome.message,
         "resumed_tasks": outcome.resumed_tasks, "first_task": outcome.first_task,
-        "node": _node_id(), "device": outcome.device, "finished_at": int(time.time() * 1000),
+        "node": _node_id(), "device": outcome.device, "started_at": started_at,
+        "finished_at": int(time.time() * 1000),
     })
     return record
 

@@ -151,9 +151,21 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
         assert body is not None and b"OK" in body
         listening = subprocess.run(["ss", "-ltn"], capture_output=True, text=True).stdout
         assert f"127.0.0.1:{port}" in listening and f"0.0.0.0:{port}" not in listening
+        workers = subprocess.run(["pgrep", "-f", "--", f"--port {port} --workers 1"], capture_output=True, text=True)
+        assert workers.stdout.split(), "gtep ui runs MLflow with one worker"
+        proc.terminate()  # SIGTERM to gtep ui alone: it passes it on to the server and its workers
+        assert proc.wait(timeout=60) == 0
+        def serving() -> bool:
+            return subprocess.run(["pgrep", "-f", "--", f"--port {port} "], stdout=subprocess.DEVNULL).returncode == 0
+
+        deadline = time.time() + 30
+        while time.time() < deadline and serving():
+            time.sleep(0.5)
+        assert not serving(), "a server process outlived gtep ui"
     finally:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=30)
+        if proc.poll() is None:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
 
 
 # every method through both phases on Ray: ~5 minutes in all, so in the `slow` group (.ci/run runs it)

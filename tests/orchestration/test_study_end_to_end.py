@@ -71,7 +71,52 @@ def test_best_has_the_highest_harmonic_mean(study):
     best = yaml.safe_load((study["out"] / "tiny" / "best.yaml").read_text())
     scores = {int(t.data.tags["gtep.set_index"]): t.data.metrics["hmean"] for t in trials}
     assert best["set_index"] == max(scores, key=lambda i: (scores[i], -i))
-    assert best["score"] == pytest.approx(max(scores.values()))
+    assert 100 * best["score"] == pytest.approx(max(scores.values()), abs=1e-4)  # MLflow: percent, 4 decimals
+
+
+def test_phase_runs_compare_in_the_ui(study):
+    """Issue 18: the phase runs share metric names and units, carry H* as params and tell their data apart;
+    runs are named by phase; ordering runs span the time their ordering trained."""
+    client, runs = study["client"], study["runs"]
+    folder = study["out"] / "tiny"
+    best = yaml.safe_load((folder / "best.yaml").read_text())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    tune_phase, = runs_where(runs, level="phase", phase="tune")
+    eval_phase, = runs_where(runs, level="phase", phase="evaluate")
+    assert (tune_phase.info.run_name, eval_phase.info.run_name) == ("tune", "evaluate")
+    assert set(tune_phase.data.metrics) == set(eval_phase.data.metrics)
+    assert {"acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "hmean_std"} <= set(tune_phase.data.metrics)
+    assert tune_phase.data.metrics["acc"] == pytest.approx(100 * best["acc"], abs=1e-4)
+    assert tune_phase.data.metrics["hmean"] == pytest.approx(100 * best["score"], abs=1e-3)
+    for key, value in best["hparams"].items():
+        assert tune_phase.data.params[key] == eval_phase.data.params[key] == str(value)
+    assert (tune_phase.data.params["gtep.trials"], eval_phase.data.params["gtep.trials"]) == (str(R), "1")
+    for tag in ("gtep.dataset", "gtep.classes_digest", "gtep.data_role"):
+        assert tune_phase.data.tags[tag] != eval_phase.data.tags[tag]
+    assert tune_phase.data.tags["gtep.similarity"] == "high"
+    for run in (tune_phase, eval_phase):
+        note = run.data.tags["mlflow.note.content"]
+        assert "| Acc | AvgAcc | HM |" in note and f"{run.data.metrics['acc']:.2f}" in note
+    assert all(r.data.tags["gtep.units"] == "percent" for r in runs)
+    names = {r.info.run_name for r in runs}
+    assert {f"tune/set{i:03d}" for i in range(R)} | {f"tune/set{i:03d}/o{s}" for i in range(R) for s in range(S)} \
+        <= names
+    assert {"evaluate/H*"} | {f"evaluate/o{s}" for s in range(S)} <= names
+    for run in runs_where(runs, level="ordering"):
+        phase, index, s = (run.data.tags[f"gtep.{k}"] for k in ("phase", "set_index", "ordering"))
+        unit = manifest["units"][f"{phase}/{index}/{s}"]
+        assert run.data.metrics["acc"] == round(100 * unit["acc"], 4)
+        assert [m.value for m in client.get_metric_history(run.info.run_id, "acc_t")] == \
+            [round(100 * v, 4) for v in unit["acc_t"]]
+        assert (run.info.start_time, run.info.end_time) == (unit["started_at"], unit["finished_at"])
+        assert run.info.end_time > run.info.start_time  # (train_seconds counts a reused first task's training too)
+        parent = client.get_run(run.data.tags["mlflow.parentRunId"])
+        # the trial run starts when Tune starts its trial (journal time on the driver), its first ordering when
+        # the worker starts training: the same moment, give or take the driver's callback delay
+        assert parent.info.start_time <= run.info.start_time + 2000
+    experiment = client.get_experiment(tune_phase.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert json.loads(experiment.tags["mlflow.sharedViewState.gtep-runs"])["selectedColumns"]
 
 
 def test_evaluation_used_h_star_and_only_its_classes(study):
