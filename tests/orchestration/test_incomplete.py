@@ -9,16 +9,22 @@ import pytest
 import ray
 import yaml
 
-from tests.orchestration import flaky_learner
+from gtep.algorithms import ALGORITHMS
 from tests.orchestration.test_phases import config, gtep, runs_of, store
 
-SPACE = {"algorithm": "flaky_replay", "space": {"lr": [flaky_learner.CRASHING_LR, 0.0001], "epochs": [60],
+CRASHING_LR = 0.1  # tests/orchestration/flaky_learner.py's
+SPACE = {"algorithm": "flaky_replay", "space": {"lr": [CRASHING_LR, 0.0001], "epochs": [60],
                                                  "batch_size": [16], "scheduler": ["constant"]}}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_with_the_plugin(tmp_path_factory):
-    """Ray's workers import the plugin from GTEP_PLUGINS, which they inherit when Ray starts."""
+    """Ray's workers import the plugin from GTEP_PLUGINS, which they inherit when Ray starts; the driver imports
+    it here, and it leaves the registry afterwards (tests that list every algorithm must not see it)."""
+    import importlib
+
+    flaky = importlib.import_module("tests.orchestration.flaky_learner")
+    assert flaky.CRASHING_LR == CRASHING_LR
     markers = tmp_path_factory.mktemp("flaky-markers")
     patch = pytest.MonkeyPatch()
     patch.setenv("GTEP_PLUGINS", "tests.orchestration.flaky_learner")
@@ -27,6 +33,7 @@ def ray_with_the_plugin(tmp_path_factory):
     yield markers
     ray.shutdown()
     patch.undo()
+    ALGORITHMS._entries.pop("flaky_replay", None)
 
 
 def flaky_config(tmp_path, **changes):
@@ -45,7 +52,7 @@ def test_a_set_that_lost_an_ordering_never_becomes_h_star(tmp_path):
     manifest = json.loads((study / "manifest.json").read_text())
     lrs = {s["index"]: s["hparams"]["lr"] for s in manifest["sets"]}
     assert set(lrs.values()) == set(SPACE["space"]["lr"]), "the seed should draw both values"
-    flaky = {i for i, lr in lrs.items() if lr == flaky_learner.CRASHING_LR}
+    flaky = {i for i, lr in lrs.items() if lr == CRASHING_LR}
     units = manifest["units"].values()
     done = {i: [u for u in units if u["set_index"] == i] for i in lrs}
     # the flaky sets' finished orderings score far above every complete set: an average over what finished
@@ -72,7 +79,7 @@ def test_a_set_that_lost_an_ordering_never_becomes_h_star(tmp_path):
 def test_no_complete_set_is_one_error_saying_what_to_do(tmp_path, ray_with_the_plugin):
     for marker in ray_with_the_plugin.iterdir():
         marker.unlink()
-    space = {**SPACE, "space": {**SPACE["space"], "lr": [flaky_learner.CRASHING_LR]}}
+    space = {**SPACE, "space": {**SPACE["space"], "lr": [CRASHING_LR]}}
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     doc = config(study="all-flaky", algorithm="flaky_replay", compute={"max_failures": 0},
                  search={"trials": 2, "orderings": 2, "space": str(tmp_path / "space.yaml")},
@@ -89,7 +96,7 @@ def test_an_evaluation_that_lost_an_ordering_is_flagged_and_exits_non_zero(tmp_p
     doc = flaky_config(tmp_path, study="flaky-eval")
     best = tmp_path / "best.yaml"
     best.write_text(yaml.safe_dump({"algorithm": "flaky_replay", "set_index": 0,
-                                    "hparams": {"lr": flaky_learner.CRASHING_LR, "epochs": 60, "batch_size": 16}}))
+                                    "hparams": {"lr": CRASHING_LR, "epochs": 60, "batch_size": 16}}))
     result = gtep(tmp_path, "evaluate", doc, "--best", str(best))
     assert result.exit_code == 1, result.output
     assert "1/2 incomplete" in result.output
