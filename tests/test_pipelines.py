@@ -144,6 +144,7 @@ def test_image_size_overrides_the_side_and_the_storage_follows():
     spec = choose_pipeline(True, "imagefolder:/imagenet", "resnet18", "replay", image_size=64)
     assert (spec.size, spec.test_resize, spec.storage_side()) == (64, 73, 73)
     assert choose_pipeline(True, "imagefolder:/x", "resnet18", "replay").storage_side() == 256
+    assert choose_pipeline(True, "cifar100:/x", "resnet32", "replay", image_size=64).size is None  # 32 px stays
 
 
 def test_pixel_statistics_are_exact_where_float32_sums_drift():

@@ -109,14 +109,15 @@ def vit_input_side(backbone: str) -> int:
 
 def default_pipeline(dataset: str, backbone: str, algorithm: str, image_size: int | None = None) -> PipelineSpec:
     """The family a dataset trains with: a pretrained ViT as PILOT trains it (at the ViT's input side), ImageFolder
-    trees as PyCIL trains ImageNet-100 (224 px), everything else (32 px arrays) as PyCIL trains CIFAR-100."""
+    trees as PyCIL trains ImageNet-100 (224 px), everything else (32 px arrays) as PyCIL trains CIFAR-100, at
+    the stored side (`image_size` sets the resizing pipelines' side only)."""
     from gtep.models.vit import is_vit
 
     if is_vit(backbone):
         return named_pipeline("pilot-coda" if algorithm == "coda_prompt" else "pilot", image_size or vit_input_side(backbone))
     if dataset.startswith("imagefolder:"):
         return named_pipeline("pycil-imagenet", image_size)
-    return named_pipeline("pycil-cifar", image_size)
+    return named_pipeline("pycil-cifar")
 
 
 def choose_pipeline(augment: bool | str, dataset: str, backbone: str, algorithm: str,
