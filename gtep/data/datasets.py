@@ -301,7 +301,7 @@ def _load_imagefolder(source: DatasetSource) -> ImageSet:
     import tempfile
 
     names, _ = _imagefolder_metadata(source)
-    side = int(source.options.get("size", 32))
+    side = int(source.options.get("size", 256))  # Resize(256): what a 224 px pipeline crops from
     resample = source.options.get("resample", "bilinear")
     folder = cache_root() / "imagefolder" / _listing_key(source, names, side, resample)
     if not (folder / "done").exists():
@@ -334,7 +334,7 @@ IMAGEFOLDER_OPTIONS = ("classes", "size", "resample")
 def imagefolder(spec: str) -> DatasetSource:
     """'imagefolder:ROOT' with ROOT/train/<class>/*.jpg and ROOT/val (or test)/<class>/*.jpg; options after '?':
     classes=FILE (one folder name per line, e.g. the -1/-2 halves), size=PIXELS (the stored square: the short side
-    resized to it, then centre-cropped; a study sets it from its pipeline, 256 for 224 px), resample=bilinear|bicubic."""
+    resized to it, then centre-cropped; default 256, and a study sets it from its pipeline), resample=bilinear|bicubic."""
     root, _, query = spec.partition("?")
     if not root:
         raise DatasetError("dataset 'imagefolder:' needs a root folder, e.g. 'imagefolder:~/data/imagenet100'")
