@@ -39,7 +39,7 @@ class StoredImages:
 
     def __getitem__(self, key: Any) -> "StoredImages | Tensor":
         if isinstance(key, int):  # one image: its view, as a tensor would give it
-            return self.as_tensor()[key] if len(self) <= 1 else self[key : key + 1].as_tensor()[0]
+            return StoredImages(self.pixels[key].unsqueeze(0), self.pipeline).as_tensor()[0]
         if isinstance(key, Tensor):
             key = key.to(self.pixels.device)
         return StoredImages(self.pixels[key], self.pipeline)
