@@ -8,9 +8,19 @@ import torch
 from torchvision.transforms import RandomResizedCrop
 from torchvision.transforms.v2 import functional as TF
 
-from gtep.data.pipelines import (DATASET_STATISTICS, IMAGENET_MEAN, IMAGENET_STD, Pipeline, choose_pipeline,
-                                 crop_and_resize, named_pipeline, normalisation, parse_description,
-                                 pixel_statistics, resized_crop_maps)
+from gtep.data.pipelines import (
+    DATASET_STATISTICS,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Pipeline,
+    choose_pipeline,
+    crop_and_resize,
+    named_pipeline,
+    normalisation,
+    parse_description,
+    pixel_statistics,
+    resized_crop_maps,
+)
 
 
 def pipeline(name: str, size: int | None = None, dataset: str = "cifar100:/x") -> Pipeline:

@@ -2,4 +2,4 @@
 data pipelines that feed them to a network."""
 from gtep.data.datasets import DATASETS, DatasetError, DatasetSource, ImageSet, resolve_dataset, with_storage
 
-__all__ = ["DATASETS", "ImageSet", "DatasetSource", "DatasetError", "resolve_dataset", "with_storage"]
+__all__ = ["DATASETS", "DatasetError", "DatasetSource", "ImageSet", "resolve_dataset", "with_storage"]

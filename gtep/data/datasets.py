@@ -261,7 +261,7 @@ def decode_square(path: Path, side: int, resample: str) -> np.ndarray:
         scale = side / min(w, h)
         size = (side, max(side, int(h * scale))) if w <= h else (max(side, int(w * scale)), side)  # as torchvision
         im = im.resize(size, Image.BICUBIC if resample == "bicubic" else Image.BILINEAR)
-        left, top = int(round((size[0] - side) / 2.0)), int(round((size[1] - side) / 2.0))
+        left, top = round((size[0] - side) / 2.0), round((size[1] - side) / 2.0)
         return np.asarray(im.crop((left, top, left + side, top + side)))
 
 

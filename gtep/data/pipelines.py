@@ -239,7 +239,7 @@ class Pipeline:
                               align_corners=False).clamp_(0, 1)
         out = spec.size or target
         if out < target:
-            top = int(round((target - out) / 2.0))  # torchvision's CenterCrop offset
+            top = round((target - out) / 2.0)  # torchvision's CenterCrop offset
             x = x[:, :, top : top + out, top : top + out]
         return x
 

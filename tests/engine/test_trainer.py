@@ -92,7 +92,7 @@ def test_fit_crops_stored_images_per_batch_through_their_pipeline():
         seen: list[torch.Tensor] = []
         net = new_net()
 
-        def loss(xb, yb, net=net):
+        def loss(xb, yb, net=net, seen=seen):
             seen.append(xb.detach().clone())
             return F.cross_entropy(net(xb)["logits"], yb)
 
