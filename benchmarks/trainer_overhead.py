@@ -2,12 +2,15 @@
 
 gtep side: a registered learner (default Replay) learns one task through `Trainer.fit`, exactly as the
 engine drives it (`learner.learn_task(task, trainer.fit)`: its loss, optimiser and schedule built per call,
-epoch permutation, whole-batch crop-and-flip augmentation, the once-per-epoch divergence check).
+epoch permutation, the phase pipeline's training transform of the stored uint8 images per batch (for 32 px
+data PyCIL's CIFAR pipeline: black-padded crop, flip, brightness jitter, normalisation), the once-per-epoch
+divergence check).
 Bare side: the plain loop anyone would write: SGD with the same momentum and weight decay, cross-entropy,
-a per-sample crop-and-flip (`--bare-augment batched`: gtep's batch crop, fairer on CUDA), on the same
-network from the same initial weights. Both sides draw the epoch permutation and the crop offsets and flips
-from one generator seeded alike, so they train on identical batches; their final losses are printed as a
-check that the work is the same. On CUDA both sides use the same bf16 autocast and channels-last.
+the same transform written per sample (`--bare-augment batched`: gtep's batch transform, fairer on CUDA), on
+the same network from the same initial weights. Both sides draw the epoch permutation and the pipeline's
+per-image parameters from one generator seeded alike, so they train on identical batches; their final
+losses are printed as a check that the work is the same. On CUDA both sides use the same bf16 autocast and
+channels-last.
 
 Repetitions alternate (gtep, bare, bare, gtep, ...) after one warm-up each and the medians are compared,
 so the ratio holds on a noisy machine; the ratio by this process's CPU time is printed too (on a machine
@@ -34,12 +37,13 @@ import torch.nn.functional as F  # noqa: E402
 from gtep.algorithms import ALGORITHMS, CommonParams, TaskData  # noqa: E402
 from gtep.data import resolve_dataset  # noqa: E402
 from gtep.engine.device import resolve_device  # noqa: E402
-from gtep.engine.loop import EpochAugmentation, Precision, Trainer  # noqa: E402
+from gtep.engine.images import StoredImages  # noqa: E402
+from gtep.engine.loop import Precision, Trainer  # noqa: E402
 from gtep.engine.runner import FirstTaskSpec, PhaseTensors, task_recipe  # noqa: E402
 
 
 def task_of(args: argparse.Namespace, device: torch.device) -> tuple[TaskData, CommonParams]:
-    """One task of `--images` images drawn from every class, normalised on the device as the runner does,
+    """One task of `--images` images drawn from every class, stored on the device as the runner stores them,
     with the recipe a learner gets on task 2 and later (the sampled set's)."""
     data = resolve_dataset(args.dataset).load()
     classes = sorted(set(data.y_train.tolist()))
@@ -56,18 +60,27 @@ def task_of(args: argparse.Namespace, device: torch.device) -> tuple[TaskData, C
     return TaskData(index=1, known=0, total=len(classes), x=x, y=y, recipe=recipe), params
 
 
-def crop_and_flip(x: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor, flip: torch.Tensor, pad: int = 4) -> torch.Tensor:
-    """The textbook batch augmentation: zero-pad, cut each image at its offsets, flip some horizontally."""
-    h, w = x.shape[2:]
-    padded = F.pad(x, (pad, pad, pad, pad))
-    out = torch.stack([padded[i, :, int(a) : int(a) + h, int(b) : int(b) + w] for i, (a, b) in enumerate(zip(dy, dx))])
-    return torch.where(flip[:, None, None, None], out.flip(3), out)
+def textbook_transform(pixels: torch.Tensor, x: StoredImages, draws, start: int) -> torch.Tensor:
+    """The pipeline's training transform as one writes it per image: black padding, a crop at the image's
+    offsets, its flip and brightness factor, then the normalisation (torchvision's RandomCrop, RandomHorizontalFlip,
+    ColorJitter, Normalize on tensors)."""
+    pipeline, pad = x.pipeline, x.pipeline.spec.pad
+    h, w = pixels.shape[2:]
+    images = F.pad(pixels.float() / 255, (pad, pad, pad, pad))
+    out = []
+    for i in range(len(pixels)):
+        dy, dx = (int(v) for v in draws.offsets[start + i])
+        image = images[i, :, dy : dy + h, dx : dx + w]
+        if draws.flips[start + i]:
+            image = image.flip(2)
+        out.append((image * draws.brightness[start + i]).clamp(0, 1))
+    return (torch.stack(out) - pipeline.mean) / pipeline.std
 
 
 def bare_loop(net: torch.nn.Module, task: TaskData, seed: int, precision: Precision, augment: str) -> None:
     """A plain PyTorch loop over the same batches as Trainer.fit (the same draws from the same generator).
-    augment 'per-sample' crops image by image (the textbook way); 'batched' uses gtep's batch crop, so that
-    only the loop around it is compared (on CUDA the per-sample crop launches kernels per image)."""
+    augment 'per-sample' transforms image by image (the textbook way); 'batched' uses gtep's batch transform,
+    so that only the loop around it is compared (on CUDA the per-sample crop launches kernels per image)."""
     recipe, x, y = task.recipe, task.x, task.y
     generator = torch.Generator().manual_seed(seed)
     net.train()
@@ -79,16 +92,14 @@ def bare_loop(net: torch.nn.Module, task: TaskData, seed: int, precision: Precis
     n, batch = len(x), recipe.batch_size
     for _ in range(recipe.epochs):
         order = torch.randperm(n, generator=generator).to(x.device)
-        dy = torch.randint(0, 9, (n,), generator=generator)
-        dx = torch.randint(0, 9, (n,), generator=generator)
-        flip = (torch.rand(n, generator=generator) < 0.5).to(x.device)
-        batched = EpochAugmentation(dy.to(x.device), dx.to(x.device), flip) if augment == "batched" else None
+        draws = x.pipeline.draw(n, generator, x.pixels.shape[-1], x.device)
         for start in range(0, n, batch):
             idx = order[start : start + batch]
-            if batched is not None:
-                xb = batched.apply(x[idx], start)
+            pixels = x.pixels[idx]
+            if augment == "batched":
+                xb = x.pipeline.train(pixels, draws, start)
             else:
-                xb = crop_and_flip(x[idx], dy[start : start + batch], dx[start : start + batch], flip[start : start + batch])
+                xb = textbook_transform(pixels, x, draws, start)
             if precision.channels_last:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             with precision.autocast():
@@ -118,7 +129,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a trial with one CPU uses 1)")
     parser.add_argument("--no-mixed-precision", action="store_true", help="CUDA: fp32 on both sides")
     parser.add_argument("--bare-augment", choices=["per-sample", "batched"], default="per-sample",
-                        help="the bare loop's crop: image by image, or gtep's batch crop (fairer on CUDA)")
+                        help="the bare loop's transform: image by image, or gtep's batch transform (fairer on CUDA)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="the last line's clock; 'cpu' (this process's CPU time, CPU runs only) resists a busy machine")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's table of one gtep repetition")

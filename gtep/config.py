@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gtep.protocol.scenarios import parse_increments, shared_classes, split_classes_in_two, split_groups_in_two
+
+if TYPE_CHECKING:
+    from gtep.data.pipelines import PipelineSpec
 
 
 class ConfigError(ValueError):
@@ -99,10 +102,18 @@ class FirstTaskConfig(_Strict):
     scheduler: Literal["sampled", "steplr", "cosine", "constant"] = "sampled"
 
 
+PipelineName = Literal["pycil-cifar", "pycil-imagenet", "pilot", "pilot-coda", "none"]
+
+
 class TrainingSpec(_Strict):
     memory_size: int = Field(1000, ge=0, description="exemplars in total, spread evenly over seen classes")
     epoch_scale: float = Field(1.0, gt=0, le=1, description="multiplies every epoch count (smoke runs); 1 = the paper")
-    augment: bool = True
+    # The data pipeline (gtep/data/pipelines.py): true = the dataset's own (32 px arrays: pycil-cifar; ImageFolder
+    # trees: pycil-imagenet; a ViT backbone: pilot), false = none (train on the test view), or a name.
+    augment: bool | PipelineName = True
+    # The side the network sees with a resizing pipeline (ImageNet-like data, ViTs): None = the paper's (224 px,
+    # or the ViT's own input); smaller for CPU smoke runs. ImageFolder images are stored at 256/224 of it.
+    image_size: int | None = Field(None, ge=8, le=1024)
     device: str = "auto"
     # Train each ordering's first task once per study and share it between the sets (its result does not
     # depend on the sampled set, paper appendix A.1); off: every (set, ordering) trains its own.
@@ -303,6 +314,26 @@ class ResolvedExperiment:
         3.1), D^E for evaluate and original."""
         return self.tuning if name in ("tune", "conventional") else self.evaluation
 
+    def pipeline(self, name: str) -> "PipelineSpec":
+        """The data pipeline of a phase label: chosen by its dataset, unless training.augment names one."""
+        return phase_pipeline(self.config, self.phase(name).dataset)
+
+
+def phase_pipeline(cfg: ExperimentConfig, dataset: str) -> "PipelineSpec":
+    from gtep.data.pipelines import choose_pipeline
+
+    return choose_pipeline(cfg.training.augment, dataset, cfg.backbone, cfg.algorithm, cfg.training.image_size)
+
+
+def _stored_at_pipeline_size(cfg: ExperimentConfig, phase: PhaseSpec) -> PhaseSpec:
+    """ImageFolder images are decoded once, at the side the phase's pipeline resizes test images to (256 px for
+    224), with its interpolation; a size given in the dataset string stays."""
+    from gtep.data import with_storage
+
+    spec = phase_pipeline(cfg, phase.dataset)
+    dataset = with_storage(phase.dataset, spec.storage_side(), spec.interpolation)
+    return replace(phase, dataset=dataset)
+
 
 def _check_classes(field: str, classes: list[int], available: int) -> None:
     bad = [c for c in classes if not 0 <= c < available]
@@ -471,7 +502,7 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     check_output(cfg.tracking.output, "tracking.output")
     check_tracking_uri(cfg.tracking_uri, "tracking.tracking_uri")
     increments = tuple(cfg.scenario.increment_list)
-    tuning, evaluation = _phase_classes(cfg)
+    tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
     _check_weights(cfg, (tuning, evaluation))
     for phase in (tuning, evaluation):
         if sum(increments) != len(phase.classes):

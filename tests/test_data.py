@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from pydantic import ValidationError
 
 from gtep.config import ConfigError, ExperimentConfig, resolve
 from gtep.data import DatasetError, resolve_dataset
@@ -103,3 +104,53 @@ def test_low_similarity_two_datasets():
     with pytest.raises(ConfigError, match="outside"):
         resolve(config({"tuning": {"dataset": "synthetic", "classes": [0, 99]},
                         "evaluation": {"dataset": "omniglot-small", "classes": [0, 1]}}, increments=[2]))
+
+
+def test_imagefolder_images_are_stored_as_torchvisions_resize_and_centre_crop(tmp_path):
+    """Short side resized to the stored size (PIL's antialiased filter), then the centre square: what
+    torchvision's Resize(256) + CenterCrop(256) make of a PIL image."""
+    from torchvision import transforms
+
+    from gtep.data.datasets import decode_square
+
+    rng = np.random.default_rng(0)
+    for w, h in ((60, 40), (40, 70)):
+        path = tmp_path / f"{w}x{h}.png"
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(path)
+        for resample, mode in (("bilinear", transforms.InterpolationMode.BILINEAR),
+                               ("bicubic", transforms.InterpolationMode.BICUBIC)):
+            reference = transforms.Compose([transforms.Resize(24, interpolation=mode), transforms.CenterCrop(24)])
+            with Image.open(path) as im:
+                expected = np.asarray(reference(im.convert("RGB")))
+            assert np.array_equal(decode_square(path, 24, resample), expected), (w, h, resample)
+
+
+def test_imagefolder_is_decoded_once_and_memory_mapped(tmp_path, monkeypatch):
+    import gtep.data.datasets as datasets
+
+    monkeypatch.setenv("GTEP_CACHE", str(tmp_path / "cache"))
+    make_imagefolder(tmp_path / "tree")
+    first = resolve_dataset(f"imagefolder:{tmp_path / 'tree'}?size=20").load()
+    assert isinstance(first.x_train, np.memmap) and first.x_train.shape == (9, 20, 20, 3)
+    monkeypatch.setattr(datasets, "decode_square", lambda *a: pytest.fail("decoded twice"))
+    again = resolve_dataset(f"imagefolder:{tmp_path / 'tree'}?size=20").load()
+    assert np.array_equal(np.asarray(again.x_train), np.asarray(first.x_train))
+    assert list(again.y_test) == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(pytest.fail.Exception, match="decoded twice"):  # a new size is a new decoding
+        resolve_dataset(f"imagefolder:{tmp_path / 'tree'}?size=12").load()
+
+
+def test_a_study_stores_imagefolder_images_at_its_pipelines_size(tmp_path):
+    make_imagefolder(tmp_path / "tree", classes=("a", "b", "c", "d"))
+    base = {"study": "s", "algorithm": "replay", "backbone": "resnet8", "scenario": {"increments": [2]},
+            "datasets": {"split": {"dataset": f"imagefolder:{tmp_path / 'tree'}"}}}
+    resolved = resolve(ExperimentConfig.model_validate(base))
+    assert resolved.tuning.dataset.endswith("?size=256") and resolved.pipeline("tune").describe() == "pycil-imagenet@224"
+    small = resolve(ExperimentConfig.model_validate({**base, "training": {"image_size": 64}}))
+    assert small.evaluation.dataset.endswith("?size=73") and small.pipeline("evaluate").size == 64
+    vit = resolve(ExperimentConfig.model_validate({**base, "backbone": "vit_micro_patch4_32", "training": {"augment": True}}))
+    assert vit.pipeline("tune").describe() == "pilot@32" and vit.tuning.dataset.endswith("?size=32&resample=bicubic")
+    legacy = resolve(ExperimentConfig.model_validate({**base, "training": {"augment": False}}))
+    assert legacy.pipeline("tune").describe() == "none/pycil-imagenet@224"
+    with pytest.raises(ValidationError, match="augment"):
+        ExperimentConfig.model_validate({**base, "training": {"augment": "cutmix"}})

@@ -1,4 +1,5 @@
-"""Datasets: a registry of sources that load to in-memory uint8 image arrays."""
-from gtep.data.datasets import DATASETS, DatasetError, DatasetSource, ImageSet, resolve_dataset
+"""Datasets: a registry of sources that load to uint8 image arrays (ImageFolder trees memory-mapped), and the
+data pipelines that feed them to a network."""
+from gtep.data.datasets import DATASETS, DatasetError, DatasetSource, ImageSet, resolve_dataset, with_storage
 
-__all__ = ["DATASETS", "ImageSet", "DatasetSource", "DatasetError", "resolve_dataset"]
+__all__ = ["DATASETS", "DatasetError", "DatasetSource", "ImageSet", "resolve_dataset", "with_storage"]

@@ -320,49 +320,138 @@ def _imagefolder_metadata(source: DatasetSource) -> tuple[list[str], list[str] |
     return present, None
 
 
-def _load_imagefolder(source: DatasetSource) -> ImageSet:
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
+
+
+def cache_root() -> Path:
+    """Where decoded ImageFolder arrays are kept: $GTEP_CACHE, else ~/.cache/gtep."""
+    return Path(os.environ.get("GTEP_CACHE") or Path.home() / ".cache" / "gtep")
+
+
+def _image_files(split_dir: Path, names: list[str]) -> list[tuple[Path, int]]:
+    files = []
+    for label, name in enumerate(names):
+        folder = split_dir / name
+        if folder.is_dir():
+            files += [(f, label) for f in sorted(folder.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
+    return files
+
+
+def decode_square(path: Path, side: int, resample: str) -> np.ndarray:
+    """torchvision's Resize(side) (the short side, PIL's antialiased filter) then CenterCrop(side): the square
+    the test view is cut from and the training crops are drawn from."""
     from PIL import Image
 
-    names, _ = _imagefolder_metadata(source)
-    size = int(source.options.get("size", 32))
-    index = {n: i for i, n in enumerate(names)}
+    with Image.open(path) as file:
+        rgb = file.convert("RGB")
+    w, h = rgb.size
+    scale = side / min(w, h)
+    size = (side, max(side, int(h * scale))) if w <= h else (max(side, int(w * scale)), side)  # as torchvision
+    resized = rgb.resize(size, Image.Resampling.BICUBIC if resample == "bicubic" else Image.Resampling.BILINEAR)
+    left, top = round((size[0] - side) / 2.0), round((size[1] - side) / 2.0)
+    return np.asarray(resized.crop((left, top, left + side, top + side)))
 
-    def read(split_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-        xs, ys = [], []
+
+def _listing_key(source: DatasetSource, names: list[str], side: int, resample: str) -> str:
+    """What the decoded arrays depend on: the root, the classes, the size, the filter, and each class folder's
+    file count and modification time (adding or replacing images changes it)."""
+    import hashlib
+    import json
+
+    folders = []
+    for split in ("train", "val", "test"):
         for name in names:
-            folder = split_dir / name
-            if not folder.is_dir():
-                continue
-            for f in sorted(folder.iterdir()):
-                if f.suffix.lower() in {".jpg", ".jpeg", ".png", ".bmp", ".webp"}:
-                    with Image.open(f) as im:
-                        xs.append(np.asarray(im.convert("RGB").resize((size, size), Image.Resampling.BILINEAR)))
-                    ys.append(index[name])
-        if not xs:
-            raise DatasetError(f"dataset {source.name!r}: no images under {split_dir}")
-        return np.stack(xs), np.asarray(ys, dtype=np.int64)
+            folder = source.root / split / name
+            if folder.is_dir():
+                folders.append([split, name, len(os.listdir(folder)), folder.stat().st_mtime_ns])
+    payload = json.dumps([str(source.root.resolve()), names, side, resample, folders])
+    return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
-    x_train, y_train = read(_imagefolder_split_dir(source.root, ("train",)))
-    x_test, y_test = read(_imagefolder_split_dir(source.root, ("val", "test")))
+
+def _decode_split(source: DatasetSource, split_dir: Path, names: list[str], side: int, resample: str,
+                  out: Path) -> np.ndarray:
+    """Every image of one split into the .npy file `out`, one at a time; returns the labels."""
+    files = _image_files(split_dir, names)
+    if not files:
+        raise DatasetError(f"dataset {source.name!r}: no images under {split_dir}")
+    x = np.lib.format.open_memmap(out, mode="w+", dtype=np.uint8, shape=(len(files), side, side, 3))
+    for i, (f, _) in enumerate(files):
+        x[i] = decode_square(f, side, resample)
+    x.flush()
+    return np.asarray([label for _, label in files], dtype=np.int64)
+
+
+def _load_imagefolder(source: DatasetSource) -> ImageSet:
+    """Decoded once per (tree, size, filter) into uint8 .npy files under cache_root(), then memory-mapped: a
+    phase's images are paged in as tasks use them instead of being held in memory."""
+    import shutil
+    import tempfile
+
+    names, _ = _imagefolder_metadata(source)
+    side = int(source.options.get("size", 256))  # Resize(256): what a 224 px pipeline crops from
+    resample = source.options.get("resample", "bilinear")
+    folder = cache_root() / "imagefolder" / _listing_key(source, names, side, resample)
+    if not (folder / "done").exists():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".decoding-"))
+        try:
+            for split_name, dirs in (("train", ("train",)), ("test", ("val", "test"))):
+                (tmp / split_name).mkdir()
+                labels = _decode_split(source, _imagefolder_split_dir(source.root, dirs), names, side, resample,
+                                       tmp / split_name / "x.npy")
+                np.save(tmp / split_name / "y.npy", labels)
+            (tmp / "done").write_text(source.name)
+            if not (folder / "done").exists():  # another process may have finished the same tree first
+                shutil.rmtree(folder, ignore_errors=True)
+                os.replace(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def split(name: str) -> tuple[np.ndarray, np.ndarray]:
+        return np.load(folder / name / "x.npy", mmap_mode="r"), np.load(folder / name / "y.npy")
+
+    (x_train, y_train), (x_test, y_test) = split("train"), split("test")
     return ImageSet(source.name, x_train, y_train, x_test, y_test, names)
+
+
+IMAGEFOLDER_OPTIONS = ("classes", "size", "resample")
 
 
 @DATASETS.register("imagefolder")
 def imagefolder(spec: str) -> DatasetSource:
-    """'imagefolder:ROOT' with ROOT/train/<class>/*.jpg and ROOT/val (or test)/<class>/*.jpg;
-    options after '?': classes=FILE (one folder name per line, e.g. the -1/-2 halves), size=PIXELS."""
+    """'imagefolder:ROOT' with ROOT/train/<class>/*.jpg and ROOT/val (or test)/<class>/*.jpg; options after '?':
+    classes=FILE (one folder name per line, e.g. the -1/-2 halves), size=PIXELS (the stored square: the short side
+    resized to it, then centre-cropped; default 256, and a study sets it from its pipeline),
+    resample=bilinear|bicubic."""
     root, _, query = spec.partition("?")
     if not root:
         raise DatasetError("dataset 'imagefolder:' needs a root folder, e.g. 'imagefolder:~/data/imagenet100'")
     options: dict = {}
     for item in filter(None, query.split("&")):
         key, _, value = item.partition("=")
-        if key not in ("classes", "size"):
-            raise DatasetError(f"imagefolder option {key!r} is unknown; use classes=FILE or size=PIXELS")
+        if key not in IMAGEFOLDER_OPTIONS:
+            raise DatasetError(f"imagefolder option {key!r} is unknown; "
+                               "use classes=FILE, size=PIXELS or resample=bicubic")
+        if key == "resample" and value not in ("bilinear", "bicubic"):
+            raise DatasetError(f"imagefolder option resample={value!r}: use bilinear or bicubic")
         if key == "size" and not (value.isdigit() and int(value) > 0):
             raise DatasetError(f"imagefolder option size={value!r} must be a number of pixels, e.g. size=32")
-        options[key] = os.path.expanduser(value) if key == "classes" else int(value)
+        options[key] = os.path.expanduser(value) if key == "classes" else int(value) if key == "size" else value
     if "classes" in options and not Path(options["classes"]).exists():
         raise DatasetError(f"dataset 'imagefolder:{spec}': class-list file {options['classes']} does not exist")
     return DatasetSource(f"imagefolder:{spec}", Path(os.path.expanduser(root)), _load_imagefolder,
                          _imagefolder_metadata, options)
+
+
+def with_storage(name: str, side: int, resample: str = "bilinear") -> str:
+    """An ImageFolder dataset name with the size (and filter) its images are stored at, unless it gives them;
+    other datasets are stored as their files hold them."""
+    if not name.startswith("imagefolder:"):
+        return name
+    _, _, query = name.partition("?")
+    given = {item.partition("=")[0] for item in query.split("&") if item}
+    extra = [f"size={side}"] * ("size" not in given) + [f"resample={resample}"] * (
+        resample != "bilinear" and "resample" not in given)
+    if not extra:
+        return name
+    return name + ("&" if query else "?" if "?" not in name else "") + "&".join(extra)

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms.base import FitRecipe
+from gtep.data.pipelines import EpochDraws
+from gtep.engine.images import StoredImages
 
 
 class DivergedError(RuntimeError):
@@ -42,8 +44,10 @@ def make_scheduler(optimizer: torch.optim.Optimizer, recipe: FitRecipe) -> torch
 
 @dataclass(frozen=True)
 class EpochAugmentation:
-    """The random crop offsets and flips of a whole epoch, drawn on the host and moved to the device at once,
-    so that augmenting a batch needs no host-device transfer (on CUDA, each one would stall the host)."""
+    """Crop-and-flip of plain float tensors (stored images go through their pipeline instead): the random
+    offsets and flips of a whole epoch, drawn on the host and moved to the device at once, so that augmenting
+    a batch needs no host-device transfer (on CUDA, each one would stall the host). Pads with 0, which on
+    normalised tensors is the mean colour."""
 
     dy: Tensor
     dx: Tensor
@@ -101,9 +105,42 @@ class Precision:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.dim() == 4 else x
 
 
+class BatchSource:
+    """The batches of one `fit`: stored images through their pipeline (a random transform per image drawn for
+    the whole epoch), plain image tensors through crop-and-flip, anything else as it is."""
+
+    def __init__(self, x: Tensor | StoredImages, generator: torch.Generator, augment: bool) -> None:
+        self.x, self.generator = x, generator
+        self.augment = augment and (x.pipeline.spec.augments if isinstance(x, StoredImages) else x.dim() == 4)
+        self.draws: EpochDraws | EpochAugmentation | None = None
+
+    def new_epoch(self) -> None:
+        """Draws after the epoch's permutation, from the same generator: one seed fixes every batch."""
+        if not self.augment:
+            return
+        x, n = self.x, len(self.x)
+        if isinstance(x, StoredImages):
+            self.draws = x.pipeline.draw(n, self.generator, x.pixels.shape[-1], x.device)
+        else:
+            self.draws = EpochAugmentation.draw(n, self.generator, x.device)
+
+    def batch(self, idx: Tensor, start: int) -> Tensor:
+        x, draws = self.x, self.draws
+        if isinstance(x, StoredImages):
+            pixels = x.pixels[idx]
+            if self.augment and isinstance(draws, EpochDraws):
+                return x.pipeline.train(pixels, draws, start)
+            return x.pipeline.view(pixels)
+        return draws.apply(x[idx], start) if self.augment and isinstance(draws, EpochAugmentation) else x[idx]
+
+
 class Trainer:
     """Holds the run's device, RNG and precision; `fit` is what learners call for every training stage.
 
+    `x` given to `fit` is either StoredImages (a task's images: each batch goes through the phase pipeline's
+    training transform, or its test view when augmentation is off) or a plain tensor (features, logits, or
+    images a caller prepared itself: crop-and-flip for 4-D ones when augmenting).
+    `augment`: whether random training transforms apply at all (off: the 'none' pipeline).
     `compile`: None, or a torch.compile backend ("inductor" on a GPU) applied to each stage's loss."""
 
     def __init__(self, device: torch.device, seed: int, augment: bool = True,
@@ -125,7 +162,7 @@ class Trainer:
         return run
 
     def fit(self, parameters: Iterable[nn.Parameter], loss_fn: Callable[[Tensor, Tensor], Tensor],
-            x: Tensor, y: Tensor, recipe: FitRecipe, *, augment: bool = True,
+            x: Tensor | StoredImages, y: Tensor, recipe: FitRecipe, *, augment: bool = True,
             modules: Iterable[nn.Module] = (), on_epoch: Callable[[int], None] | None = None) -> None:
         params = [p for p in parameters if p.requires_grad]
         if not params or len(x) == 0 or recipe.epochs < 1:
@@ -138,17 +175,16 @@ class Trainer:
         optimizer = make_optimizer(params, recipe)
         scheduler = make_scheduler(optimizer, recipe)
         n, batch = len(x), max(1, recipe.batch_size)
+        batches = BatchSource(x, self.generator, augment and self.augment)
         for epoch in range(recipe.epochs):
             order = torch.randperm(n, generator=self.generator).to(x.device)
-            augmentation = EpochAugmentation.draw(n, self.generator, x.device) if augment and self.augment else None
+            batches.new_epoch()
             epoch_loss = torch.zeros((), device=x.device)
             for start in range(0, n, batch):
                 idx = order[start : start + batch]
                 if len(idx) < 2 and n >= 2:  # BatchNorm cannot train on a single image
                     continue
-                xb, yb = x[idx], y[idx]
-                if augmentation is not None:
-                    xb = augmentation.apply(xb, start)
+                xb, yb = batches.batch(idx, start), y[idx]
                 loss = step_loss(xb, yb)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

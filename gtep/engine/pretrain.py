@@ -1,15 +1,16 @@
 """Supervised pretraining of a ViT backbone on classes kept out of both GTEP phases.
 
 No pretrained image weights can be downloaded here, so `gtep pretrain` makes them: a ViT plus a linear
-head trained with cross-entropy (AdamW, cosine schedule, the engine's augmentation) on the given
-classes, saved as safetensors with metadata naming the backbone, dataset and classes, so that a study
+head trained with cross-entropy (AdamW, cosine schedule) on the given classes, fed by the pipeline a
+study feeds the ViT with (PILOT's, gtep.data.pipelines: its crops, its [0, 1] inputs), saved as
+safetensors with metadata naming the backbone, dataset, classes and pipeline, so that a study
 can refuse weights pretrained on the classes it evaluates. The code path is the same for ViT-B/16 on a
 GPU as for the small CPU configurations.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, cast
 
@@ -20,9 +21,10 @@ from torch import nn
 
 from gtep.algorithms.base import FitRecipe
 from gtep.data import ImageSet
+from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import resolve_device
 from gtep.engine.loop import Trainer
-from gtep.engine.runner import to_tensor
+from gtep.engine.runner import PhaseTensors
 from gtep.models import create_backbone
 from gtep.models.vit import PromptableViT, is_vit
 
@@ -56,9 +58,12 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
     subset = data.subset(list(spec.classes))
     relabel = np.full(int(max(data.y_train.max(), data.y_test.max())) + 1, -1, dtype=np.int64)
     relabel[list(spec.classes)] = np.arange(len(spec.classes))
-    pixels = subset.x_train.reshape(-1, 3).astype(np.float32) / 255
-    mean, std = torch.tensor(pixels.mean(0), device=device), torch.tensor(pixels.std(0) + 1e-6, device=device)
-    x = to_tensor(subset.x_train, mean, std, device)
+    # The ViT's pipeline for this dataset (its crops and input side), normalised by the pretraining images'
+    # statistics, which the weights record and a study then feeds them with: a small ViT trained from scratch
+    # on PILOT's unnormalised [0, 1] inputs takes several times the epochs to start learning.
+    pipeline = replace(choose_pipeline(True, dataset_name, spec.backbone, algorithm=""), normalise="dataset")
+    images = PhaseTensors(subset, list(spec.classes), device, pipeline)
+    x = images.images("train", np.ones(len(subset.y_train), dtype=bool))
     y = torch.from_numpy(relabel[subset.y_train]).to(device)
     # a ViT (checked above): create_backbone wraps every ViT in a PromptableViT
     backbone = cast(PromptableViT, create_backbone(spec.backbone)).to(device)
@@ -74,16 +79,19 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
     seconds = time.perf_counter() - start
 
     @torch.no_grad()
-    def accuracy(images: np.ndarray, labels: np.ndarray) -> float:
+    def accuracy(split: str, labels: np.ndarray) -> float:
         model.eval()
-        xt, yt = to_tensor(images, mean, std, device), torch.from_numpy(relabel[labels]).to(device)
+        xt, yt = images.images(split, np.ones(len(labels), dtype=bool)), torch.from_numpy(relabel[labels]).to(device)
         preds = torch.cat([head(backbone(xt[i:i + 256])["features"]).argmax(1) for i in range(0, len(xt), 256)])
         return float((preds == yt).float().mean())
 
-    result = PretrainResult(accuracy(subset.x_train, subset.y_train), accuracy(subset.x_test, subset.y_test), seconds,
+    result = PretrainResult(accuracy("train", subset.y_train), accuracy("test", subset.y_test), seconds,
                             sum(p.numel() for p in backbone.parameters()))
     save_weights(backbone.vit, out, {"gtep.backbone": spec.backbone, "gtep.dataset": dataset_name,
                                      "gtep.classes": ",".join(map(str, spec.classes)),
+                                     "gtep.pipeline": images.pipeline.spec.describe(),
+                                     "gtep.mean": ",".join(map(repr, images.pipeline.mean.flatten().tolist())),
+                                     "gtep.std": ",".join(map(repr, images.pipeline.std.flatten().tolist())),
                                      "gtep.test_accuracy": f"{result.test_accuracy:.4f}",
                                      "gtep.epochs": str(spec.epochs)})
     return result

@@ -14,13 +14,16 @@ from typing import Any, Callable, cast
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from gtep.algorithms import ALGORITHMS, CommonParams, FitRecipe, IncrementalLearner, TaskData
 from gtep.algorithms.base import Scheduler
 from gtep.data import ImageSet
+from gtep.data.pipelines import Pipeline, PipelineSpec, choose_pipeline, normalisation, pretrained_normalisation
 from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import RESUMED, REUSED, TRAINED, FirstTaskStore, first_task_key
+from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
 from gtep.protocol import metrics
 from gtep.protocol.sampling import steplr_milestones
@@ -52,7 +55,9 @@ class OrderingJob:
     memory_size: int = 1000
     first_task: FirstTaskSpec = FirstTaskSpec()
     epoch_scale: float = 1.0
-    augment: bool = True
+    # the data pipeline (gtep.data.pipelines): true = the dataset's default, false = none, a name, or the
+    # description a study records ('pycil-imagenet@224')
+    augment: bool | str = True
     device: str = "auto"
     weights: str | None = None  # a local pretrained-weights file for ViT backbones
     dataset: str = ""  # the phase's dataset name: part of what a stored first task is keyed by
@@ -110,16 +115,19 @@ def to_tensor(images: np.ndarray, mean: torch.Tensor, std: torch.Tensor, device:
 
 
 class PhaseTensors:
-    """The phase's images on the run's device once, as uint8 NCHW; each task's are normalised on the device.
+    """The phase's images as stored (uint8 NCHW) and its pipeline; each task's images leave as StoredImages on
+    the run's device, which learners use as the test view and the trainer crops per batch.
 
     On the CPU the tensors share the arrays' memory. On CUDA they are copied to the device when they take
-    less than a quarter of its memory (every dataset here does), so no task copies images from the host."""
+    less than a quarter of its memory, so no task copies images from the host."""
 
-    def __init__(self, data: ImageSet, order: list[int], device: torch.device) -> None:
+    def __init__(self, data: ImageSet, order: list[int], device: torch.device,
+                 pipeline: PipelineSpec | None = None, weights: str | None = None) -> None:
         self.data, self.device = data, device
-        pixels = data.x_train[np.isin(data.y_train, order)].reshape(-1, 3).astype(np.float32) / 255
-        self.mean = torch.tensor(pixels.mean(0), device=device).view(1, 3, 1, 1)
-        self.std = torch.tensor(pixels.std(0) + 1e-6, device=device).view(1, 3, 1, 1)
+        spec = pipeline or choose_pipeline(True, data.name, "", "")
+        rows = np.flatnonzero(np.isin(data.y_train, order))  # the phase's classes' training images
+        mean, std = normalisation(spec, data.name, data.x_train, rows, pretrained_normalisation(weights))
+        self.pipeline = Pipeline(spec, mean, std, device)
         self.home = device if self._fits(device) else torch.device("cpu")
         with warnings.catch_warnings():  # arrays from Ray's object store are read-only; nothing writes to them
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
@@ -132,12 +140,12 @@ class PhaseTensors:
         size = self.data.x_train.nbytes + self.data.x_test.nbytes
         return size < torch.cuda.get_device_properties(device).total_memory // 4
 
-    def images(self, split: str, mask: np.ndarray) -> torch.Tensor:
-        """The masked images as normalised float tensors on the run's device."""
+    def images(self, split: str, mask: np.ndarray) -> Tensor:
+        """The masked images, stored, on the run's device. Typed as the tensor they stand in for: learners use
+        them as their test view (gtep/engine/images.py), and Trainer.fit finds the stored pixels."""
         source = self.x_train if split == "train" else self.x_test
         index = torch.from_numpy(np.flatnonzero(mask)).to(self.home)
-        x = source.index_select(0, index).to(self.device).float().div_(255)
-        return ((x - self.mean) / self.std).contiguous()
+        return cast(Tensor, StoredImages(source.index_select(0, index).to(self.device), self.pipeline))
 
 
 @torch.no_grad()
@@ -175,11 +183,12 @@ class OrderingRun:
         self.outcome = OrderingOutcome(job.ordering, "finished", order, device=describe_device(self.device))
         self.algorithm = ALGORITHMS.get(job.algorithm)
         self.params = self.algorithm.Params.from_mapping(job.hparams)
-        self.trainer = Trainer(self.device, self.seed, job.augment,
+        pipeline = choose_pipeline(job.augment, job.dataset or data.name, job.backbone, job.algorithm)
+        self.trainer = Trainer(self.device, self.seed, pipeline.augments,
                                Precision.for_device(self.device, job.mixed_precision), job.compile)
         self.key = fingerprint(job)
         self._learner: IncrementalLearner | None = None
-        self.images = PhaseTensors(data, order, self.device)
+        self.images = PhaseTensors(data, order, self.device, pipeline, job.weights)
         label_map = np.full(int(max(data.y_train.max(), data.y_test.max())) + 1, -1, dtype=np.int64)
         label_map[order] = np.arange(len(order))
         self.label_map = label_map

@@ -63,9 +63,24 @@ class _BasicBlock(nn.Module):
         return F.relu(out + shortcut)
 
 
+def init_as_pycil(module: nn.Module) -> None:
+    """He initialisation with fan-out, as PyCIL's CIFAR ResNets and torchvision's ResNets draw their weights:
+    conv weights ~ N(0, sqrt(2 / (k * k * out_channels))), BatchNorm weight 1 and bias 0.
+
+    PyTorch's default (Kaiming-uniform with a = sqrt(5)) has about a sixth of that variance. BatchNorm makes
+    the forward pass indifferent to the scale, but not the optimiser: SGD's step is the same size on smaller
+    weights, so the network would start with a several times larger effective learning rate than the reference."""
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, (nn.BatchNorm2d, nn.GroupNorm)):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
 class CifarResNet(Backbone):
     """ResNet-(6n+2) for 32x32 inputs (He et al. 2016, section 4.2): 16/32/64 channels, 64-d features.
-    ResNet-32 (n=5) is the backbone PyCIL uses for CIFAR-100."""
+    ResNet-32 (n=5) is the backbone PyCIL uses for CIFAR-100, initialised as PyCIL does."""
 
     def __init__(self, blocks_per_stage: int, width: int = 16) -> None:
         super().__init__()
@@ -79,6 +94,7 @@ class CifarResNet(Backbone):
             stages.append(nn.Sequential(*layers))
         self.stages = nn.ModuleList(stages)
         self.out_dim = in_planes
+        init_as_pycil(self)
 
     def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
         x = self.stem(x)
@@ -89,17 +105,24 @@ class CifarResNet(Backbone):
         return {"fmaps": fmaps, "features": torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)}
 
 
-class SmallResNet18(Backbone):
-    """torchvision's ResNet-18 adapted to small inputs as PyCIL does for CIFAR: a 3x3 stride-1 stem and no
-    max-pool, so 32x32 images keep spatial detail through the four stages (512-d features)."""
+class ResNet18(Backbone):
+    """torchvision's ResNet-18 (its own initialisation, 512-d features) with the stem PyCIL gives it per dataset.
 
-    def __init__(self) -> None:
+    small_inputs: a 3x3 stride-1 stem and no max-pool, as PyCIL builds it for CIFAR, so 32x32 images keep
+    spatial detail through the four stages. Otherwise torchvision's 7x7 stride-2 stem and max-pool, as PyCIL
+    builds it for ImageNet-100 (10 tasks): at 224 px it costs a sixteenth of the small-input stem."""
+
+    def __init__(self, small_inputs: bool = True) -> None:
         super().__init__()
         from torchvision.models import resnet18
 
         net = resnet18(weights=None)
-        net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
-        self.stem = nn.Sequential(net.conv1, net.bn1, net.relu)
+        if small_inputs:
+            net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+            nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")  # as torchvision's own
+            self.stem = nn.Sequential(net.conv1, net.bn1, net.relu)
+        else:
+            self.stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
         self.stages = nn.ModuleList([net.layer1, net.layer2, net.layer3, net.layer4])
         self.out_dim = 512
 
@@ -130,4 +153,10 @@ def resnet8() -> Backbone:
 
 @BACKBONES.register("resnet18")
 def resnet18() -> Backbone:
-    return SmallResNet18()
+    return ResNet18(small_inputs=True)
+
+
+@BACKBONES.register("resnet18_imagenet")
+def resnet18_imagenet() -> Backbone:
+    """PyCIL's ImageNet-100 network: torchvision's stem (7x7 stride 2 and a max-pool), for 224 px images."""
+    return ResNet18(small_inputs=False)

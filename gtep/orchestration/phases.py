@@ -195,7 +195,7 @@ def job_spec(resolved: ResolvedExperiment, phase: str, folders: dict[str, str] |
         "algorithm": cfg.algorithm, "backbone": cfg.backbone, "increments": list(resolved.increments),
         "classes": list(resolved.phase(phase).classes), "seed": cfg.seed, "memory_size": cfg.training.memory_size,
         "first_task": {**cfg.first_task.model_dump(), "milestones": tuple(cfg.first_task.milestones)},
-        "epoch_scale": cfg.training.epoch_scale, "augment": cfg.training.augment, "device": device,
+        "epoch_scale": cfg.training.epoch_scale, "augment": resolved.pipeline(phase).describe(), "device": device,
         "weights": str(Path(cfg.weights).resolve()) if cfg.weights else None,
         "dataset": resolved.phase(phase).dataset, "mixed_precision": cfg.training.mixed_precision,
         "compile": cfg.training.compile, "phase": phase, **ordering_resources(resolved), **(folders or {}),
@@ -219,7 +219,8 @@ def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
     return {"gtep.algorithm": cfg.algorithm, "gtep.backbone": cfg.backbone, "gtep.dataset": spec.dataset,
             "gtep.increments": "+".join(map(str, resolved.increments)), "gtep.seed": cfg.seed,
             "gtep.memory_size": cfg.training.memory_size, "gtep.epoch_scale": cfg.training.epoch_scale,
-            "gtep.weights": str(cfg.weights) if cfg.weights else ""}
+            "gtep.weights": str(cfg.weights) if cfg.weights else "",
+            "gtep.augment": resolved.pipeline(phase).describe()}
 
 
 def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str) -> dict[str, str]:

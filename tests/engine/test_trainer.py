@@ -68,15 +68,47 @@ def test_compiled_loss_trains_like_the_eager_one():
     torch.testing.assert_close(results[0], results[1])
 
 
-def test_phase_images_are_normalised_like_the_per_task_copies():
+def test_phase_images_are_stored_and_viewed_normalised_by_the_phases_statistics():
     data = load("synthetic:classes=6,train=24,test=8")
     order = list(range(6))
     images = PhaseTensors(data, order, torch.device("cpu"))
     mask = np.isin(data.y_train, [1, 4])
-    pixels = data.x_train.reshape(-1, 3).astype(np.float32) / 255
-    mean, std = torch.tensor(pixels.mean(0)), torch.tensor(pixels.std(0) + 1e-6)
-    torch.testing.assert_close(images.images("train", mask), to_tensor(data.x_train[mask], mean, std, torch.device("cpu")))
+    pixels = data.x_train.reshape(-1, 3).astype(np.float64) / 255  # float64: float32 sums drift
+    mean, std = torch.tensor(pixels.mean(0)).float(), torch.tensor(pixels.std(0) + 1e-6).float()
+    task = images.images("train", mask)
+    assert task.pixels.dtype == torch.uint8 and len(task) == int(mask.sum())
+    torch.testing.assert_close(task.as_tensor(), to_tensor(data.x_train[mask], mean, std, torch.device("cpu")))
     assert images.x_train.data_ptr() == torch.from_numpy(data.x_train).data_ptr(), "no copy on the CPU"
+
+
+def test_fit_crops_stored_images_per_batch_through_their_pipeline():
+    """What reaches the loss: the pipeline's training transform of the stored pixels (black padding, per-image
+    crops), not the test view; without augmentation, the test view."""
+    data = load("synthetic:classes=6,train=24,test=8")
+    task = PhaseTensors(data, list(range(6)), torch.device("cpu")).images("train", np.isin(data.y_train, [0, 1]))
+    y = torch.zeros(len(task), dtype=torch.long)
+    black = ((0 - task.pipeline.mean) / task.pipeline.std).view(3)
+    for augment, check in ((True, "crops"), (False, "view")):
+        seen: list[torch.Tensor] = []
+        net = new_net()
+
+        def loss(xb, yb, net=net, seen=seen):
+            seen.append(xb.detach().clone())
+            return F.cross_entropy(net(xb)["logits"], yb)
+
+        recipe = RECIPE.replace(epochs=1, batch_size=len(task))
+        Trainer(torch.device("cpu"), 0, augment=augment).fit(net.parameters(), loss, task, y, recipe, modules=[net])
+        (batch,) = seen
+        assert batch.shape == task.shape
+        views = {tuple(v.flatten().tolist()) for v in task.as_tensor()}
+        if check == "view":
+            assert all(tuple(b.flatten().tolist()) in views for b in batch)
+        else:
+            shifted = sum(tuple(b.flatten().tolist()) not in views for b in batch)
+            assert shifted > len(batch) // 2, "most images are cropped away from their stored position"
+            borders = torch.cat([batch[:, :, 0, :], batch[:, :, -1, :]], dim=2)  # top and bottom rows
+            padded = (borders - black[None, :, None]).abs().amax(1) < 1e-5  # a black pixel in every channel
+            assert padded.any(), "padding is black in the normalised image (not the mean colour, 0)"
 
 
 def test_epoch_augmentation_crops_and_flips_each_image_by_its_own_draw():
