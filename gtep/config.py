@@ -21,6 +21,8 @@ from gtep.protocol.scenarios import parse_increments, shared_classes, split_clas
 
 if TYPE_CHECKING:
     from gtep.data.pipelines import PipelineSpec
+    from gtep.protocol.criteria import Criterion
+    from gtep.protocol.families import ScenarioFamily
 
 
 class ConfigError(ValueError):
@@ -36,18 +38,87 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class FscilSpec(_Strict):
+    """scenario.fscil: few-shot class-incremental sessions (papers/fscil-gacc.txt; gtep/protocol/families.py)."""
+
+    base_classes: int = Field(ge=1, description="classes of the base session, with all their training images")
+    ways: int = Field(ge=1, description="N: classes per few-shot session")
+    shots: int = Field(ge=1, description="K: training images per class in a few-shot session")
+    sessions: int = Field(ge=1, description="few-shot sessions after the base session")
+    fixed_order: bool = False  # the benchmarks' split: classes in index order in every ordering (shots still drawn)
+    shot_index: Path | None = None  # JSON {"<class id>": [training image indices]}: a benchmark's own shots
+
+    @field_validator("shot_index")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        from gtep.protocol.families import read_shot_index
+
+        path = Path(os.path.expanduser(value))
+        if not path.is_file():
+            raise ValueError(f"{value} does not exist; give a JSON file {{\"<class id>\": [training image indices]}}")
+        try:
+            read_shot_index(path)
+        except (ValueError, TypeError, AttributeError) as err:
+            raise ValueError(f"{value} is not a shot index ({err}); write {{\"<class id>\": [indices], ...}}") from None
+        return path
+
+
 class ScenarioSpec(_Strict):
-    increments: str | list[int] = Field(description="classes per task: '10x10', 'C50xT1+C10xT5' or a list")
+    # gtep/protocol/families.py: class_incremental (the paper's; needs increments) or fscil (needs the fscil section)
+    family: str = "class_incremental"
+    increments: str | list[int] | None = Field(
+        None, description="classes per task: '10x10', 'C50xT1+C10xT5' or a list (class_incremental)")
+    fscil: FscilSpec | None = None
 
     @field_validator("increments")
     @classmethod
-    def _parse(cls, value: str | list[int]) -> str | list[int]:
-        parse_increments(value)
+    def _parse(cls, value: str | list[int] | None) -> str | list[int] | None:
+        if value is not None:
+            parse_increments(value)
         return value
+
+    @model_validator(mode="after")
+    def _family_and_its_section(self) -> "ScenarioSpec":
+        from gtep.protocol.families import FAMILIES
+
+        if self.family not in FAMILIES:
+            raise ValueError(f"family {self.family!r} is unknown; choose from {FAMILIES.names()}")
+        if self.family == "class_incremental":
+            if self.increments is None:
+                raise ValueError("a class_incremental scenario needs increments, e.g. increments: 10x10")
+            if self.fscil is not None:
+                raise ValueError("the fscil section needs family: fscil; remove it or set the family")
+        elif self.family == "fscil":
+            if self.fscil is None:
+                raise ValueError("family fscil needs its section, e.g. fscil: {base_classes: 60, ways: 5, shots: 5, "
+                                 "sessions: 8}")
+            if self.increments is not None:
+                raise ValueError("an fscil scenario takes its tasks from the fscil section; remove increments")
+        return self
+
+    @property
+    def family_options(self) -> dict[str, Any]:
+        """The family's options as the generator takes them (plain values, paths as strings)."""
+        if self.family == "fscil" and self.fscil is not None:
+            return self.fscil.model_dump(mode="json")
+        return {"increments": self.increments}
 
     @property
     def increment_list(self) -> list[int]:
-        return parse_increments(self.increments)
+        from gtep.protocol.families import FAMILIES
+
+        return FAMILIES.get(self.family).increments(self.family_options)
+
+    def describe(self) -> str:
+        """The scenario in one phrase, for terminals and run names: '10x10', 'fscil 20+4x5-way 5-shot'."""
+        if self.family == "fscil" and self.fscil is not None:
+            f = self.fscil
+            return f"fscil {f.base_classes}+{f.sessions}x{f.ways}-way {f.shots}-shot"
+        increments = self.increments
+        text = increments if isinstance(increments, str) else "+".join(map(str, increments or []))
+        return text if self.family == "class_incremental" else f"{self.family} {text}"
 
 
 class PhaseDataset(_Strict):
@@ -88,6 +159,8 @@ class SearchSpec(_Strict):
     space: Path | None = None  # default: search_spaces/<algorithm>.yaml
     searcher: Literal["random", "optuna-tpe", "optuna-random"] = "random"
     selection: Literal["hmean_of_means", "mean_of_hmeans"] = "hmean_of_means"
+    # H*'s criterion (gtep/protocol/criteria.py); None: the scenario family's (hmean_acc_avgacc, gacc_auc for fscil)
+    criterion: str | None = None
 
 
 class FirstTaskConfig(_Strict):
@@ -309,6 +382,19 @@ class ResolvedExperiment:
     evaluation: PhaseSpec
     space_path: Path
 
+    @property
+    def family(self) -> "ScenarioFamily":
+        from gtep.protocol.families import FAMILIES
+
+        return FAMILIES.get(self.config.scenario.family)
+
+    @property
+    def criterion(self) -> "Criterion":
+        """H*'s criterion: search.criterion, else the scenario family's."""
+        from gtep.protocol.criteria import CRITERIA
+
+        return CRITERIA.get(self.config.search.criterion or self.family.default_criterion)
+
     def phase(self, name: str) -> PhaseSpec:
         """The data of a phase label: D^HT for tune and conventional (H* re-run where it was tuned, paper section
         3.1), D^E for evaluate and original."""
@@ -481,6 +567,28 @@ def check_tracking_uri(uri: str, field: str) -> None:
             raise ConfigError(field, f"{blocking} is a file, so {path} cannot be made there; give another path")
 
 
+def _check_family(cfg: ExperimentConfig) -> None:
+    """The criterion is built from metrics the family reports, and the algorithm can run the family's data."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.protocol.criteria import CRITERIA
+    from gtep.protocol.families import FAMILIES
+
+    family = FAMILIES.get(cfg.scenario.family)
+    name = cfg.search.criterion
+    if name is not None:
+        if name not in CRITERIA:
+            raise ConfigError("search.criterion", f"unknown criterion {name!r}; choose from {CRITERIA.names()}")
+        missing = [m for m in CRITERIA.get(name).components if m not in family.metric_names]
+        if missing:
+            usable = [c for c in CRITERIA.names() if set(CRITERIA.get(c).components) <= set(family.metric_names)]
+            raise ConfigError("search.criterion", f"{name!r} needs {missing}, which the {family.name} family does "
+                              f"not report; choose from {usable}")
+    if family.data_flow not in ALGORITHMS.get(cfg.algorithm).data_flows:
+        able = [a for a in ALGORITHMS.names() if family.data_flow in ALGORITHMS.get(a).data_flows]
+        raise ConfigError("algorithm", f"{cfg.algorithm} cannot run the {family.name} family's data "
+                          f"({family.data_flow}); algorithms that can: {', '.join(able) or 'none'}")
+
+
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     """Check every name and constraint; touches only metadata, never trains or writes anything."""
     from gtep.algorithms import ALGORITHMS
@@ -501,6 +609,7 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     check_device(cfg.training.device, "training.device")
     check_output(cfg.tracking.output, "tracking.output")
     check_tracking_uri(cfg.tracking_uri, "tracking.tracking_uri")
+    _check_family(cfg)
     increments = tuple(cfg.scenario.increment_list)
     tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
     _check_weights(cfg, (tuning, evaluation))
@@ -508,9 +617,14 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
         if sum(increments) != len(phase.classes):
             own = "tuning" if phase.phase == "tune" else "evaluation"
             field = "datasets.split" if cfg.datasets.split else f"datasets.{own}"
-            raise ConfigError("scenario.increments",
-                              f"sum to {sum(increments)} classes but the {phase.phase} phase has {len(phase.classes)} "
-                              f"({phase.dataset}); change the increments or restrict the classes in {field}")
+            if cfg.scenario.family == "class_incremental":
+                raise ConfigError("scenario.increments", f"sum to {sum(increments)} classes but the {phase.phase} "
+                                  f"phase has {len(phase.classes)} ({phase.dataset}); change the increments or "
+                                  f"restrict the classes in {field}")
+            raise ConfigError(f"scenario.{cfg.scenario.family}", f"its sessions take {sum(increments)} classes "
+                              f"({'+'.join(map(str, increments))}) but the {phase.phase} phase has "
+                              f"{len(phase.classes)} ({phase.dataset}); change base_classes, ways or sessions, or "
+                              f"restrict the classes in {field}")
     space_path = cfg.search.space or default_space_file(cfg.algorithm)
     try:
         load_space(cfg.algorithm, space_path)

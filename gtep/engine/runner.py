@@ -25,9 +25,9 @@ from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import RESUMED, REUSED, TRAINED, FirstTaskStore, first_task_key
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
-from gtep.protocol import metrics
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, few_shot_indices, read_shot_index
 from gtep.protocol.sampling import steplr_milestones
-from gtep.protocol.scenarios import TaskSpec, build_scenario, ordering_seed
+from gtep.protocol.scenarios import TaskSpec, ordering_seed
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,18 @@ class OrderingJob:
     dataset: str = ""  # the phase's dataset name: part of what a stored first task is keyed by
     mixed_precision: bool = True  # bf16 autocast + channels-last on CUDA (no effect on the CPU)
     compile: bool = False
+    # the scenario family (gtep/protocol/families.py) and its options (scenario.<family> of the experiment file)
+    family: str = CLASS_INCREMENTAL
+    family_options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def scenario_family(self) -> ScenarioFamily:
+        return FAMILIES.get(self.family)
+
+    def tasks(self) -> list[TaskSpec]:
+        """F(D, s): this ordering's tasks under the job's family."""
+        options = {"increments": list(self.increments), **dict(self.family_options)}
+        return self.scenario_family.tasks(self.classes, options, self.seed, self.ordering)
 
 
 @dataclass
@@ -178,7 +190,9 @@ class OrderingRun:
         self.job, self.data = job, data
         self.device = resolve_device(job.device)
         self.seed = ordering_seed(job.seed, job.ordering)
-        self.tasks: list[TaskSpec] = build_scenario(job.classes, job.increments, job.seed, job.ordering)
+        self.tasks: list[TaskSpec] = job.tasks()
+        options = dict(job.family_options)
+        self.given_shots = read_shot_index(options["shot_index"]) if options.get("shot_index") else None
         order = list(self.tasks[-1].seen_classes)
         self.outcome = OrderingOutcome(job.ordering, "finished", order, device=describe_device(self.device))
         self.algorithm = ALGORITHMS.get(job.algorithm)
@@ -224,6 +238,10 @@ class OrderingRun:
     def task_data(self, task: TaskSpec) -> TaskData:
         """The task as the learner sees it: its training images on the device, labels as ordered positions."""
         train_mask = np.isin(self.data.y_train, task.new_classes)
+        if task.shots is not None:  # a few-shot session: K images per class, the same for every set
+            train_mask = np.zeros_like(train_mask)
+            train_mask[few_shot_indices(self.data.y_train, task, self.job.seed, self.job.ordering,
+                                        self.given_shots)] = True
         return TaskData(
             index=task.index, known=len(task.old_classes), total=len(task.seen_classes),
             x=self.images.images("train", train_mask),
@@ -272,7 +290,8 @@ class OrderingRun:
         outcome.train_seconds = float(sum(outcome.task_seconds))
         outcome.params_total, outcome.params_trainable = self.learner.parameter_counts()
         if outcome.acc_matrix and not outcome.diverged:
-            outcome.metrics = metrics.summarize(np.array(outcome.acc_matrix), outcome.test_counts)
+            outcome.metrics = self.job.scenario_family.summarize(np.array(outcome.acc_matrix), outcome.test_counts,
+                                                                 self.tasks)
         return outcome
 
 

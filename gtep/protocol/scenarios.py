@@ -39,11 +39,13 @@ def parse_increments(spec: str | Sequence[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task of one ordering: the classes it adds and all classes seen up to it (global ids)."""
+    """One task of one ordering: the classes it adds and all classes seen up to it (global ids), and how many
+    training images of each new class it has (None: all of them; FSCIL's few-shot sessions: K)."""
 
     index: int
     new_classes: tuple[int, ...]
     seen_classes: tuple[int, ...]
+    shots: int | None = None
 
     @property
     def old_classes(self) -> tuple[int, ...]:

@@ -3,7 +3,8 @@
 Default rule ("hmean_of_means"): average Acc and AvgAcc over the S orderings of a set, then take their
 harmonic mean; H* is the set with the highest score. The mean of per-ordering harmonic means
 ("mean_of_hmeans") is computed beside it and can be selected instead. Ties go to the lower set index, so
-selection is deterministic.
+selection is deterministic. Another criterion (gtep/protocol/criteria.py: a scenario family's, or
+search.criterion) replaces the harmonic mean of Acc and AvgAcc in both rules; the fields keep the rules' names.
 
 Only a complete set is eligible: one whose S orderings all finished. A set with a diverged ordering is
 excluded (shown as NaN), as the paper does for BEEF; so is an incomplete set (an ordering missing because
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Iterable, Literal, Mapping
 
 import numpy as np
 
-from gtep.protocol.metrics import harmonic_mean
+from gtep.protocol.criteria import DEFAULT_CRITERION, Criterion
 
 SelectionRule = Literal["hmean_of_means", "mean_of_hmeans"]
 
@@ -32,6 +33,12 @@ class OrderingResult:
     acc: float
     avg_acc: float
     diverged: bool = False
+    metrics: Mapping[str, float] = field(default_factory=dict)  # the family's scalar metrics, fractions
+
+    def value(self, name: str) -> float:
+        if name in ("acc", "avg_acc") and name not in self.metrics:
+            return self.acc if name == "acc" else self.avg_acc
+        return float(self.metrics.get(name, float("nan")))
 
 
 SetStatus = Literal["complete", "diverged", "incomplete"]
@@ -46,9 +53,10 @@ class SetScore:
     acc_std: float
     avg_acc_mean: float
     avg_acc_std: float
-    hmean_of_means: float
-    mean_of_hmeans: float
+    hmean_of_means: float  # the criterion of the components' means (the HM of mean Acc and AvgAcc by default)
+    mean_of_hmeans: float  # the mean of the orderings' criterion values
     expected_orderings: int | None = None  # S; None: whatever the set has is all there is
+    criterion: str = DEFAULT_CRITERION.name
 
     @property
     def finished_orderings(self) -> int:
@@ -95,16 +103,19 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values))
 
 
-def score_set(set_index: int, results: list[OrderingResult], expected_orderings: int | None = None) -> SetScore:
+def score_set(set_index: int, results: list[OrderingResult], expected_orderings: int | None = None,
+              criterion: Criterion = DEFAULT_CRITERION) -> SetScore:
     """Aggregate one set over its orderings; a diverged ordering makes every mean NaN. `expected_orderings` (S)
     marks a set with fewer results as incomplete; its means describe only what finished."""
     diverged = sum(r.diverged for r in results)
     finite = [r for r in results if not r.diverged]
     acc_mean, acc_std = _mean_std([r.acc for r in finite])
     avg_mean, avg_std = _mean_std([r.avg_acc for r in finite])
+    component_means = [_mean_std([r.value(name) for r in finite])[0] for name in criterion.components]
     if diverged:
         acc_mean = avg_mean = float("nan")
-    per_ordering_hm = [harmonic_mean(r.acc, r.avg_acc) for r in finite]
+        component_means = [float("nan")] * len(component_means)
+    per_ordering_hm = [criterion.combine([r.value(name) for name in criterion.components]) for r in finite]
     return SetScore(
         set_index=set_index,
         orderings=len(results),
@@ -113,28 +124,31 @@ def score_set(set_index: int, results: list[OrderingResult], expected_orderings:
         acc_std=acc_std,
         avg_acc_mean=avg_mean,
         avg_acc_std=avg_std,
-        hmean_of_means=harmonic_mean(acc_mean, avg_mean),
+        hmean_of_means=criterion.combine(component_means),
         mean_of_hmeans=float(np.mean(per_ordering_hm)) if per_ordering_hm and not diverged else float("nan"),
         expected_orderings=expected_orderings,
+        criterion=criterion.name,
     )
 
 
 def score_sets(results: Iterable[OrderingResult], expected_orderings: int | None = None,
-               sets: Iterable[int] = ()) -> list[SetScore]:
+               sets: Iterable[int] = (), criterion: Criterion = DEFAULT_CRITERION) -> list[SetScore]:
     """One score per set that has results, and per index in `sets` (the R sampled sets) that has none."""
     by_set: dict[int, list[OrderingResult]] = {int(i): [] for i in sets}
     for result in results:
         by_set.setdefault(result.set_index, []).append(result)
-    return [score_set(i, sorted(rs, key=lambda r: r.ordering), expected_orderings) for i, rs in sorted(by_set.items())]
+    return [score_set(i, sorted(rs, key=lambda r: r.ordering), expected_orderings, criterion)
+            for i, rs in sorted(by_set.items())]
 
 
 def select_best(results: Iterable[OrderingResult], rule: SelectionRule = "hmean_of_means",
-                expected_orderings: int | None = None, sets: Iterable[int] = ()) -> SelectionResult:
-    """H* = argmax over complete sets of the rule's score; NoEligibleSetError if there is none.
+                expected_orderings: int | None = None, sets: Iterable[int] = (),
+                criterion: Criterion = DEFAULT_CRITERION) -> SelectionResult:
+    """H* = argmax over complete sets of the rule's score under `criterion`; NoEligibleSetError if there is none.
 
     `expected_orderings` is S: a set with fewer results is incomplete and never wins. `sets` names every
     sampled set, so that one whose trial never reported counts as incomplete too."""
-    scores = score_sets(results, expected_orderings, sets)
+    scores = score_sets(results, expected_orderings, sets, criterion)
     usable = [s for s in scores if s.usable and not math.isnan(s.score(rule))]
     if not usable:
         raise NoEligibleSetError(no_eligible_set_message(scores))
