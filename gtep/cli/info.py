@@ -79,7 +79,9 @@ def presets() -> None:
         datasets = data["split"]["dataset"] + " (split)" if "split" in data else \
             f"{data['tuning']['dataset']} -> {data['evaluation']['dataset']}"
         search = doc.get("search", {})
-        table.add_row(name, doc["algorithm"], str(doc["scenario"]["increments"]), datasets,
+        from gtep.config import ScenarioSpec
+
+        table.add_row(name, doc["algorithm"], ScenarioSpec(**doc["scenario"]).describe(), datasets,
                       f"{search.get('trials', 30)} x {search.get('orderings', 5)}", comment[:120])
     console.print(table)
     from gtep.matrix import matrix_preset_names

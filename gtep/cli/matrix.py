@@ -117,7 +117,7 @@ def cell_listing(cells: list[ResolvedCell], state_path: Path) -> Table:
         table.add_column(column, no_wrap=column == "cell")
     for rc in cells:
         r, cfg = rc.resolved, rc.resolved.config
-        table.add_row(rc.cell.name, str(cfg.scenario.increments), f"{r.tuning.dataset} ({len(r.tuning.classes)})",
+        table.add_row(rc.cell.name, cfg.scenario.describe(), f"{r.tuning.dataset} ({len(r.tuning.classes)})",
                       f"{r.evaluation.dataset} ({len(r.evaluation.classes)})", rc.cell.similarity, cfg.backbone,
                       f"{cfg.search.trials} x {cfg.search.orderings}",
                       states.get(rc.cell.name, {}).get("status", "pending"))

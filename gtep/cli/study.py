@@ -203,7 +203,7 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
                            max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights)
         cfg = resolved.config
         console.print(f"[bold]gtep run[/] study={cfg.study} algorithm={cfg.algorithm} backbone={cfg.backbone} "
-                      f"scenario={cfg.scenario.increments} R={cfg.search.trials} S={cfg.search.orderings}")
+                      f"scenario={cfg.scenario.describe()} R={cfg.search.trials} S={cfg.search.orderings}")
         if with_original:
             original_best(resolved)  # a missing preset is an error before any compute
         extra = {}
@@ -218,7 +218,7 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         console.print(hparams_table(tuned.hparams, f"H* (set {tuned.set_index} of {cfg.search.trials})"))
         console.print(phase_comparison(tuned.summary, evaluated.summary, resolved.tuning.dataset,
                                        resolved.evaluation.dataset,
-                                       f"GTEP: {cfg.algorithm} on {cfg.scenario.increments}", extra=extra))
+                                       f"GTEP: {cfg.algorithm} on {cfg.scenario.describe()}", extra=extra))
         console.print(f"study folder: {tuned.paths.root}  (best.yaml, manifest.json, *_results.csv)")
         _print_store(resolved)
         console.print(f"wall time: {time.perf_counter() - start:.0f} s")

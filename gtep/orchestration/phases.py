@@ -38,13 +38,17 @@ from gtep.orchestration.tracking import (
     UNITS_TAG,
     MlflowWriter,
     ensure_experiment,
+    family_extra_metrics,
+    ordering_result,
     phase_metrics,
     phase_note,
+    step_points,
     summarize_units,
 )
 from gtep.orchestration.trainable import train_set
+from gtep.protocol.families import ScenarioFamily
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
-from gtep.protocol.selection import OrderingResult, SetScore, score_set, select_best
+from gtep.protocol.selection import SetScore, score_set, select_best
 from gtep.spaces import load_space
 
 
@@ -199,6 +203,8 @@ def job_spec(resolved: ResolvedExperiment, phase: str, folders: dict[str, str] |
         "weights": str(Path(cfg.weights).resolve()) if cfg.weights else None,
         "dataset": resolved.phase(phase).dataset, "mixed_precision": cfg.training.mixed_precision,
         "compile": cfg.training.compile, "phase": phase, **ordering_resources(resolved), **(folders or {}),
+        "family": cfg.scenario.family, "criterion": resolved.criterion.name,
+        "family_options": {k: v for k, v in cfg.scenario.family_options.items() if k != "increments"},
     }
 
 
@@ -220,7 +226,7 @@ def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
             "gtep.increments": "+".join(map(str, resolved.increments)), "gtep.seed": cfg.seed,
             "gtep.memory_size": cfg.training.memory_size, "gtep.epoch_scale": cfg.training.epoch_scale,
             "gtep.weights": str(cfg.weights) if cfg.weights else "",
-            "gtep.augment": resolved.pipeline(phase).describe()}
+            "gtep.augment": resolved.pipeline(phase).describe(), "gtep.scenario": cfg.scenario.describe()}
 
 
 def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str) -> dict[str, str]:
@@ -305,14 +311,18 @@ class PhaseIncomplete(StudyStopped):
         return f"{self}. Run the missing orderings with: gtep {command} --resume {self.study_dir}"
 
 
-def write_results_csv(path: Path, units: list[dict[str, Any]], hparams_of, scores: list[SetScore]) -> None:
+def write_results_csv(path: Path, units: list[dict[str, Any]], hparams_of, scores: list[SetScore],
+                      family: ScenarioFamily | None = None) -> None:
     """One row per (set, ordering) unit, and one per set that has none; every row says whether its set is
-    complete (k/S finished orderings), so a set that cannot be H* is visible as such."""
+    complete (k/S finished orderings), so a set that cannot be H* is visible as such. A scenario family's own
+    metrics are columns after the common ones."""
     by_set = {s.set_index: s for s in scores}
+    extra = family_extra_metrics(family) if family is not None else ()
     rows = []
     for u in units:
         row = {k: u.get(k) for k in ("set_index", "ordering", "status", "acc", "avg_acc", "hmean", "forgetting",
-                                      "old_acc", "new_acc", "params_total", "params_trainable", "train_seconds")}
+                                      "old_acc", "new_acc", *extra, "params_total", "params_trainable",
+                                      "train_seconds")}
         rows.append({**row, **set_columns(by_set.get(u["set_index"])),
                      **{f"h.{k}": v for k, v in hparams_of(u["set_index"]).items()}})
     for score in scores:
@@ -325,7 +335,8 @@ def write_results_csv(path: Path, units: list[dict[str, Any]], hparams_of, score
 def set_columns(score: SetScore | None) -> dict[str, Any]:
     if score is None:
         return {}
-    return {"set_status": score.status, "set_orderings": f"{score.finished_orderings}/{score.expected_orderings}"}
+    return {"set_status": score.status, "set_orderings": f"{score.finished_orderings}/{score.expected_orderings}",
+            "set_score": score.hmean_of_means, "criterion": score.criterion}
 
 
 def run_trials(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, param_space: dict[str, Any],
@@ -494,7 +505,7 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
         return trial_index[trial.trial_id]
 
     writer = MlflowWriter(journal, phase_key, "tune", S, manifest, set_index_of, manifest.hparams,
-                          common_params(resolved, "tune"))
+                          common_params(resolved, "tune"), family=resolved.family, criterion=resolved.criterion)
     param_space, search_alg, num_samples = _searcher(resolved, manifest, space, S)
     with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(f"tune {cfg.algorithm}", total=R * S, status="",
@@ -507,14 +518,14 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
                                      set_indices, R * S)
     writer.close_unfinished(set_indices, interrupted=False)
     units = manifest.units("tune")
-    results = [OrderingResult(u["set_index"], u["ordering"], float(u["acc"]), float(u["avg_acc"]),
-                              u["status"] == "diverged") for u in units]
-    scores = [score_set(i, [r for r in results if r.set_index == i], S) for i in set_indices]
-    write_results_csv(paths.results("tune"), units, manifest.hparams, scores)
+    results = [ordering_result(u) for u in units]
+    scores = [score_set(i, [r for r in results if r.set_index == i], S, resolved.criterion) for i in set_indices]
+    write_results_csv(paths.results("tune"), units, manifest.hparams, scores, resolved.family)
     counts = {f"sets_{state}": sum(s.status == state for s in scores)
               for state in ("complete", "incomplete", "diverged")}
     try:
-        selection = select_best(results, cfg.search.selection, expected_orderings=S, sets=set_indices)
+        selection = select_best(results, cfg.search.selection, expected_orderings=S, sets=set_indices,
+                                criterion=resolved.criterion)
     except Exception:
         journal.log(phase_key, counts, tags={"gtep.status": "failed"})
         journal.log_file(phase_key, paths.results("tune"))
@@ -524,10 +535,12 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
         raise
     best_index = selection.best_index
     hparams = manifest.hparams(best_index)
-    summary = summarize_units([u for u in units if u["set_index"] == best_index], S)
+    summary = summarize_units([u for u in units if u["set_index"] == best_index], S, resolved.family,
+                              resolved.criterion)
     best: dict[str, Any] = {
         "study": cfg.study, "algorithm": cfg.algorithm, "backbone": cfg.backbone, "set_index": best_index,
-        "selection": cfg.search.selection, "score": float(selection.best.score(cfg.search.selection)),
+        "selection": cfg.search.selection, "criterion": resolved.criterion.name, "family": resolved.family.name,
+        "score": float(selection.best.score(cfg.search.selection)),
         "acc": summary["acc"], "avg_acc": summary["avg_acc"], "tuning_run_id": run_id,
         "hparams": hparams, "effective": effective_hyperparameters(hparams)}
     write_best(paths.best, best)
@@ -537,9 +550,10 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     manifest.set_phase("tune", status="finished", best_set_index=best_index, scores=score_rows)
     best_units = [u for u in units if u["set_index"] == best_index]
     ranked = sorted(selection.scores, key=lambda s: -s.score(cfg.search.selection))[:10]
-    top = ["Sets by HM of the means (%):", "", "| set | Acc | AvgAcc | HM | orderings |", "|---|---:|---:|---:|---|"]
+    top = [f"Sets by {resolved.criterion.description} ({cfg.search.selection}, %):", "",
+           "| set | Acc | AvgAcc | score | orderings |", "|---|---:|---:|---:|---|"]
     top += [f"| set{s.set_index:03d}{' (H*)' if s.set_index == best_index else ''} | {100 * s.acc_mean:.2f} "
-            f"| {100 * s.avg_acc_mean:.2f} | {100 * s.hmean_of_means:.2f} | {s.finished_orderings}/{S} |"
+            f"| {100 * s.avg_acc_mean:.2f} | {100 * s.score(cfg.search.selection):.2f} | {s.finished_orderings}/{S} |"
             for s in ranked]
     note = phase_note("tune", phase_tags(resolved, "tune")["gtep.dataset"], summary, hparams,
                       f"H* = set{best_index:03d} of {len(selection.scores)}", top)
@@ -547,7 +561,7 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     # the same metric names as every phase run (no metric only one phase has: MLflow's compare view would show
     # NaN); which set H* is stays a tag, gtep.best_set_index
     journal.log(phase_key, {**phase_metrics(best_units, summary), "diverged": summary["diverged"],
-                            "orderings": summary["orderings"], **counts},
+                            "orderings": summary["orderings"], **counts}, step_points(summary),
                 params=hparams,
                 tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished", "mlflow.note.content": note,
                       "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
@@ -565,7 +579,8 @@ def finished_tune_outcome(resolved: ResolvedExperiment, paths: StudyPaths, manif
     best = read_best(paths.best)
     units = [u for u in manifest.units("tune") if u["set_index"] == best["set_index"]]
     return PhaseOutcome("tune", best["tuning_run_id"], int(best["set_index"]), best["hparams"],
-                        summarize_units(units, resolved.config.search.orderings), paths)
+                        summarize_units(units, resolved.config.search.orderings, resolved.family, resolved.criterion),
+                        paths)
 
 
 # ---------------------------------------------------------------- phase 2: evaluation
@@ -659,7 +674,8 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
                        tuning_run_id=run_tags["gtep.tuning_run_id"], hparams_source=run_tags["gtep.hparams_source"])
     label = set_label(phase, best)
     writer = MlflowWriter(journal, phase_key, phase, S, manifest, lambda t: set_index, lambda _: hparams,
-                          common_params(resolved, phase), trial_label=lambda _: label)
+                          common_params(resolved, phase), trial_label=lambda _: label, family=resolved.family,
+                          criterion=resolved.criterion)
     with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(f"{phase} {cfg.algorithm}", total=S, status="", completed=len(manifest.units(phase)))
         interruption = run_trials(resolved, paths, phase, attempt,
@@ -671,12 +687,11 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
                                      [set_index], S)
     writer.close_unfinished([set_index], interrupted=False)
     units = manifest.units(phase)
-    summary = summarize_units(units, S)
+    summary = summarize_units(units, S, resolved.family, resolved.criterion)
     complete = len(units) == S
     status = "finished" if complete else "incomplete"
-    score = score_set(set_index, [OrderingResult(set_index, u["ordering"], float(u["acc"]), float(u["avg_acc"]),
-                                                 u["status"] == "diverged") for u in units], S)
-    write_results_csv(paths.results(phase), units, lambda _: hparams, [score])
+    score = score_set(set_index, [ordering_result(u) for u in units], S, resolved.criterion)
+    write_results_csv(paths.results(phase), units, lambda _: hparams, [score], resolved.family)
     manifest.set_phase(phase, status=status, summary=summary)
     tags = {"gtep.status": status, "gtep.orderings": f"{len(units)}/{S}"}
     if not complete:
@@ -690,7 +705,7 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
     counts = {f"sets_{state}": int(score.status == state) for state in ("complete", "incomplete", "diverged")}
     journal.log(phase_key, {**phase_metrics(units, summary), **counts,
                             **{k: float(summary[k]) for k in ("diverged", "orderings") if pd.notna(summary[k])}},
-                tags=tags)
+                step_points(summary), tags=tags)
     for path in (paths.manifest, paths.results(phase)) + ((paths.best,) if paths.best.exists() else ()):
         journal.log_file(phase_key, path)
     journal.terminate(phase_key, "FINISHED" if complete and not summary["diverged"] else "FAILED")

@@ -27,14 +27,38 @@ from ray import tune
 
 from gtep.orchestration.journal import TrackingJournal, now_ms
 from gtep.orchestration.study import Manifest
+from gtep.protocol.criteria import DEFAULT_CRITERION, Criterion
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, METRIC_LABELS, RATIO_METRICS, ScenarioFamily
 from gtep.protocol.metrics import harmonic_mean
 from gtep.protocol.selection import OrderingResult, score_set
 
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                     "params_total", "params_trainable", "train_seconds")
+# every scenario family's scalar metrics are accuracies (percent in MLflow) but its ratios (RATIO_METRICS)
+_FAMILY_PERCENT = {m for name in FAMILIES for m in FAMILIES.get(name).metric_names if m not in RATIO_METRICS}
 PERCENT_METRICS = frozenset({"acc", "avg_acc", "hmean", "acc_std", "avg_acc_std", "hmean_std", "forgetting",
-                             "old_acc", "new_acc", "mean_of_hmeans", "acc_t"})
+                             "old_acc", "new_acc", "mean_of_hmeans", "acc_t", "score", "score_std", "gacc_alpha",
+                             "aacc_t", *_FAMILY_PERCENT, *(f"{m}_std" for m in _FAMILY_PERCENT)})
 UNITS_TAG = {"gtep.units": "percent"}
+# Per-ordering lists logged as step metrics: one value per task (step t = task t, from 1), or a curve over its
+# points (gacc_alpha: step k = alpha k/12, from 0).
+STEP_METRICS = {"acc_t": 1, "aacc_t": 1, "gacc_alpha": 0}
+
+
+def family_extra_metrics(family: ScenarioFamily) -> tuple[str, ...]:
+    """A family's scalar metrics beyond the ones every study logs (ORDERING_METRICS)."""
+    return tuple(m for m in family.metric_names if m not in ORDERING_METRICS)
+
+
+def scenario_tags(family: ScenarioFamily, criterion: Criterion) -> dict[str, str]:
+    """On every run of a study: its scenario family and H*'s criterion (what `gtep report` groups and shows by)."""
+    return {"gtep.family": family.name, "gtep.criterion": criterion.name}
+
+
+def step_points(result: dict[str, Any]) -> list[tuple[str, float, int]]:
+    """The (name, percent value, step) points of an ordering's (or a phase's) step metrics."""
+    return [(name, percent(v), first + i) for name, first in STEP_METRICS.items()
+            for i, v in enumerate(result.get(name) or []) if _finite(v)]
 
 
 def percent(value: float) -> float:
@@ -135,7 +159,8 @@ class MlflowWriter(tune.Callback):
 
     def __init__(self, journal: TrackingJournal, phase_key: str, phase: str, orderings: int, manifest: Manifest,
                  set_index_of: Callable[[Any], int], hparams_of: Callable[[int], dict[str, Any]],
-                 common_params: dict[str, Any], trial_label: Callable[[int], str] | None = None) -> None:
+                 common_params: dict[str, Any], trial_label: Callable[[int], str] | None = None,
+                 family: ScenarioFamily | None = None, criterion: Criterion = DEFAULT_CRITERION) -> None:
         """`trial_label`: how a set's runs are named after the phase (`set003` by default; `H*` for the set a
         fixed-set phase runs). A phase with one set names its orderings `<phase>/o<s>`, the tuning phase
         `tune/set003/o<s>`."""
@@ -143,6 +168,9 @@ class MlflowWriter(tune.Callback):
         self.trial_label = trial_label or (lambda i: f"set{i:03d}")
         self.orderings, self.manifest = orderings, manifest
         self.set_index_of, self.hparams_of, self.common_params = set_index_of, hparams_of, common_params
+        self.family = family or FAMILIES.get(CLASS_INCREMENTAL)
+        self.criterion = criterion
+        self.extra_metrics = family_extra_metrics(self.family)
         self.opened: set[int] = set()
         self.finished: set[int] = set()
         self.errors: dict[int, str] = {}  # set index -> the error file of its last failed trial
@@ -155,14 +183,12 @@ class MlflowWriter(tune.Callback):
         return {"phase": self.phase, "orderings": self.orderings}
 
     def _count(self, unit: dict[str, Any]) -> None:
-        diverged = unit["status"] == "diverged"
-        self.results.setdefault(int(unit["set_index"]), {})[int(unit["ordering"])] = OrderingResult(
-            int(unit["set_index"]), int(unit["ordering"]), float(unit.get("acc") or 0.0),
-            float(unit.get("avg_acc") or 0.0), diverged)
+        self.results.setdefault(int(unit["set_index"]), {})[int(unit["ordering"])] = ordering_result(unit)
 
     # ---- runs -----------------------------------------------------------------------------------
     def _tags(self, level: str, **extra: str) -> dict[str, str]:
-        return {"gtep.phase": self.phase, "gtep.level": level, **UNITS_TAG, **extra}
+        return {"gtep.phase": self.phase, "gtep.level": level, **UNITS_TAG,
+                **scenario_tags(self.family, self.criterion), **extra}
 
     def trial_name(self, set_index: int) -> str:
         return f"{self.phase}/{self.trial_label(set_index)}"
@@ -197,10 +223,10 @@ class MlflowWriter(tune.Callback):
                            "gtep.node": str(result.get("node", "")), "gtep.device": str(result.get("device", "")),
                            "gtep.resumed_tasks": str(result.get("resumed_tasks", 0)),
                            "gtep.first_task": str(result.get("first_task", ""))}))
-        values = as_logged({k: result[k] for k in ORDERING_METRICS if _finite(result.get(k))})
+        values = as_logged({k: result[k] for k in ORDERING_METRICS + self.extra_metrics if _finite(result.get(k))})
         if diverged:
             values["diverged"] = 1.0
-        steps = [("acc_t", percent(v), t + 1) for t, v in enumerate(result.get("acc_t") or []) if _finite(v)]
+        steps = step_points(result)
         self.journal.log(key, values, steps, params={**self.common_params, **self.hparams_of(set_index), "ordering": s},
                          timestamp=finished_at)
         self.journal.log_text(key, "accuracy.json", json.dumps({k: result.get(k) for k in (
@@ -208,7 +234,8 @@ class MlflowWriter(tune.Callback):
         self.journal.terminate(key, "FAILED" if diverged else "FINISHED", end_time=finished_at)
         unit = {k: result.get(k) for k in ("status", "acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                                            "acc_t", "params_total", "params_trainable", "train_seconds", "message",
-                                           "node", "device", "started_at", "finished_at", "first_task")}
+                                           "node", "device", "started_at", "finished_at", "first_task",
+                                           *self.extra_metrics, *STEP_METRICS)}
         unit.update(set_index=set_index, ordering=s, mlflow_key=key)
         self.manifest.record_unit(self.phase, set_index, s, unit, deferred=True)  # saved by on_step_end
         self._count(unit)
@@ -219,7 +246,7 @@ class MlflowWriter(tune.Callback):
             self.finish_trial(set_index, "FINISHED")
 
     def set_score(self, set_index: int):
-        return score_set(set_index, list(self.results.get(set_index, {}).values()), self.orderings)
+        return score_set(set_index, list(self.results.get(set_index, {}).values()), self.orderings, self.criterion)
 
     def finish_trial(self, set_index: int, status: str, reason: str = "") -> None:
         """Close a set's trial run. Its gtep.status says whether it can be H*: complete, or diverged or
@@ -230,7 +257,10 @@ class MlflowWriter(tune.Callback):
         values = {"acc": score.acc_mean, "acc_std": score.acc_std, "avg_acc": score.avg_acc_mean,
                   "avg_acc_std": score.avg_acc_std, "hmean": score.hmean_of_means,
                   "mean_of_hmeans": score.mean_of_hmeans, "diverged_orderings": score.diverged_orderings,
-                  "orderings": score.orderings, "orderings_finished": score.finished_orderings}
+                  "orderings": score.orderings, "orderings_finished": score.finished_orderings,
+                  "score": score.hmean_of_means}
+        units = [u for u in self.manifest.units(self.phase) if u["set_index"] == set_index]
+        values.update(family_means(units, self.extra_metrics))
         # the time of its last unit: finishing the same trial again (a resumed study) writes the same points
         stamps = [u.get("finished_at") or 0 for u in self.manifest.units(self.phase) if u["set_index"] == set_index]
         state = "interrupted" if status == "KILLED" and score.status == "incomplete" else score.status
@@ -279,20 +309,50 @@ class MlflowWriter(tune.Callback):
         self.journal.log(self.trial_run(set_index), tags={"gtep.error": error})
 
 
-def summarize_units(units: list[dict[str, Any]], expected: int | None = None) -> dict[str, float]:
-    """Mean and std over the orderings of one set's units (the numbers the phase table prints). `expected` (S)
-    records how many there should be: the tables print finished/expected, so a phase that lost an ordering
-    shows it."""
+def ordering_result(unit: dict[str, Any]) -> OrderingResult:
+    """A unit (an ordering's record) as selection reads it: Acc, AvgAcc and every other scalar metric it has."""
+    scalars = {k: float(v) for k, v in unit.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return OrderingResult(int(unit["set_index"]), int(unit["ordering"]), float(unit.get("acc") or 0.0),
+                          float(unit.get("avg_acc") or 0.0), unit["status"] == "diverged", scalars)
+
+
+def family_means(units: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, float]:
+    """Mean and std over the finished orderings of each of a family's extra metrics (NaN once one diverged)."""
     import numpy as np
 
     finished = [u for u in units if u["status"] != "diverged"]
-    out: dict[str, float] = {"orderings": len(units), "diverged": len(units) - len(finished),
+    out: dict[str, float] = {}
+    for name in names:
+        values = [float(u[name]) for u in finished if _finite(u.get(name))]
+        out[name] = float(np.mean(values)) if values and len(finished) == len(units) else float("nan")
+        out[f"{name}_std"] = float(np.std(values)) if values else float("nan")
+    return out
+
+
+def summarize_units(units: list[dict[str, Any]], expected: int | None = None, family: ScenarioFamily | None = None,
+                    criterion: Criterion = DEFAULT_CRITERION) -> dict[str, Any]:
+    """Mean and std over the orderings of one set's units (the numbers the phase table prints). `expected` (S)
+    records how many there should be: the tables print finished/expected, so a phase that lost an ordering
+    shows it. A family's own metrics (and H*'s criterion, `score`) come with their means and stds."""
+    import numpy as np
+
+    family = family or FAMILIES.get(CLASS_INCREMENTAL)
+
+    finished = [u for u in units if u["status"] != "diverged"]
+    out: dict[str, Any] = {"orderings": len(units), "diverged": len(units) - len(finished),
                              "expected": expected if expected is not None else len(units)}
     for key in ("acc", "avg_acc"):
         values = [float(u[key]) for u in finished]
         out[key] = float(np.mean(values)) if values and len(finished) == len(units) else float("nan")
         out[f"{key}_std"] = float(np.std(values)) if values else float("nan")
     out["hmean"] = harmonic_mean(out["acc"], out["avg_acc"])
+    out.update(family_means(units, family_extra_metrics(family)))
+    results = [ordering_result({**u, "set_index": 0}) for u in units]
+    out["score"] = score_set(0, results, expected, criterion).hmean_of_means
+    curves = [u.get("gacc_alpha") for u in units if u["status"] != "diverged" and u.get("gacc_alpha")]
+    if curves and len(curves) == len(units):
+        out["gacc_alpha"] = [float(v) for v in np.mean(np.asarray(curves, dtype=float), axis=0)]
+    out["family"], out["criterion"] = family.name, criterion.name
     return out
 
 
@@ -302,7 +362,10 @@ def phase_metrics(units: list[dict[str, Any]], summary: dict[str, float]) -> dic
     import numpy as np
 
     hmeans = [harmonic_mean(float(u["acc"]), float(u["avg_acc"])) for u in units if u["status"] != "diverged"]
-    values = {k: summary.get(k) for k in ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean")}
+    values = {k: summary.get(k) for k in ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "score")}
+    family = FAMILIES.get(str(summary.get("family", CLASS_INCREMENTAL)))
+    for name in family_extra_metrics(family):
+        values[name], values[f"{name}_std"] = summary.get(name), summary.get(f"{name}_std")
     values["hmean_std"] = float(np.std(hmeans)) if hmeans else float("nan")
     return as_logged({k: v for k, v in values.items() if _finite(v)})
 
@@ -320,6 +383,13 @@ def phase_note(phase: str, dataset: str, summary: dict[str, float], hparams: dic
              "| Acc | AvgAcc | HM |", "|---:|---:|---:|",
              f"| {_pct(summary.get('acc'))} ± {_pct(summary.get('acc_std'))} "
              f"| {_pct(summary.get('avg_acc'))} ± {_pct(summary.get('avg_acc_std'))} | {_pct(summary.get('hmean'))} |"]
+    family = FAMILIES.get(str(summary.get("family") or CLASS_INCREMENTAL))
+    if family.headline:
+        lines += ["", "| " + " | ".join(METRIC_LABELS.get(m, m) for m in family.headline) + " | H* criterion |",
+                  "|" + "---:|" * (len(family.headline) + 1),
+                  "| " + " | ".join(f"{_pct(summary.get(m))} ± {_pct(summary.get(f'{m}_std'))}"
+                                    for m in family.headline)
+                  + f" | {summary.get('criterion', '')} = {_pct(summary.get('score'))} |"]
     if hparams:
         lines += ["", "| hyperparameter | value |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in hparams.items()]

@@ -24,17 +24,19 @@ from gtep.engine import FirstTaskSpec, OrderingJob, run_ordering
 from gtep.engine.first_task import FirstTaskStore, first_task_key
 from gtep.engine.runner import hparams_reaching_first_task
 from gtep.orchestration.study import write_atomic
-from gtep.protocol.metrics import harmonic_mean
+from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION
+from gtep.protocol.families import CLASS_INCREMENTAL
 
 
-def _running_score(done: list[dict[str, Any]]) -> float:
-    """HM of the mean Acc and mean AvgAcc over the orderings so far; 0 once any diverged (a defined value
-    for searchers such as Optuna, which would otherwise mark the trial failed; selection excludes it)."""
+def _running_score(done: list[dict[str, Any]], criterion: str | None = None) -> float:
+    """H*'s criterion (the HM of the mean Acc and mean AvgAcc by default) over the orderings so far; 0 once any
+    diverged (a defined value for searchers such as Optuna, which would otherwise mark the trial failed;
+    selection excludes it)."""
     if any(r["status"] == "diverged" for r in done):
         return 0.0
-    acc = sum(r["acc"] for r in done) / len(done)
-    avg = sum(r["avg_acc"] for r in done) / len(done)
-    return harmonic_mean(acc, avg)
+    chosen = CRITERIA.get(criterion) if criterion else DEFAULT_CRITERION
+    means = [sum(float(r.get(name, math.nan)) for r in done) / len(done) for name in chosen.components]
+    return chosen.combine(means)
 
 
 def log_event(job: dict[str, Any], event: str, **fields: Any) -> None:
@@ -61,7 +63,8 @@ def ordering_job(hparams: dict[str, Any], s: int, job: dict[str, Any]) -> Orderi
         memory_size=job["memory_size"], first_task=FirstTaskSpec(**job["first_task"]),
         epoch_scale=job["epoch_scale"], augment=job["augment"], device=job["device"], weights=job.get("weights"),
         dataset=job.get("dataset", ""), mixed_precision=job.get("mixed_precision", True),
-        compile=job.get("compile", False),
+        compile=job.get("compile", False), family=job.get("family", CLASS_INCREMENTAL),
+        family_options=tuple(sorted((job.get("family_options") or {}).items())),
     )
 
 
@@ -156,7 +159,7 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any])
 
     def report(record: dict[str, Any]) -> None:
         done.append(record)
-        tune.report({**record, "orderings_done": len(done), "score": _running_score(done)})
+        tune.report({**record, "orderings_done": len(done), "score": _running_score(done, job.get("criterion"))})
 
     parallel = int(job.get("parallel", 1))
     if parallel <= 1:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from gtep.protocol import metrics
+from gtep.protocol import fscil_metrics, metrics
 from gtep.protocol.scenarios import TaskSpec, build_scenario, class_ordering, ordering_seed, split_tasks
 from gtep.registry import Registry
 
@@ -29,6 +29,12 @@ from gtep.registry import Registry
 RATIO_METRICS = frozenset({"rpd", "kr"})
 
 CLASS_INCREMENTAL = "class_incremental"
+
+# How tables and notes name the metrics (the papers' names).
+METRIC_LABELS = {"acc": "Acc", "avg_acc": "AvgAcc", "hmean": "HM", "gacc_auc": "gAcc AUC", "aacc": "aAcc",
+                 "lacc": "lAcc", "tacc": "tAcc", "hacc": "hAcc", "novel_acc": "novel", "aacc_sample": "aAcc (samples)",
+                 "gacc_auc_exact": "gAcc AUC (exact)", "pd": "PD", "rpd": "RPD", "kr": "KR", "forgetting": "forgetting",
+                 "old_acc": "old", "new_acc": "new"}
 
 
 class ScenarioFamily:
@@ -41,6 +47,7 @@ class ScenarioFamily:
     metric_names: ClassVar[tuple[str, ...]]  # scalar per-ordering metrics, in the order tables show them
     curve_metrics: ClassVar[tuple[str, ...]] = ("acc_t",)  # per-ordering lists (one value per task, or a curve)
     default_criterion: ClassVar[str] = "hmean_acc_avgacc"
+    headline: ClassVar[tuple[str, ...]] = ()  # metrics the terminal tables add beside Acc, AvgAcc and HM
 
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         """Classes per task; a phase needs exactly their sum of classes."""
@@ -108,6 +115,7 @@ class FewShotClassIncremental(ScenarioFamily):
                     "aacc_sample", "gacc_auc_exact", "pd", "rpd", "kr", "forgetting")
     curve_metrics = ("acc_t", "aacc_t", "gacc_alpha")
     default_criterion = "gacc_auc"
+    headline = ("gacc_auc", "aacc", "novel_acc")
 
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         return FewShotOptions.of(options).increments
@@ -120,8 +128,6 @@ class FewShotClassIncremental(ScenarioFamily):
 
     def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
                   tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
-        from gtep.protocol import fscil_metrics
-
         base, ways = len(tasks[0].new_classes), len(tasks[1].new_classes) if len(tasks) > 1 else 1
         out = metrics.summarize(matrix, test_counts)
         out.update(fscil_metrics.summarize_fscil(np.asarray(matrix, dtype=float), list(test_counts), base, ways))

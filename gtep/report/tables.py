@@ -9,6 +9,8 @@ from typing import Any
 import pandas as pd
 from rich.table import Table
 
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, METRIC_LABELS
+
 
 def pm(mean: float, std: float) -> str:
     """'61.2 ± 1.3' in percent, or 'NaN' for a diverged phase (as the paper's tables show BEEF)."""
@@ -21,19 +23,38 @@ def pct(value: float) -> str:
     return "NaN" if value is None or math.isnan(value) else f"{100 * value:.2f}"
 
 
+def headline_metrics(summary: dict[str, Any]) -> tuple[str, ...]:
+    """The scenario family's own metrics the tables show beside Acc, AvgAcc and HM (none for class-incremental)."""
+    family = str(summary.get("family") or CLASS_INCREMENTAL)
+    return FAMILIES.get(family).headline if family in FAMILIES else ()
+
+
+def _criterion_label(summary: dict[str, Any]) -> str:
+    name = summary.get("criterion")
+    return f"H* by {name}" if name and name != "hmean_acc_avgacc" else ""
+
+
 def phase_comparison(tuning: dict[str, Any], evaluation: dict[str, Any], tuning_label: str, evaluation_label: str,
                      title: str, extra: dict[str, dict[str, Any]] | None = None) -> Table:
-    """Both phases side by side: Acc and AvgAcc (mean ± std over orderings), their harmonic mean, the gap.
-    `extra` adds labelled rows after them, e.g. {"conventional": ..., "original": ...}; the gap stays tuning - eval."""
-    table = Table(title=title, caption=f"D^HT = {tuning_label}   D^E = {evaluation_label}")
-    for column in ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", "orderings", "diverged"):
+    """Both phases side by side: Acc and AvgAcc (mean ± std over orderings), their harmonic mean, the scenario
+    family's own metrics (FSCIL: gAcc AUC, aAcc, novel), the gap. `extra` adds labelled rows after them, e.g.
+    {"conventional": ..., "original": ...}; the gap stays tuning - eval."""
+    headline = headline_metrics(tuning)
+    caption = f"D^HT = {tuning_label}   D^E = {evaluation_label}"
+    table = Table(title=title, caption=f"{caption}   {_criterion_label(tuning)}".rstrip())
+    columns = ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", *(f"{METRIC_LABELS.get(m, m)} (%)" for m in headline),
+               "orderings", "diverged")
+    for column in columns:
         table.add_column(column, justify="left" if column == "phase" else "right", no_wrap=True)
     for name, s in (("tuning", tuning), ("evaluation", evaluation), *(extra or {}).items()):
         table.add_row(name, pm(s["acc"], s["acc_std"]), pm(s["avg_acc"], s["avg_acc_std"]), pct(s["hmean"]),
+                      *(pm(s.get(m, math.nan), s.get(f"{m}_std", math.nan)) for m in headline),
                       orderings_cell(s), str(int(s["diverged"])))
     gap = tuning["hmean"] - evaluation["hmean"]
     table.add_row("gap", pct(tuning["acc"] - evaluation["acc"]),
-                  pct(tuning["avg_acc"] - evaluation["avg_acc"]), pct(gap), "", "", style="bold")
+                  pct(tuning["avg_acc"] - evaluation["avg_acc"]), pct(gap),
+                  *(pct(tuning.get(m, math.nan) - evaluation.get(m, math.nan)) for m in headline), "", "",
+                  style="bold")
     return table
 
 
@@ -44,11 +65,15 @@ def orderings_cell(summary: dict[str, Any]) -> str:
 
 
 def phase_summary(summary: dict[str, Any], label: str, title: str) -> Table:
-    table = Table(title=title, caption=label)
-    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", "orderings", "diverged"):
+    headline = headline_metrics(summary)
+    table = Table(title=title, caption=f"{label}   {_criterion_label(summary)}".rstrip())
+    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", *(f"{METRIC_LABELS.get(m, m)} (%)" for m in headline),
+                   "orderings", "diverged"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_row(pm(summary["acc"], summary["acc_std"]), pm(summary["avg_acc"], summary["avg_acc_std"]),
-                  pct(summary["hmean"]), orderings_cell(summary), str(int(summary["diverged"])))
+                  pct(summary["hmean"]),
+                  *(pm(summary.get(m, math.nan), summary.get(f"{m}_std", math.nan)) for m in headline),
+                  orderings_cell(summary), str(int(summary["diverged"])))
     return table
 
 
