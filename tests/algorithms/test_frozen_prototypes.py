@@ -1,0 +1,187 @@
+"""Training-frozen prototypes (the FSCIL baseline): after the base session the backbone and the base classes'
+vectors never move, so few-shot sessions leave every base-class score bit-identical; novel classes learnt
+from 5 shots each, without training, are recognised far above chance; sessions smaller than a batch work."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
+from gtep.engine.loop import Trainer
+from gtep.spaces import load_space
+from tests.helpers import learn, load, snapshot, unchanged
+
+CPU = torch.device("cpu")
+DATA = "synthetic:classes=10,train=40,test=20"
+BASE, SESSIONS = [0, 1, 2, 3], [[4, 5, 6], [7, 8, 9]]  # a base session, then two 3-way 5-shot sessions
+SHOTS = 5
+RECIPE = FitRecipe(epochs=4, lr=0.05, batch_size=32, weight_decay=5e-4, scheduler="cosine", milestones=(),
+                   lr_decay=0.1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Two threads on the shared 2-core machine run ~8x slower than one when other jobs are busy."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def images(split: str, classes: list[int], per_class: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The synthetic images of `classes` (the first `per_class` of each), normalised, with their labels as
+    positions in the class ordering (the classes are 0..9 in order, so a label is its class)."""
+    data = load(DATA)
+    x_all, y_all = (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
+    xs, ys = [], []
+    for c in classes:
+        rows = (y_all == c).nonzero()[0][:per_class]
+        xs.append(torch.from_numpy(x_all[rows]))
+        ys.append(torch.full((len(rows),), c, dtype=torch.int64))
+    x = torch.cat(xs).permute(0, 3, 1, 2).float().div(255)
+    return (x - 0.5) / 0.25, torch.cat(ys)
+
+
+def task(index: int, known: int, classes: list[int], per_class: int | None = None,
+         recipe: FitRecipe = RECIPE) -> TaskData:
+    x, y = images("train", classes, per_class)
+    return TaskData(index, known, known + len(classes), x, y, recipe)
+
+
+def make_learner(**hparams):
+    algorithm = ALGORITHMS.get("frozen_prototypes")
+    torch.manual_seed(0)
+    return algorithm(algorithm.Params.from_mapping(hparams), "resnet8", 0, CPU)
+
+
+class CountingTrainer(Trainer):
+    """The engine's trainer, counting the fit calls that have parameters to train."""
+
+    def __init__(self) -> None:
+        super().__init__(CPU, 0)
+        self.fits = 0
+
+    def fit(self, parameters, *args, **kwargs):
+        parameters = [p for p in parameters if p.requires_grad]
+        self.fits += bool(parameters)
+        super().fit(parameters, *args, **kwargs)
+
+
+def predict(learner, x):
+    learner.net.eval()
+    return learner.predict(x)
+
+
+@pytest.fixture(scope="module")
+def fscil():
+    """The base session (all 40 images of classes 0-3), then two 3-way 5-shot sessions, with what the learner
+    held and predicted after each."""
+    learner, trainer = make_learner(), CountingTrainer()
+    base_x, base_y = images("test", BASE)
+    learn(learner, task(0, 0, BASE), trainer)
+    after_base = {"backbone": snapshot(learner.net.backbone), "base_rows": learner.net.weight[:4].detach().clone(),
+                  "scores": predict(learner, base_x), "fits": trainer.fits}
+    sessions = []
+    known = len(BASE)
+    for index, classes in enumerate(SESSIONS, start=1):
+        learn(learner, task(index, known, classes, per_class=SHOTS), trainer)
+        known += len(classes)
+        sessions.append({"scores": predict(learner, base_x), "fits": trainer.fits,
+                         "weight": learner.net.weight.detach().clone()})
+    return learner, after_base, sessions, (base_x, base_y)
+
+
+def test_few_shot_sessions_leave_the_backbone_and_base_scores_bit_identical(fscil):
+    learner, after_base, sessions, (base_x, base_y) = fscil
+    assert after_base["fits"] == 1  # the base session trained
+    assert (after_base["scores"].argmax(1) == base_y).float().mean() > 0.9  # and learnt the base classes
+    for session in sessions:
+        assert session["fits"] == 1  # no session after the base one trains anything
+        assert torch.equal(session["weight"][:4], after_base["base_rows"])  # base vectors never move
+        # the scores of the base classes on the base test images: exactly those after the base session
+        assert torch.equal(session["scores"][:, :4], after_base["scores"])
+    assert unchanged(learner.net.backbone, after_base["backbone"])  # weights and BatchNorm statistics alike
+    assert not any(p.requires_grad for p in learner.net.parameters())
+    assert learner.parameter_counts()[1] == 0
+    # base predictions themselves (over every seen class) stay mostly right next to the 6 novel classes
+    final = sessions[-1]["scores"]
+    assert final.shape == (len(base_x), 10)
+    assert (final.argmax(1) == base_y).float().mean() > 0.8
+
+
+def test_novel_classes_are_recognised_from_five_shots(fscil):
+    learner, *_ = fscil
+    novel = [c for classes in SESSIONS for c in classes]
+    x, y = images("test", novel)
+    accuracy = (predict(learner, x).argmax(1) == y).float().mean().item()
+    assert accuracy > 0.7, accuracy  # chance over the 10 seen classes is 0.1
+    # each novel vector is its class's prototype: the mean L2-normalised feature of its 5 shots
+    shots_x, shots_y = images("train", SESSIONS[0], per_class=SHOTS)
+    learner.net.eval()
+    with torch.no_grad():
+        feats = F.normalize(learner.net.backbone(shots_x)["features"], dim=1)
+    for c in SESSIONS[0]:
+        assert torch.allclose(learner.net.weight[c], feats[shots_y == c].mean(0), atol=1e-6)
+
+
+def test_base_vectors_are_the_prototypes_or_the_trained_weights():
+    """`base_prototypes` (default, the original preset): the base rows become the base classes' prototypes
+    when the base session ends; otherwise they keep the cosine classifier's trained weights."""
+    small = RECIPE.replace(epochs=1)
+    base = task(0, 0, [0, 1], per_class=12, recipe=small)
+    rows = {}
+    for replace in (True, False):
+        learner, trainer = make_learner(base_prototypes=replace), Trainer(CPU, 0)
+        learner.begin_task(base)
+        learner.learn_task(base, trainer.fit)
+        trained = learner.net.weight.detach().clone()
+        learner.end_task(base, trainer.fit)
+        rows[replace] = (trained, learner.net.weight.detach().clone())
+        learner.net.eval()
+        with torch.no_grad():
+            feats = F.normalize(learner.net.backbone(base.x)["features"], dim=1)
+        prototypes = torch.stack([feats[base.y == c].mean(0) for c in (0, 1)])
+        if replace:
+            assert torch.allclose(rows[replace][1], prototypes, atol=1e-6)
+        else:
+            assert torch.equal(rows[replace][1], trained)
+    assert torch.equal(rows[True][0], rows[False][0])  # the same training, only the choice differs
+
+
+def test_sessions_smaller_than_a_batch():
+    """A base session of 10 images and a 2-way 2-shot session, with batches of 32: both run, and the
+    scores cover every seen class."""
+    learner, trainer = make_learner(), CountingTrainer()
+    learn(learner, task(0, 0, [0, 1], per_class=5), trainer)
+    assert trainer.fits == 1
+    before = snapshot(learner.net.backbone)
+    session = task(1, 2, [2, 3], per_class=2)
+    assert len(session.x) < session.recipe.batch_size
+    learn(learner, session, trainer)
+    assert trainer.fits == 1 and unchanged(learner.net.backbone, before)
+    scores = predict(learner, images("test", [0, 1, 2, 3])[0])
+    assert scores.shape == (80, 4) and torch.isfinite(scores).all()
+    assert torch.isfinite(learner.net.weight).all()
+    assert (learner.net.weight[2:].norm(dim=1) <= 1 + 1e-6).all()  # means of unit vectors
+
+
+def test_learnt_scale_trains_in_the_base_session_only():
+    learner, trainer = make_learner(learn_scale=True, scale=8.0), Trainer(CPU, 0)
+    learn(learner, task(0, 0, [0, 1], per_class=12, recipe=RECIPE.replace(epochs=1)), trainer)
+    scale = learner.net.scale.item()
+    assert scale != 8.0 and not learner.net.scale.requires_grad
+    learn(learner, task(1, 2, [2, 3], per_class=SHOTS), trainer)
+    assert learner.net.scale.item() == scale
+    fixed = make_learner(scale=8.0)
+    assert not fixed.net.scale.requires_grad
+
+
+def test_search_space_and_original_preset():
+    space = load_space("frozen_prototypes")
+    assert set(space.space.sets) >= {"scale", "learn_scale", "base_prototypes", "epochs", "lr"}
+    algorithm = ALGORITHMS.get("frozen_prototypes")
+    params = algorithm.Params.from_mapping(space.presets["original"])
+    assert (params.scale, params.learn_scale, params.base_prototypes) == (16, False, True)
+    assert not algorithm.uses_memory and algorithm.fixed_first_task
+    assert set(algorithm.first_task_hparams) == {"scale", "learn_scale", "base_prototypes"}
