@@ -42,6 +42,7 @@ from gtep.orchestration.tracking import (
     ordering_result,
     phase_metrics,
     phase_note,
+    scenario_tags,
     step_points,
     summarize_units,
 )
@@ -380,7 +381,8 @@ def phase_tags(resolved: ResolvedExperiment, phase: str) -> dict[str, str]:
     digest = hashlib.sha1(",".join(map(str, spec.classes)).encode()).hexdigest()[:10]
     return {"gtep.dataset": f"{spec.dataset} {role} ({len(spec.classes)} classes)", "gtep.data_role": role,
             "gtep.classes_digest": digest,
-            "gtep.similarity": "high" if resolved.tuning.dataset == resolved.evaluation.dataset else "low"}
+            "gtep.similarity": "high" if resolved.tuning.dataset == resolved.evaluation.dataset else "low",
+            **scenario_tags(resolved.family, resolved.criterion)}
 
 
 def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest: Manifest, phase: str,

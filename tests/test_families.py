@@ -1,0 +1,215 @@
+"""Scenario families and H*'s criteria: the generator F made pluggable (gtep/protocol/families.py, criteria.py),
+the experiment file's family sections, and FSCIL's few-shot sessions through the engine."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from gtep.algorithms import ALGORITHMS
+from gtep.config import ConfigError, ExperimentConfig, resolve
+from gtep.engine.runner import OrderingRun
+from gtep.protocol.criteria import CRITERIA
+from gtep.protocol.families import (
+    FAMILIES,
+    ScenarioFamily,
+    check_shot_index,
+    few_shot_indices,
+    read_shot_index,
+    register_family,
+)
+from gtep.protocol.scenarios import TaskSpec, build_scenario
+from gtep.protocol.selection import OrderingResult, select_best
+from tests.helpers import load, small_job
+
+FSCIL = {"base_classes": 6, "ways": 2, "shots": 3, "sessions": 2}
+
+
+# ---------------------------------------------------------------- generators
+
+@pytest.mark.parametrize("seed,ordering", [(0, 0), (0, 3), (7, 1)])
+def test_class_incremental_family_gives_the_orderings_it_always_gave(seed, ordering):
+    family = FAMILIES.get("class_incremental")
+    assert family.tasks(range(30), {"increments": "C10xT1+C5xT4"}, seed, ordering) == \
+        build_scenario(range(30), [10, 5, 5, 5, 5], seed, ordering)
+
+
+def test_fscil_sessions_a_base_with_all_images_then_n_way_k_shot():
+    tasks = FAMILIES.get("fscil").tasks(range(10), FSCIL, 0, 1)
+    assert [len(t.new_classes) for t in tasks] == [6, 2, 2]
+    assert [t.shots for t in tasks] == [None, 3, 3]
+    assert tasks[-1].seen_classes == tuple(c for t in tasks for c in t.new_classes)
+    assert sorted(tasks[-1].seen_classes) == list(range(10))
+    other = FAMILIES.get("fscil").tasks(range(10), FSCIL, 0, 2)
+    assert other[0].new_classes != tasks[0].new_classes  # orderings shuffle the classes
+    fixed = FAMILIES.get("fscil").tasks(range(10), {**FSCIL, "fixed_order": True}, 0, 2)
+    assert fixed[0].new_classes == tuple(range(6))  # the benchmarks' split: base = the first classes
+
+
+def test_few_shot_draws_are_k_per_class_seeded_per_ordering_and_index_files_win():
+    labels = np.repeat(np.arange(4), 20)
+    task = TaskSpec(1, (2, 3), (0, 1, 2, 3), shots=5)
+    first = few_shot_indices(labels, task, seed=0, ordering=0)
+    assert len(first) == 10 and list(np.bincount(labels[first], minlength=4)) == [0, 0, 5, 5]
+    assert np.array_equal(first, few_shot_indices(labels, task, seed=0, ordering=0))  # the same for every set
+    assert not np.array_equal(first, few_shot_indices(labels, task, seed=0, ordering=1))
+    given = {2: [40, 41, 42, 43, 44, 45]}
+    picked = few_shot_indices(labels, task, 0, 0, given)
+    assert set(picked[labels[picked] == 2]) == {40, 41, 42, 43, 44}  # the file's first K of class 2
+    assert len(picked[labels[picked] == 3]) == 5  # a class the file leaves out is drawn
+    all_images = few_shot_indices(labels, TaskSpec(0, (0, 1), (0, 1)), 0, 0)
+    assert len(all_images) == 40  # a base session takes every image
+
+
+def test_shot_index_files_are_read_and_checked(tmp_path):
+    path = tmp_path / "shots.json"
+    path.write_text(json.dumps({"2": [40, 41, 42], "3": [60, 5]}))
+    given = read_shot_index(path)
+    labels = np.repeat(np.arange(4), 20)
+    assert given == {2: [40, 41, 42], 3: [60, 5]}
+    assert "class 3: training images [5]" in check_shot_index(given, labels, [2, 3], 2)
+    assert "fewer than 3" in check_shot_index({2: [40, 41]}, labels, [2], 3)
+    assert check_shot_index({2: [40, 41, 42]}, labels, [2], 3) is None
+
+
+# ---------------------------------------------------------------- criteria and selection
+
+def result(set_index, ordering, acc, avg_acc, gacc):
+    return OrderingResult(set_index, ordering, acc, avg_acc, metrics={"acc": acc, "avg_acc": avg_acc,
+                                                                      "gacc_auc": gacc})
+
+
+def test_the_criterion_decides_h_star_and_both_rules_agree_on_a_one_metric_criterion():
+    # set 0 keeps the base classes (high Acc, AvgAcc) but learns no novel class (low gAcc AUC): the "Lazy"
+    # model the FSCIL paper warns of; set 1 learns the novel classes at some cost in Acc
+    results = [result(0, s, 0.60, 0.70, 0.30) for s in range(2)] + [result(1, s, 0.50, 0.60, 0.45) for s in range(2)]
+    assert select_best(results, expected_orderings=2).best_index == 0
+    by_gacc = select_best(results, expected_orderings=2, criterion=CRITERIA.get("gacc_auc"))
+    assert by_gacc.best_index == 1
+    assert by_gacc.best.hmean_of_means == pytest.approx(0.45) == by_gacc.best.mean_of_hmeans
+    assert by_gacc.best.criterion == "gacc_auc"
+
+
+def test_the_default_criterion_is_the_papers_harmonic_mean():
+    results = [result(0, 0, 0.4, 0.6, math.nan), result(0, 1, 0.5, 0.7, math.nan)]
+    score = select_best(results, expected_orderings=2).best
+    assert score.hmean_of_means == pytest.approx(2 * 0.45 * 0.65 / (0.45 + 0.65))
+    assert score.mean_of_hmeans == pytest.approx((2 * .4 * .6 / 1.0 + 2 * .5 * .7 / 1.2) / 2)
+
+
+def test_a_criterion_missing_from_an_ordering_makes_no_set_eligible():
+    results = [OrderingResult(0, 0, 0.5, 0.6)]
+    with pytest.raises(Exception, match="diverged|finished"):
+        select_best(results, expected_orderings=1, criterion=CRITERIA.get("gacc_auc"))
+
+
+# ---------------------------------------------------------------- the experiment file
+
+def experiment(**changes) -> dict:
+    doc = {"study": "f", "algorithm": "replay", "backbone": "resnet8",
+           "scenario": {"family": "fscil", "fscil": dict(FSCIL)},
+           "datasets": {"split": {"dataset": "synthetic:classes=24,train=20,test=5", "classes_per_phase": 10}}}
+    doc.update(changes)
+    return doc
+
+
+def test_an_fscil_experiment_resolves_with_its_family_and_criterion(tmp_path):
+    resolved = resolve(ExperimentConfig(**experiment(tracking={"output": str(tmp_path)})))
+    assert resolved.increments == (6, 2, 2)
+    assert resolved.family.name == "fscil" and resolved.criterion.name == "gacc_auc"
+    other = resolve(ExperimentConfig(**experiment(search={"criterion": "aacc"}, tracking={"output": str(tmp_path)})))
+    assert other.criterion.name == "aacc"
+    assert ExperimentConfig(**experiment()).scenario.describe() == "fscil 6+2x2-way 3-shot"
+
+
+@pytest.mark.parametrize("changes,field,words", [
+    ({"scenario": {"family": "open_world", "increments": "5x2"}}, "scenario", "choose from"),
+    ({"scenario": {"family": "fscil"}}, "scenario", "needs its section"),
+    ({"scenario": {"family": "fscil", "increments": "5x2", "fscil": FSCIL}}, "scenario", "remove increments"),
+    ({"scenario": {"increments": "5x2", "fscil": FSCIL}}, "scenario", "needs family: fscil"),
+    ({"scenario": {"family": "fscil", "fscil": {**FSCIL, "shots": 0}}}, "scenario.fscil.shots", "greater than"),
+    ({"scenario": {"family": "fscil", "fscil": {**FSCIL, "shot_index": "/nowhere.json"}}}, "scenario.fscil.shot_index",
+     "does not exist"),
+])
+def test_bad_family_sections_are_one_clear_error(changes, field, words):
+    with pytest.raises(ConfigError) as err:
+        from gtep.config import _validate
+
+        _validate(experiment(**changes), "test")
+    assert field in str(err.value) and words in str(err.value)
+
+
+@pytest.mark.parametrize("changes,field,words", [
+    ({"search": {"criterion": "best_vibes"}}, "search.criterion", "choose from"),
+    ({"scenario": {"increments": "5x2"}, "search": {"criterion": "gacc_auc"},
+      "datasets": {"split": {"dataset": "synthetic:classes=24,train=20,test=5", "classes_per_phase": 10}}},
+     "search.criterion", "does not report"),
+    ({"scenario": {"family": "fscil", "fscil": {**FSCIL, "sessions": 5}}}, "scenario.fscil", "take 16 classes"),
+])
+def test_criteria_and_sessions_are_checked_before_any_compute(tmp_path, changes, field, words):
+    with pytest.raises(ConfigError) as err:
+        resolve(ExperimentConfig(**experiment(**changes, tracking={"output": str(tmp_path)})))
+    assert err.value.field == field and words in str(err.value)
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_an_algorithm_without_the_familys_data_flow_is_refused_naming_who_can(tmp_path):
+    @register_family
+    class MultiLabel(ScenarioFamily):
+        name = "test_multi_label"
+        description = "a family whose data no learner here can learn from"
+        data_flow = "multi_label"
+        metric_names = ("acc", "avg_acc")
+
+        def increments(self, options):
+            return [5, 5]
+
+    try:
+        with pytest.raises(ConfigError) as err:
+            resolve(ExperimentConfig(**experiment(scenario={"family": "test_multi_label"},
+                                                  tracking={"output": str(tmp_path)})))
+        assert err.value.field == "algorithm"
+        assert "replay cannot run the test_multi_label family's data (multi_label)" in str(err.value)
+        assert "algorithms that can: none" in str(err.value)
+    finally:
+        FAMILIES._entries.pop("test_multi_label")
+
+
+# ---------------------------------------------------------------- through the engine
+
+def fscil_job(algorithm, **options):
+    job, data = small_job(algorithm, dataset="synthetic:classes=10,train=40,test=20", increments=(6, 2, 2),
+                          epochs=2, memory_size=30, **options)
+    from dataclasses import replace
+
+    return replace(job, family="fscil", family_options=tuple(sorted({**FSCIL, "shots": 3}.items()))), data
+
+
+def test_few_shot_sessions_reach_the_learner_as_k_images_per_class():
+    job, data = fscil_job("replay")
+    run = OrderingRun(job, data)
+    sizes = [len(run.task_data(t).y) for t in run.tasks]
+    assert sizes == [6 * 40, 2 * 3, 2 * 3]
+    again = OrderingRun(job, data)  # the same shots for every set of the study
+    assert np.array_equal(run.task_data(run.tasks[1]).y.numpy(), again.task_data(again.tasks[1]).y.numpy())
+
+
+RESNET_METHODS = ["replay", "icarl", "bic", "wa", "podnet", "der", "foster", "memo", "beef", "frozen_prototypes"]
+
+
+@pytest.mark.parametrize("algorithm", RESNET_METHODS)
+def test_the_resnet_methods_run_fscil_sessions_smaller_than_a_batch(algorithm):
+    from gtep.engine import run_ordering
+
+    job, data = fscil_job(algorithm)
+    outcome = run_ordering(job, data)
+    assert outcome.status == "finished", outcome.message
+    assert len(outcome.acc_matrix) == 3
+    assert {"gacc_auc", "aacc", "novel_acc", "gacc_alpha"} <= set(outcome.metrics)
+    assert len(outcome.metrics["gacc_alpha"]) == 13
+    assert 0 <= outcome.metrics["gacc_auc"] <= 1
+
+
+def test_every_registered_algorithm_declares_its_data_flows():
+    assert all("class_incremental" in ALGORITHMS.get(name).data_flows for name in ALGORITHMS.names())
+    assert load("synthetic:classes=10,train=40,test=20").num_classes == 10
