@@ -30,16 +30,31 @@ TRIAL_METRICS = ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "mean_of_h
                  "orderings")
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc", "params_total",
                     "params_trainable", "train_seconds", "diverged")
+# Scenario families (tag gtep.family; runs written before the tag are class-incremental) and the criterion H* was
+# selected by (tag gtep.criterion). A few-shot class-incremental (FSCIL) ordering run logs FAMILY_METRICS["fscil"];
+# its phase and trial runs log their mean over the orderings, <name>_std, and `score` (the criterion's value). rpd
+# and kr are ratios; every other FSCIL metric is an accuracy, in percent in a gtep.units=percent run.
+FAMILY_TAG, CRITERION_TAG = "gtep.family", "gtep.criterion"
+CLASS_INCREMENTAL, FSCIL = "class_incremental", "fscil"
+DEFAULT_CRITERION = {CLASS_INCREMENTAL: "hmean_acc_avgacc", FSCIL: "gacc_auc"}
+FAMILY_METRICS = {FSCIL: ("aacc", "aacc_sample", "lacc", "tacc", "gacc_auc", "gacc_auc_exact", "hacc", "pd",
+                          "novel_acc", "rpd", "kr")}
+RATIO_METRICS = frozenset({"rpd", "kr", "rpd_std", "kr_std"})
+ALL_FAMILY_METRICS = tuple(dict.fromkeys(n for names in FAMILY_METRICS.values() for n in names))
+SCORED_METRICS = (*ALL_FAMILY_METRICS, *(f"{n}_std" for n in ALL_FAMILY_METRICS), "score")
+GACC_COLUMNS = ["run_id", "k", "alpha", "gacc"]
+GACC_STEPS = 12  # gacc_alpha is logged at step k for alpha = k / 12
 TRIAL_COLUMNS = ["run_id", "phase_run_id", "set_index", "status", "set_status", "orderings_tag", "start_time",
-                 *TRIAL_METRICS]
+                 "family", "criterion", *TRIAL_METRICS, *SCORED_METRICS]
 ORDERING_COLUMNS = ["run_id", "trial_run_id", "set_index", "ordering", "status", "run_status", "end_time", "percent",
-                    *ORDERING_METRICS]
+                    "family", "criterion", *ORDERING_METRICS, *ALL_FAMILY_METRICS]
 # Accuracies are fractions inside the report. Runs tagged gtep.units=percent logged these metrics in percent (57.0
 # for 0.57); older runs logged fractions. Both are read into fractions here, so a report prints the same either way.
 UNITS_TAG = "gtep.units"
 PERCENT_METRICS = frozenset({"acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "hmean_std", "forgetting", "old_acc",
                              "new_acc", "mean_of_hmeans", "best_hmean", "best_acc", "best_avg_acc", "best_acc_std",
-                             "best_avg_acc_std", "acc_t"})
+                             "best_avg_acc_std", "acc_t", "score", "gacc_alpha",
+                             *(n for n in SCORED_METRICS if n not in RATIO_METRICS)})
 # a tuning phase run logs H*'s numbers as best_* (fraction stores) or as acc, avg_acc, hmean (percent stores)
 BEST_ALIASES = (("best_acc", "acc"), ("best_avg_acc", "avg_acc"), ("best_hmean", "hmean"), ("best_acc_std", "acc_std"),
                 ("best_avg_acc_std", "avg_acc_std"))
@@ -115,6 +130,17 @@ class RunStore:
         frame = pd.DataFrame(rows, columns=STEP_COLUMNS)
         return frame.drop_duplicates(["run_id", "t"], keep="last").sort_values(["run_id", "t"]).reset_index(drop=True)
 
+    def gacc_alpha(self, phase_ids: Iterable[str], percent: Iterable[str] = ()) -> pd.DataFrame:
+        """gAcc(alpha) per (FSCIL) phase run, as a fraction: the step metric gacc_alpha at step k is gAcc at
+        alpha = k / 12, averaged over sessions and the phase's orderings. `percent`: the runs tagged gtep.units=percent.
+        One row per (run_id, k, alpha, gacc); a run that logged no curve has no rows."""
+        in_percent = set(percent)
+        rows = [{"run_id": run_id, "k": int(point.step), "alpha": int(point.step) / GACC_STEPS,
+                 "gacc": float(point.value) / (100.0 if run_id in in_percent else 1.0)}
+                for run_id in phase_ids for point in self.client.get_metric_history(run_id, "gacc_alpha")]
+        frame = pd.DataFrame(rows, columns=GACC_COLUMNS)
+        return frame.drop_duplicates(["run_id", "k"], keep="last").sort_values(["run_id", "k"]).reset_index(drop=True)
+
     def log_report(self, folder: Path, selectors: list[str], matrix: str | None, metrics: dict[str, float]) -> str:
         """One run in gtep/reports with every file of the report as an artifact, so the MLflow UI shows the tables
         and plots beside the studies' runs."""
@@ -182,6 +208,12 @@ def _metrics(run: Run, names: Iterable[str]) -> dict[str, float]:
             for name in names}
 
 
+def family_tags(run: Run) -> dict[str, str]:
+    """The run's scenario family and H*'s selection criterion; a run older than the tags is class-incremental."""
+    family = run.data.tags.get(FAMILY_TAG) or CLASS_INCREMENTAL
+    return {"family": family, "criterion": run.data.tags.get(CRITERION_TAG) or DEFAULT_CRITERION.get(family, "")}
+
+
 def phase_label(run: Run) -> str:
     """tune | evaluate | original | conventional. An evaluation with the `original` preset is still written as an
     `evaluate` phase run with gtep.hparams_source=preset:original; both spellings mean the paper's "Original"."""
@@ -201,7 +233,7 @@ def phase_row(run: Run, experiment: str) -> dict[str, Any]:
         ("tuning_run_id", "tuning_run_id"), ("best_trial_run_id", "best_trial_run_id"),
         ("best_set_index_tag", "best_set_index"), ("status_tag", "status"), ("orderings_tag", "orderings"),
         ("reason_tag", "reason"))}
-    metrics = _metrics(run, PHASE_METRICS)
+    metrics = _metrics(run, (*PHASE_METRICS, *SCORED_METRICS))
     if phase_label(run) == "tune":  # H*'s numbers under either name
         for best, plain in BEST_ALIASES:
             value = metrics[best] if not math.isnan(metrics[best]) else metrics[plain]
@@ -210,7 +242,8 @@ def phase_row(run: Run, experiment: str) -> dict[str, Any]:
                                                                  "selection")}
     return {"run_id": run.info.run_id, "experiment": experiment,
             "study": tags.get("gtep.study", experiment[len(PREFIX):]), "phase": phase_label(run),
-            "status": run.info.status, "start_time": run.info.start_time or 0, **tag, **param, **metrics}
+            "status": run.info.status, "start_time": run.info.start_time or 0, "percent": in_percent(run),
+            **family_tags(run), **tag, **param, **metrics}
 
 
 def trial_row(run: Run) -> dict[str, Any]:
@@ -218,7 +251,8 @@ def trial_row(run: Run) -> dict[str, Any]:
             "set_index": int(run.data.tags.get("gtep.set_index", -1)), "status": run.info.status,
             "set_status": run.data.tags.get("gtep.status", ""),
             "orderings_tag": run.data.tags.get("gtep.orderings", ""),
-            "start_time": run.info.start_time or 0, **_metrics(run, TRIAL_METRICS)}
+            "start_time": run.info.start_time or 0, **family_tags(run),
+            **_metrics(run, (*TRIAL_METRICS, *SCORED_METRICS))}
 
 
 def ordering_row(run: Run) -> dict[str, Any]:
@@ -227,7 +261,8 @@ def ordering_row(run: Run) -> dict[str, Any]:
     return {"run_id": run.info.run_id, "trial_run_id": tags.get("mlflow.parentRunId", ""),
             "set_index": int(tags.get("gtep.set_index", -1)), "ordering": int(tags.get("gtep.ordering", -1)),
             "status": "diverged" if diverged else tags.get("gtep.status", "finished"), "run_status": run.info.status,
-            "end_time": run.info.end_time or 0, "percent": in_percent(run), **_metrics(run, ORDERING_METRICS)}
+            "end_time": run.info.end_time or 0, "percent": in_percent(run), **family_tags(run),
+            **_metrics(run, (*ORDERING_METRICS, *ALL_FAMILY_METRICS))}
 
 
 def trial_hparams(trial_runs: list[Run]) -> pd.DataFrame:

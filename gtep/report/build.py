@@ -35,7 +35,8 @@ class Report:
     algorithm; `ranking`: Kendall's tau per (scenario, pairing, metric), only where two or more algorithms have
     both phases; `curves`: Acc_t mean/std per task and phase; `importance` and `convergence`: from the tuning trials;
     `sets`: complete / incomplete / diverged / interrupted sets per tuning phase; `left_out`: phase runs not
-    reported and why."""
+    reported and why; `gacc`: FSCIL's gAcc(alpha) per (scenario, pairing, label, phase), alpha = k/12 (empty when
+    no FSCIL phase is reported)."""
     phases: pd.DataFrame
     summary: pd.DataFrame
     tables: dict[tuple[str, str], pd.DataFrame]
@@ -46,6 +47,7 @@ class Report:
     convergence: pd.DataFrame
     sets: pd.DataFrame = field(default_factory=pd.DataFrame)
     left_out: pd.DataFrame = field(default_factory=pd.DataFrame)
+    gacc: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=sm.GACC_CURVE_COLUMNS))
     out: Path | None = None
     paths: list[Path] = field(default_factory=list)
     run_id: str | None = None
@@ -102,7 +104,7 @@ def build_frames(data: StoreData) -> Report:
     paper = {group: tables.paper_table(_part(summary, group), _part(gaps, group)) for group in sm.groups(summary)}
     return Report(phases=data.phases, summary=summary, tables=paper, gaps=gaps, ranking=sm.rankings(summary),
                   curves=sm.task_curves(data, summary), importance=importance, convergence=convergence,
-                  sets=sm.set_counts(data, labelled), left_out=data.left_out)
+                  sets=sm.set_counts(data, labelled), left_out=data.left_out, gacc=sm.gacc_curves(data, summary))
 
 
 def _part(frame: pd.DataFrame, group: tuple[str, str]) -> pd.DataFrame:
@@ -178,7 +180,8 @@ def left_out_notes(report: Report, group: tuple[str, str] | None) -> list[str]:
 
 # ---------------------------------------------------------------- files
 
-PLOTS = ("task_curves", "acc_vs_params", "acc_vs_time", "original_vs_hstar", "convergence", "importance")
+PLOTS = ("task_curves", "acc_vs_params", "acc_vs_time", "original_vs_hstar", "convergence", "importance",
+         "gacc_alpha")
 TABLE_NOTE = ("Acc / AvgAcc in %, mean (std) over orderings (the paper's Tables 7-22); HM: harmonic mean of the mean "
               "Acc and AvgAcc, %. Gap: tuning-phase minus evaluation-phase HM, percentage points.")
 
@@ -194,6 +197,8 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
         written.append(folder / "table.csv")
     if "latex" in formats:
         caption = f"Scenario {scenario}, {pairing}: Acc / AvgAcc (%), mean (std) over orderings; HM (%)."
+        if family_note(report, group):
+            caption += f" {family_note(report, group)}"
         (folder / "table.tex").write_text(tables.latex_frame(table, caption, f"tab:{folder.name}"))
         written.append(folder / "table.tex")
     summary, conv = _part(report.summary, group), _part(report.convergence, group)
@@ -213,6 +218,8 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
                           plots.title("Best selection score so far", scenario, pairing, tuning)),
         plots.importance(_part(report.importance, group), folder / "importance.png",
                          plots.title("Hyperparameter importance (fANOVA)", scenario, pairing, tuning)),
+        plots.gacc_alpha(_part(report.gacc, group), folder / "gacc_alpha.png",
+                         plots.title("FSCIL gAcc(alpha), tuning dashed, evaluation solid", scenario, pairing)),
     ]
     for png in drawn:
         if png is not None:
@@ -220,12 +227,25 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
     return written
 
 
+def family_note(report: Report, group: tuple[str, str]) -> str:
+    """What a family's columns mean, with the criteria H* was selected by; '' for a class-incremental group."""
+    summary = _part(report.summary, group)
+    if "family" not in summary or not (summary["family"] == "fscil").any():
+        return ""
+    fscil = summary[summary["family"] == "fscil"]
+    criteria = fscil.groupby("criterion", sort=True)["label"].agg(lambda labels: ", ".join(sorted(set(labels))))
+    named = "; ".join(f"{criterion} ({labels})" if len(criteria) > 1 else str(criterion)
+                      for criterion, labels in criteria.items())
+    return f"{tables.FSCIL_NOTE} ({named})."
+
+
 def group_sections(report: Report, group: tuple[str, str]) -> list[tuple[str, pd.DataFrame | None, list[str]]]:
     """The text of one group, shared by the terminal, Markdown and HTML: (heading, table, lines under it)."""
     table = report.tables[group]
     left_out = [f"Left out: {note}." for note in left_out_notes(report, group)]
+    family = [note] if (note := family_note(report, group)) else []
     sections: list[tuple[str, pd.DataFrame | None, list[str]]] = [
-        ("", table, [ranking_line(_part(report.ranking, group), table), *left_out])]
+        ("", table, [*family, ranking_line(_part(report.ranking, group), table), *left_out])]
     trials = trials_summary(_part(report.convergence, group), _part(report.sets, group))
     if not trials.empty:
         sections.append(("Tuning trials (hyperparameter sets)", trials.rename_axis("algorithm"),
@@ -307,6 +327,9 @@ def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Pat
             path = out / f"{name}.csv"
             getattr(report, name).to_csv(path, index=False)
             written.append(path)
+        if not report.gacc.empty:  # FSCIL only: a class-incremental report writes the files it always did
+            report.gacc.to_csv(out / "gacc_alpha.csv", index=False)
+            written.append(out / "gacc_alpha.csv")
     if "md" in formats:
         (out / "report.md").write_text(markdown_report(report, folders, out))
         written.append(out / "report.md")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from gtep.config import ConfigError
-from gtep.orchestration.report_store import PREFIX, RunStore
+from gtep.orchestration.report_store import FSCIL, GACC_COLUMNS, PREFIX, RunStore
 
 EVALUATE_LIKE = ("evaluate", "original", "conventional")  # phases that train one set over S orderings
 NOT_A_RESULT = ("incomplete", "interrupted")  # a phase run's gtep.status when fewer than S orderings finished
@@ -25,13 +25,15 @@ class StoreData:
     tune phases; `hparams`: their hyperparameter sets, long (trial run, name, value); `orderings`: the ordering runs
     under the selected phases; `steps`: acc_t of the evaluation-like orderings and of H*'s tuning orderings, long
     (run, t, acc), a fraction; `left_out`: the phase runs not reported (incomplete, interrupted, crashed, running)
-    that no later usable run of their label replaced, with the reason in `note`."""
+    that no later usable run of their label replaced, with the reason in `note`; `gacc`: gAcc(alpha) of the selected
+    FSCIL phase runs, long (run, k, alpha = k/12, gacc), a fraction."""
     phases: pd.DataFrame
     trials: pd.DataFrame
     hparams: pd.DataFrame
     orderings: pd.DataFrame
     steps: pd.DataFrame
     left_out: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEFT_OUT_COLUMNS))
+    gacc: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=GACC_COLUMNS))
 
 
 # ---------------------------------------------------------------- the experiments a report names
@@ -176,6 +178,8 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
     best = [best_trial_id(data, phase) for _, phase in phases[phases["phase"] == "tune"].iterrows()]
     drawn = orderings[orderings["phase_run_id"].isin(evaluated) | orderings["trial_run_id"].isin(best)]
     data.steps = store.accuracy_steps(drawn["run_id"].tolist(), drawn.loc[drawn["percent"].astype(bool), "run_id"])
+    fscil = phases[phases["family"] == FSCIL]
+    data.gacc = store.gacc_alpha(fscil["run_id"].tolist(), fscil.loc[fscil["percent"].astype(bool), "run_id"])
     return data
 
 

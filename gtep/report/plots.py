@@ -169,3 +169,32 @@ def importance(frame: pd.DataFrame, path: Path, heading: str) -> Path | None:
         figure.supxlabel(textwrap.fill("Warning: " + few_trials_warning(few), 45 * len(labels) + 20),
                          color="firebrick", fontsize="small")
     return _save(figure, path)
+
+
+GACC_STYLES = {"tune": "--", "evaluate": "-", "conventional": "-.", "original": ":"}  # the paper: tuning dashed
+GACC_PHASES = {"tune": "tuning", "conventional": "conventional", "evaluate": "evaluation", "original": "Original"}
+
+
+def gacc_alpha(curves: pd.DataFrame, path: Path, heading: str) -> Path | None:
+    """FSCIL's gAcc(alpha) against alpha in [0, 1] (logged at alpha = k/12), averaged over sessions and orderings:
+    one line per algorithm and phase, one colour per algorithm,
+    the tuning phase (D^HT) dashed and the evaluation phase (D^E) solid, so the overestimation shows as the gap
+    between an algorithm's two lines. The area under a line is its gAcc AUC."""
+    curves = curves[curves["phase"].isin(GACC_STYLES)] if not curves.empty else curves
+    if curves.empty or curves["gacc"].isna().all():
+        return None
+    colour = _colours(curves["label"].unique())
+    order = {p: i for i, p in enumerate(GACC_STYLES)}
+    figure = _figure(6.0, 4.4)
+    ax = figure.add_subplot()
+    keys = sorted(curves[["label", "phase"]].drop_duplicates().itertuples(index=False),
+                  key=lambda key: (key[0], order[key[1]]))
+    for label, phase in keys:
+        rows = curves[(curves["label"] == label) & (curves["phase"] == phase)].sort_values("alpha")
+        ax.plot(rows["alpha"], 100 * rows["gacc"], linestyle=GACC_STYLES[phase], marker=".", color=colour[label],
+                label=f"{label}, {GACC_PHASES[phase]}")
+    ax.set(xlabel="alpha", ylabel="gAcc(alpha) (%), mean over sessions and orderings",
+           xlim=(0, 1), title=heading)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(figure, path)

@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from gtep.orchestration.report_store import CLASS_INCREMENTAL, DEFAULT_CRITERION, FAMILY_METRICS, GACC_COLUMNS
 from gtep.protocol.metrics import harmonic_mean, harmonic_mean_gap, kendall_tau_b
 from gtep.report.collect import EVALUATE_LIKE, StoreData, best_trial_id
 
@@ -57,15 +58,59 @@ def algorithm_labels(phases: pd.DataFrame) -> pd.Series:
     return phases["algorithm"].where(studies <= 1, phases["algorithm"] + " [" + phases["study"] + "]")
 
 
+def family_of(phase: pd.Series) -> str:
+    """A phase run's scenario family; a store (or frame) older than the tag is class-incremental."""
+    family = phase.get("family", "")
+    return str(family) if isinstance(family, str) and family else CLASS_INCREMENTAL
+
+
+def family_summary(data: StoreData, phase: pd.Series, rows: pd.DataFrame, stats: dict[str, float]) -> dict[str, float]:
+    """A family's own metrics (FSCIL: aAcc, gAcc AUC, ...) over the phase's orderings, as `summarize_orderings`
+    does for Acc (a diverged ordering makes the mean NaN), the phase run's own number where the orderings have none;
+    and `score`, the value of the criterion H* was selected by (H*'s trial's, else the phase run's, else computed)."""
+    family = family_of(phase)
+    finished = rows[rows["status"] != "diverged"]
+    out: dict[str, float] = {}
+    for name in FAMILY_METRICS.get(family, ()):
+        values = finished[name].dropna().to_numpy(dtype=float) if name in finished else np.array([])
+        if len(values):
+            out[name] = float(np.mean(values)) if not stats["diverged"] else math.nan
+            out[f"{name}_std"] = float(np.std(values))
+        else:
+            out[name] = float(phase.get(name, math.nan))
+            out[f"{name}_std"] = float(phase.get(f"{name}_std", math.nan))
+    criterion = str(phase.get("criterion", "") or DEFAULT_CRITERION.get(family, ""))
+    score = math.nan
+    if phase["phase"] == "tune" and "score" in data.trials:
+        best = data.trials.loc[data.trials["run_id"] == best_trial_id(data, phase), "score"]
+        score = float(best.iloc[0]) if len(best) else math.nan
+    if math.isnan(score):
+        score = float(phase.get("score", math.nan))
+    if math.isnan(score) and not stats["diverged"]:
+        derived = {"gacc_auc": out.get("gacc_auc", math.nan), "hmean_acc_avgacc": stats["hmean"]}
+        score = float(derived.get(criterion, out.get(criterion, math.nan)))
+    return {**out, "score": score}
+
+
 def phase_summaries(data: StoreData) -> pd.DataFrame:
-    """One row per (scenario, pairing, algorithm, phase) with the means, stds, diverged counts and costs."""
+    """One row per (scenario, pairing, algorithm, phase) with the means, stds, diverged counts and costs; when a
+    phase is of a family other than class-incremental, every row also has its family and criterion, and that
+    phase's row the family's metrics and its criterion's `score` (see `family_summary`)."""
     phases = data.phases[data.phases["phase"].isin(PHASES)].copy()
     phases["label"] = algorithm_labels(phases)
+    families = [family_of(phase) for _, phase in phases.iterrows()]
+    mixed = any(f != CLASS_INCREMENTAL for f in families)
     rows = []
-    for _, phase in phases.iterrows():
-        stats = summarize_orderings(phase_orderings(data, phase))
+    for family, (_, phase) in zip(families, phases.iterrows()):
+        units = phase_orderings(data, phase)
+        stats = summarize_orderings(units)
+        tags: dict[str, str] = {}
+        if mixed:
+            tags = {"family": family, "criterion": str(phase.get("criterion", "") or DEFAULT_CRITERION.get(family, ""))}
+            if family != CLASS_INCREMENTAL:
+                stats.update(family_summary(data, phase, units, stats))
         rows.append({**{k: phase[k] for k in (*GROUP, "similarity", "label", "algorithm", "study", "phase",
-                                              "dataset", "backbone", "run_id")}, **stats})
+                                              "dataset", "backbone", "run_id")}, **tags, **stats})
     frame = pd.DataFrame(rows)
     order = {p: i for i, p in enumerate(PHASES)}
     return frame.sort_values([*GROUP, "label", "phase"], key=lambda c: c.map(order) if c.name == "phase" else c,
@@ -132,6 +177,19 @@ def task_curves(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
             rows.append({**{k: phase[k] for k in (*GROUP, "label", "phase")}, "t": int(t), "mean": float(values.mean()),
                          "std": float(np.std(values.to_numpy(dtype=float))), "orderings": int(len(values))})
     return pd.DataFrame(rows, columns=[*GROUP, "label", "phase", "t", "mean", "std", "orderings"])
+
+
+GACC_CURVE_COLUMNS = [*GROUP, "label", "phase", *GACC_COLUMNS[1:]]
+
+
+def gacc_curves(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
+    """gAcc(alpha) of each FSCIL phase in the summary (the phase run's curve: the mean over its orderings), long:
+    (scenario, pairing, label, phase, k, alpha, gacc), gacc a fraction; empty when no phase logged one."""
+    if data.gacc.empty or summary.empty:
+        return pd.DataFrame(columns=GACC_CURVE_COLUMNS)
+    keys = summary[[*GROUP, "label", "phase", "run_id"]]
+    frame = keys.merge(data.gacc, on="run_id", how="inner")
+    return frame[GACC_CURVE_COLUMNS].sort_values([*GROUP, "label", "phase", "k"], kind="stable").reset_index(drop=True)
 
 
 SET_STATES = ("complete", "incomplete", "diverged", "interrupted")

@@ -115,6 +115,7 @@ def paper_table(summary: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
             continue
         columns[PHASE_HEADERS[phase]] = {r["label"]: paper_cell(r) for _, r in part.iterrows()}
         columns[f"HM {PHASE_HEADERS[phase]}"] = {r["label"]: pct(r["hmean"]) for _, r in part.iterrows()}
+        columns.update(family_columns(part, PHASE_HEADERS[phase]))
     table = pd.DataFrame(columns)
     if not gaps.empty:
         by_label = gaps.set_index("label")
@@ -123,6 +124,35 @@ def paper_table(summary: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
         table["rank tune → eval"] = [_ranks(by_label, label) for label in table.index]
     table.index.name = "algorithm"
     return table.sort_index().fillna("-")
+
+
+FAMILY_COLUMNS = {"fscil": (("aAcc", "aacc"), ("gAcc AUC", "gacc_auc"))}  # family: (header, metric) beside HM
+FSCIL_NOTE = ("FSCIL: aAcc (average accuracy over sessions) and gAcc AUC (area under gAcc(alpha), alpha in [0, 1]) "
+              "in %, mean (std) over orderings; criterion: the value of the criterion H* was selected by, %")
+
+
+def mean_std_cell(mean: float, std: float) -> str:
+    """'61.20 (1.30)': a mean and its std over orderings in percent; 'NaN' when the mean is undefined."""
+    if mean is None or math.isnan(mean):
+        return "NaN"
+    return f"{100 * mean:.2f} ({100 * std:.2f})" if std is not None and not math.isnan(std) else f"{100 * mean:.2f}"
+
+
+def family_columns(part: pd.DataFrame, header: str) -> dict[str, dict[str, str]]:
+    """The columns a family adds after a phase's HM (FSCIL: aAcc, gAcc AUC and H*'s criterion), only for the rows
+    of that family: a class-incremental phase adds none, so its table is the paper's as before."""
+    columns: dict[str, dict[str, str]] = {}
+    if "family" not in part:
+        return columns
+    for family, metrics in FAMILY_COLUMNS.items():
+        rows = part[part["family"] == family]
+        if rows.empty:
+            continue
+        for name, metric in metrics:
+            columns[f"{name} {header}"] = {r["label"]: mean_std_cell(r[metric], r[f"{metric}_std"])
+                                           for _, r in rows.iterrows()}
+        columns[f"criterion {header}"] = {r["label"]: pct(r["score"]) for _, r in rows.iterrows()}
+    return columns
 
 
 def _ranks(by_label: pd.DataFrame, label: str) -> str:
