@@ -53,7 +53,7 @@ class FscilSpec(_Strict):
     def _readable(cls, value: Path | None) -> Path | None:
         if value is None:
             return None
-        from gtep.protocol.families import read_shot_index
+        from gtep.data.shot_index import read_shot_index
 
         path = Path(os.path.expanduser(value))
         if not path.is_file():

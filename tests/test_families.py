@@ -8,6 +8,7 @@ import pytest
 
 from gtep.algorithms import ALGORITHMS
 from gtep.config import ConfigError, ExperimentConfig, resolve
+from gtep.data.shot_index import read_shot_index
 from gtep.engine.runner import OrderingRun
 from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import (
@@ -15,7 +16,6 @@ from gtep.protocol.families import (
     ScenarioFamily,
     check_shot_index,
     few_shot_indices,
-    read_shot_index,
     register_family,
 )
 from gtep.protocol.scenarios import TaskSpec, build_scenario

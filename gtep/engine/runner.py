@@ -20,12 +20,13 @@ from gtep.algorithms import ALGORITHMS, CommonParams, FitRecipe, IncrementalLear
 from gtep.algorithms.base import Scheduler
 from gtep.data import ImageSet
 from gtep.data.pipelines import Pipeline, PipelineSpec, choose_pipeline, normalisation, pretrained_normalisation
+from gtep.data.shot_index import read_shot_index
 from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import RESUMED, REUSED, TRAINED, FirstTaskStore, first_task_key
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
-from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, few_shot_indices, read_shot_index
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, few_shot_indices
 from gtep.protocol.sampling import steplr_milestones
 from gtep.protocol.scenarios import TaskSpec, ordering_seed
 

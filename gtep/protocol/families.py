@@ -14,9 +14,7 @@ A family is pure (numpy only), so it is tested without Ray, MLflow or torch.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
-from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -150,14 +148,6 @@ def few_shot_indices(train_labels: np.ndarray, task: TaskSpec, seed: int, orderi
             rng = np.random.default_rng([ordering_seed(seed, ordering), int(c)])
             picked.append(rng.choice(of_class, size=min(task.shots, len(of_class)), replace=False))
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
-
-
-def read_shot_index(path: str | Path) -> dict[int, list[int]]:
-    """A shot index file: JSON {"<class id>": [training image indices of that class], ...}."""
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict):
-        raise ValueError("a shot index is a JSON object {\"<class id>\": [training image indices]}")
-    return {int(k): [int(i) for i in v] for k, v in data.items()}
 
 
 def check_shot_index(given: Mapping[int, Sequence[int]], train_labels: np.ndarray, classes: Sequence[int],
