@@ -12,7 +12,8 @@ from gtep.engine.loop import Trainer
 from tests.helpers import learn, make_task
 
 CPU = torch.device("cpu")
-RESNET_METHODS = [n for n in ALGORITHMS.names() if not ALGORITHMS.get(n).uses_pretrained]
+RESNET_METHODS = [n for n in ALGORITHMS.names()
+                  if not ALGORITHMS.get(n).uses_pretrained and "class_incremental" in ALGORITHMS.get(n).data_flows]
 # The methods' own stages, short (their defaults run 20-170 epochs).
 QUICK = {"bic": {"bias_epochs": 1}, "podnet": {"ft_epochs": 1}, "foster": {"compression_epochs": 1},
          "beef": {"fusion_epochs": 1}}

@@ -97,7 +97,7 @@ def test_the_golden_file_names_only_registered_algorithms():
     assert set(load_golden()) <= set(ALGORITHMS.names())
 
 
-@pytest.mark.parametrize("name", ALGORITHMS.names())
+@pytest.mark.parametrize("name", [n for n in ALGORITHMS.names() if "class_incremental" in ALGORITHMS.get(n).data_flows])
 def test_results_are_bit_identical_to_the_golden_record(name):
     golden = load_golden()
     assert name in golden, f"{name} has no golden record; run `python -m {__name__} {name}` and commit it"
@@ -109,7 +109,7 @@ def test_results_are_bit_identical_to_the_golden_record(name):
 def main(names: list[str]) -> None:
     torch.set_num_threads(1)  # as tests/conftest.py: the same kernels, so the same bits
     golden = load_golden()
-    for name in names or ALGORITHMS.names():
+    for name in names or [n for n in ALGORITHMS.names() if "class_incremental" in ALGORITHMS.get(n).data_flows]:
         golden[name] = record(name)
         print(name, golden[name]["acc_matrix"][-1], flush=True)
     GOLDEN.write_text(json.dumps(dict(sorted(golden.items())), indent=1) + "\n")

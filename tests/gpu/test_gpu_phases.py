@@ -25,7 +25,8 @@ from tests.orchestration.test_phases import config
 pytestmark = gpu_group
 
 GPU_SHARE = 0.25 if ON_CUDA else 0
-RESNET_METHODS = [a for a in ALGORITHMS.names() if not ALGORITHMS.get(a).uses_pretrained and a != "finetune"]
+RESNET_METHODS = [a for a in ALGORITHMS.names() if not ALGORITHMS.get(a).uses_pretrained and a != "finetune"
+                  and "class_incremental" in ALGORITHMS.get(a).data_flows]
 VIT_METHODS = [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).uses_pretrained and a != "simplecil"]
 ROOT = Path(__file__).resolve().parents[2]
 
