@@ -65,12 +65,61 @@ class FscilSpec(_Strict):
         return path
 
 
+class IircSpec(_Strict):
+    """scenario.iirc: Incremental Implicitly-Refined Classification (gtep/protocol/iirc_family.py). The phase's
+    classes are the subclasses; `hierarchy` gives their superclasses."""
+
+    first_task_superclasses: int = Field(ge=1, description="superclasses of task 0 (superclasses only)")
+    classes_per_task: int = Field(ge=1, description="labels (superclasses and subclasses) of every later task")
+    # "groups": each class group of the dataset (Omniglot's alphabets) is a superclass; else a JSON file
+    # {"<superclass name>": ["<subclass class name or id>", ...]} (classes it does not list are standalone)
+    hierarchy: str = "groups"
+    sub_keep: float = Field(0.8, gt=0, le=1, description="share of a subclass's training images it keeps")
+    super_share: float = Field(0.4, gt=0, le=1, description="share of each subclass's images its superclass gets")
+
+    @field_validator("hierarchy")
+    @classmethod
+    def _hierarchy_source(cls, value: str) -> str:
+        from gtep.protocol.iirc_family import GROUPS
+
+        if value == GROUPS:
+            return value
+        path = Path(os.path.expanduser(value))
+        if not path.is_file():
+            raise ValueError(f"{value} is neither 'groups' nor an existing file; give 'groups' or a JSON file "
+                             "{\"<superclass name>\": [\"<subclass class name or id>\", ...]}")
+        read_hierarchy(path)
+        return str(path.resolve())
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The family's options: these fields, and a hierarchy file's content as `tree` (workers need no file)."""
+        options = self.model_dump(mode="json")
+        if self.hierarchy != "groups":
+            options["tree"] = read_hierarchy(Path(self.hierarchy))
+        return options
+
+
+def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
+    """An IIRC hierarchy file: JSON {"<superclass name>": ["<subclass class name or id>", ...]}."""
+    import json
+
+    from gtep.protocol.iirc_family import parse_hierarchy
+
+    try:
+        return parse_hierarchy(json.loads(path.read_text()))
+    except (ValueError, TypeError, AttributeError, OSError) as err:
+        raise ValueError(f"{path} is not a hierarchy file ({err})") from None
+
+
 class ScenarioSpec(_Strict):
-    # gtep/protocol/families.py: class_incremental (the paper's; needs increments) or fscil (needs the fscil section)
+    # gtep/protocol/families.py: class_incremental (the paper's; needs increments), fscil (needs the fscil
+    # section) or iirc (needs the iirc section)
     family: str = "class_incremental"
     increments: str | list[int] | None = Field(
         None, description="classes per task: '10x10', 'C50xT1+C10xT5' or a list (class_incremental)")
     fscil: FscilSpec | None = None
+    iirc: IircSpec | None = None
 
     @field_validator("increments")
     @classmethod
@@ -85,6 +134,8 @@ class ScenarioSpec(_Strict):
 
         if self.family not in FAMILIES:
             raise ValueError(f"family {self.family!r} is unknown; choose from {FAMILIES.names()}")
+        if self.iirc is not None and self.family != "iirc":
+            raise ValueError("the iirc section needs family: iirc; remove it or set the family")
         if self.family == "class_incremental":
             if self.increments is None:
                 raise ValueError("a class_incremental scenario needs increments, e.g. increments: 10x10")
@@ -96,6 +147,12 @@ class ScenarioSpec(_Strict):
                                  "sessions: 8}")
             if self.increments is not None:
                 raise ValueError("an fscil scenario takes its tasks from the fscil section; remove increments")
+        elif self.family == "iirc":
+            if self.iirc is None:
+                raise ValueError("family iirc needs its section, e.g. iirc: {first_task_superclasses: 2, "
+                                 "classes_per_task: 10, hierarchy: groups}")
+            if self.increments is not None or self.fscil is not None:
+                raise ValueError("an iirc scenario takes its tasks from the iirc section; remove increments/fscil")
         return self
 
     @property
@@ -103,6 +160,8 @@ class ScenarioSpec(_Strict):
         """The family's options as the generator takes them (plain values, paths as strings)."""
         if self.family == "fscil" and self.fscil is not None:
             return self.fscil.model_dump(mode="json")
+        if self.family == "iirc" and self.iirc is not None:
+            return self.iirc.options
         return {"increments": self.increments}
 
     @property
@@ -116,6 +175,10 @@ class ScenarioSpec(_Strict):
         if self.family == "fscil" and self.fscil is not None:
             f = self.fscil
             return f"fscil {f.base_classes}+{f.sessions}x{f.ways}-way {f.shots}-shot"
+        if self.family == "iirc" and self.iirc is not None:
+            i = self.iirc
+            source = "groups" if i.hierarchy == "groups" else Path(i.hierarchy).name
+            return f"iirc {i.first_task_superclasses} superclasses+{i.classes_per_task}/task ({source})"
         increments = self.increments
         text = increments if isinstance(increments, str) else "+".join(map(str, increments or []))
         return text if self.family == "class_incremental" else f"{self.family} {text}"
@@ -589,6 +652,48 @@ def _check_family(cfg: ExperimentConfig) -> None:
                           f"({family.data_flow}); algorithms that can: {', '.join(able) or 'none'}")
 
 
+def _check_iirc(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec) -> tuple[int, ...]:
+    """IIRC before any compute: each phase's hierarchy (its classes are the subclasses), no superclass with
+    subclasses in both phases of one dataset, and a task sequence for each phase. Returns the tuning phase's
+    labels per task (ResolvedExperiment.increments: the same in every ordering; the evaluation phase's may
+    differ, and its jobs compute their own)."""
+    from gtep.protocol.iirc_family import IircOptions, ordering_tasks, phase_hierarchy, split_problem, task_sizes
+
+    spec = cfg.scenario.iirc
+    assert spec is not None
+    options = IircOptions.of(cfg.scenario.family_options)
+    sizes: list[tuple[int, ...]] = []
+    metadata = []
+    for phase in (tuning, evaluation):
+        source = _source("datasets.split.dataset" if cfg.datasets.split else
+                         f"datasets.{'tuning' if phase.phase == 'tune' else 'evaluation'}.dataset", phase.dataset)
+        names, groups = source.class_names, source.class_groups
+        metadata.append((source.identity, names, groups))
+        try:
+            hierarchy = phase_hierarchy(phase.classes, options.source, names, groups)
+        except ValueError as err:
+            raise ConfigError("scenario.iirc.hierarchy", f"{err} ({phase.phase} phase, {phase.dataset})") from None
+        n_super = len(hierarchy.superclasses)
+        if spec.first_task_superclasses > n_super:
+            raise ConfigError("scenario.iirc.first_task_superclasses",
+                              f"is {spec.first_task_superclasses} but the {phase.phase} phase has {n_super} "
+                              f"superclasses; lower it to at most {n_super}")
+        try:
+            ordering_tasks(hierarchy, options, cfg.seed, 0)
+        except ValueError as err:
+            raise ConfigError("scenario.iirc", f"{err} ({phase.phase} phase: {n_super} superclasses, "
+                              f"{len(hierarchy.subclasses)} subclasses); change first_task_superclasses or "
+                              "classes_per_task") from None
+        sizes.append(tuple(task_sizes(hierarchy, options)))
+    (t_id, names, groups), (e_id, _, _) = metadata
+    if t_id == e_id:
+        problem = split_problem(tuning.classes, evaluation.classes, options.source, names, groups)
+        if problem:
+            raise ConfigError("scenario.iirc.hierarchy", f"{problem}: GTEP's phases must split the superclasses; "
+                              "split by group (datasets.split.by: group) or give disjoint whole superclasses")
+    return sizes[0]
+
+
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     """Check every name and constraint; touches only metadata, never trains or writes anything."""
     from gtep.algorithms import ALGORITHMS
@@ -610,10 +715,13 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     check_output(cfg.tracking.output, "tracking.output")
     check_tracking_uri(cfg.tracking_uri, "tracking.tracking_uri")
     _check_family(cfg)
-    increments = tuple(cfg.scenario.increment_list)
+    iirc = cfg.scenario.family == "iirc"
+    increments = () if iirc else tuple(cfg.scenario.increment_list)
     tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
     _check_weights(cfg, (tuning, evaluation))
-    for phase in (tuning, evaluation):
+    if iirc:
+        increments = _check_iirc(cfg, tuning, evaluation)
+    for phase in (tuning, evaluation) if not iirc else ():
         if sum(increments) != len(phase.classes):
             own = "tuning" if phase.phase == "tune" else "evaluation"
             field = "datasets.split" if cfg.datasets.split else f"datasets.{own}"

@@ -296,6 +296,12 @@ class OrderingRun:
         return outcome
 
 
+# Data flows other than class-incremental -> the function that runs one ordering of them (same arguments as
+# run_ordering without checkpoint and first_tasks); gtep.engine.multilabel registers "multi_label".
+DATA_FLOW_RUNNERS: dict[str, Callable[[OrderingJob, ImageSet, Callable[[int, OrderingOutcome], None] | None],
+                                      OrderingOutcome]] = {}
+
+
 def run_ordering(job: OrderingJob, data: ImageSet,
                  on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
                  checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
@@ -305,7 +311,15 @@ def run_ordering(job: OrderingJob, data: ImageSet,
     that finds a checkpoint of the same job continues after its last task with the same result. With
     `first_tasks`, task 1 of a method with a fixed first-task recipe comes from the study's store when
     another set trained it already (the same result as training it here), and is put there when this run
-    trains it."""
+    trains it.
+
+    A family with another data flow runs on the path registered for it in DATA_FLOW_RUNNERS (multi-label,
+    IIRC: gtep.engine.multilabel, without checkpoints or a shared first task)."""
+    flow = job.scenario_family.data_flow
+    if flow != CLASS_INCREMENTAL:
+        if flow not in DATA_FLOW_RUNNERS:
+            raise ValueError(f"no engine path runs the {flow} data flow; known: {sorted(DATA_FLOW_RUNNERS)}")
+        return DATA_FLOW_RUNNERS[flow](job, data, on_task_end)
     run = OrderingRun(job, data)
     saved = load_checkpoint(checkpoint, run.key, run.device) if checkpoint is not None else None
     if saved is not None:

@@ -1,0 +1,207 @@
+"""The IIRC scenario family (Incremental Implicitly-Refined Classification; papers/iirc.txt, notes 001.1-001.5).
+
+A phase's classes (the dataset's classes) are the SUBCLASSES; the superclasses come from a hierarchy:
+
+    hierarchy: groups   every class group of the dataset (Omniglot's alphabets) is a superclass of its classes
+    hierarchy: FILE     a JSON {"<superclass name>": ["<subclass class name or id>", ...]}; classes it does not
+                        list are standalone subclasses (no superclass)
+
+Superclass k (in sorted group-name order, or the file's key order) gets the label id `num_classes + k`, so
+label ids never collide with dataset class ids. GTEP's phases must split the superclasses: no subclass of a
+tuning superclass may appear in evaluation (`split_problem`, checked by config.resolve before any compute).
+
+Tasks (`tasks`): task 0 holds `first_task_superclasses` superclasses, every later task `classes_per_task`
+labels (gtep/protocol/iirc.py `iirc_tasks`, seeded by (study seed, ordering)); training images are assigned
+once per phase with the study seed (`assign_samples`: the same in every ordering and set).
+
+Metrics (gtep/protocol/iirc_metrics.py): pw_js (final R_k), mean_pw_js (mean of R_k over tasks: the default
+H* criterion), js, mean_js, exact_match, precision; curves pw_js_t, js_t, exact_match_t, precision_t,
+pw_js_current_t. Aliases for the parts of gtep that read the class-incremental names (tables' Acc and
+AvgAcc columns, the trainable's running score defaults, MLflow's per-task `acc_t` steps):
+
+    acc      = pw_js       the final precision-weighted Jaccard similarity (the paper's headline R_j at the end)
+    avg_acc  = mean_pw_js  its mean over the tasks (as AvgAcc is Acc's)
+    acc_t    = pw_js_t     the per-task curve
+
+So the generic HM column is the harmonic mean of final and mean pw-JS; H* is chosen by mean_pw_js unless
+search.criterion says otherwise. The data flow is "multi_label" (gtep/engine/multilabel.py runs it).
+Pure: stdlib and numpy only.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from gtep.protocol import iirc_metrics
+from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, register_family
+from gtep.protocol.iirc import SUB_KEEP, SUPER_SHARE, Hierarchy, iirc_tasks
+from gtep.protocol.scenarios import TaskSpec
+
+IIRC = "iirc"
+MULTI_LABEL = "multi_label"
+GROUPS = "groups"  # hierarchy source: the dataset's class groups
+
+ALIASES = {"acc": "pw_js", "avg_acc": "mean_pw_js", "acc_t": "pw_js_t"}
+
+METRIC_LABELS.update({"pw_js": "pw-JS", "mean_pw_js": "mean pw-JS", "js": "JS", "mean_js": "mean JS",
+                      "exact_match": "exact match", "precision": "precision"})
+
+
+@dataclass(frozen=True)
+class IircOptions:
+    """scenario.iirc as the family takes it (gtep/config.py IircSpec validates it)."""
+
+    first_task_superclasses: int
+    classes_per_task: int
+    hierarchy: str = GROUPS  # "groups" or the hierarchy file's path (as recorded)
+    sub_keep: float = SUB_KEEP
+    super_share: float = SUPER_SHARE
+    tree: Mapping[str, Sequence[str | int]] | None = None  # the file's content (config reads it; workers need not)
+
+    @property
+    def source(self) -> "str | Mapping[str, Sequence[str | int]]":
+        """What `phase_hierarchy` takes: "groups", or the file's {superclass name: [class names or ids]}."""
+        if self.hierarchy == GROUPS:
+            return GROUPS
+        if self.tree is None:
+            raise ValueError(f"the hierarchy {self.hierarchy} was not read; give its content as options['tree']")
+        return self.tree
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> "IircOptions":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in options.items() if k in known})
+
+
+def parse_hierarchy(data: Any) -> dict[str, list[str | int]]:
+    """A hierarchy file's parsed JSON: {"<superclass name>": ["<subclass class name or id>", ...], ...}."""
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise ValueError("a hierarchy is a JSON object {\"<superclass name>\": [\"<class name or id>\", ...]}")
+    for name, subs in data.items():
+        bad = [s for s in subs if not isinstance(s, (str, int)) or isinstance(s, bool)]
+        if bad:
+            raise ValueError(f"superclass {name!r} lists {bad[:3]}; give class names or ids")
+    return {str(k): list(v) for k, v in data.items()}
+
+
+def dataset_superclasses(source: str | Mapping[str, Sequence[str | int]], class_names: Sequence[str],
+                         class_groups: Sequence[str] | None) -> dict[str, list[int]]:
+    """Superclass name -> its subclass ids (dataset class ids) over the whole dataset, in label-id order."""
+    if source == GROUPS:
+        if class_groups is None:
+            raise ValueError("the dataset has no class groups; give a hierarchy JSON file instead of 'groups'")
+        out: dict[str, list[int]] = {g: [] for g in sorted(set(class_groups))}
+        for c, g in enumerate(class_groups):
+            out[g].append(c)
+        return out
+    ids = {name: i for i, name in enumerate(class_names)}
+    out = {}
+    seen: dict[int, str] = {}
+    if isinstance(source, str):
+        raise ValueError(f"hierarchy {source!r}: give 'groups' or the parsed file (IircOptions.source)")
+    for sup, subs in parse_hierarchy(source).items():
+        resolved = []
+        for s in subs:
+            if isinstance(s, int) or (isinstance(s, str) and s not in ids and s.isdigit()):
+                c = int(s)
+                if not 0 <= c < len(class_names):
+                    raise ValueError(f"superclass {sup!r}: class id {c} is outside 0..{len(class_names) - 1}")
+            elif s in ids:
+                c = ids[s]
+            else:
+                raise ValueError(f"superclass {sup!r}: {s!r} is not a class name of the dataset")
+            if c in seen:
+                raise ValueError(f"class {class_names[c]!r} is under both {seen[c]!r} and {sup!r}")
+            seen[c] = sup
+            resolved.append(c)
+        out[sup] = resolved
+    return out
+
+
+def superclass_ids(superclasses: Mapping[str, Sequence[int]], num_classes: int) -> dict[str, int]:
+    """Superclass name -> its label id: num_classes + its position."""
+    return {name: num_classes + k for k, name in enumerate(superclasses)}
+
+
+def phase_hierarchy(classes: Sequence[int], source: str | Mapping[str, Sequence[str | int]], class_names: Sequence[str],
+                    class_groups: Sequence[str] | None) -> Hierarchy:
+    """The hierarchy of one phase: the superclasses with subclasses among `classes` (restricted to them), and
+    the phase's other classes as standalone subclasses."""
+    supers = dataset_superclasses(source, class_names, class_groups)
+    ids = superclass_ids(supers, len(class_names))
+    phase = set(int(c) for c in classes)
+    tree = {ids[name]: [c for c in subs if c in phase] for name, subs in supers.items()}
+    tree = {s: subs for s, subs in tree.items() if subs}
+    under = {c for subs in tree.values() for c in subs}
+    return Hierarchy.of(tree, [c for c in sorted(phase) if c not in under])
+
+
+def split_problem(tuning: Sequence[int], evaluation: Sequence[int], source: str | Mapping[str, Sequence[str | int]],
+                  class_names: Sequence[str],
+                  class_groups: Sequence[str] | None) -> str | None:
+    """What is wrong with a split of one dataset's classes for IIRC (None: nothing): a superclass with
+    subclasses in both phases would leak between them."""
+    t, e = set(tuning), set(evaluation)
+    for name, subs in dataset_superclasses(source, class_names, class_groups).items():
+        if t & set(subs) and e & set(subs):
+            first_t, first_e = class_names[sorted(t & set(subs))[0]], class_names[sorted(e & set(subs))[0]]
+            return (f"superclass {name!r} has subclasses in both phases (e.g. {first_t!r} in tuning, {first_e!r} "
+                    "in evaluation)")
+    return None
+
+
+def task_sizes(hierarchy: Hierarchy, options: IircOptions) -> list[int]:
+    """Labels per task (the same in every ordering): the first task's superclasses, then classes_per_task."""
+    rest = len(hierarchy.classes) - options.first_task_superclasses
+    full, extra = divmod(rest, options.classes_per_task)
+    return [options.first_task_superclasses] + [options.classes_per_task] * full + ([extra] if extra else [])
+
+
+def ordering_tasks(hierarchy: Hierarchy, options: IircOptions, seed: int, ordering: int) -> list[TaskSpec]:
+    return iirc_tasks(hierarchy, options.first_task_superclasses, options.classes_per_task, seed, ordering)
+
+
+@register_family
+class IncrementalImplicitlyRefined(ScenarioFamily):
+    name = IIRC
+    description = ("IIRC: superclasses first, their subclasses in later tasks, multi-label with incomplete training "
+                   "labels (scenario.iirc)")
+    data_flow = MULTI_LABEL
+    metric_names = (*iirc_metrics.METRIC_NAMES, "acc", "avg_acc")
+    curve_metrics = (*iirc_metrics.CURVE_METRICS, "acc_t")
+    default_criterion = iirc_metrics.DEFAULT_CRITERION_METRIC
+    headline: ClassVar[tuple[str, ...]] = ("pw_js", "mean_pw_js", "js", "exact_match")
+
+    def increments(self, options: Mapping[str, Any]) -> list[int]:
+        """Labels per task of a phase; needs the phase's hierarchy in options["superclasses"] ({superclass id:
+        [subclass ids]}) and options["classes"], as `tasks` does (config.resolve computes them per phase)."""
+        return task_sizes(self._hierarchy(options.get("classes", ()), options), IircOptions.of(options))
+
+    def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
+        return ordering_tasks(self._hierarchy(classes, options), IircOptions.of(options), seed, ordering)
+
+    @staticmethod
+    def _hierarchy(classes: Sequence[int], options: Mapping[str, Any]) -> Hierarchy:
+        tree = options.get("superclasses")
+        if tree is None:
+            raise ValueError("the iirc family needs the phase's hierarchy: options['superclasses'] = {superclass "
+                             "id: [subclass ids]} (see phase_hierarchy)")
+        tree = {int(s): [int(c) for c in subs] for s, subs in tree.items()}
+        under = {c for subs in tree.values() for c in subs}
+        return Hierarchy.of(tree, [int(c) for c in sorted(classes) if int(c) not in under])
+
+    def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
+                  tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
+        raise NotImplementedError("IIRC's metrics need every sample's predicted label set, not the task matrix; "
+                                  "gtep.engine.multilabel computes them with gtep.protocol.iirc_metrics")
+
+
+def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """IIRC's metrics plus the class-incremental names gtep's tables and score read (see the module docstring)."""
+    out = dict(metrics)
+    for alias, name in ALIASES.items():
+        if name in out:
+            out[alias] = out[name]
+    return out
