@@ -78,6 +78,22 @@ def test_cifar100_from_a_local_root(tmp_path, monkeypatch):
     assert data.num_classes == 100 and data.x_train.shape == (20, 32, 32, 3) and len(data.y_test) == 10
 
 
+def test_cifar100_coarse_labels_are_its_class_groups(tmp_path):
+    """The coarse classes of torchvision's files are the fine classes' groups (superclasses for IIRC)."""
+    base = tmp_path / "cifar" / "cifar-100-python"
+    base.mkdir(parents=True)
+    fine = list(range(100)) * 2
+    with open(base / "train", "wb") as fh:
+        pickle.dump({"data": np.zeros((200, 3072), dtype=np.uint8), "fine_labels": fine,
+                     "coarse_labels": [f // 5 for f in fine]}, fh)
+    with open(base / "meta", "wb") as fh:
+        pickle.dump({"fine_label_names": [f"c{i}" for i in range(100)],
+                     "coarse_label_names": [f"super{i}" for i in range(20)]}, fh)
+    source = resolve_dataset(f"cifar100:{tmp_path / 'cifar'}")
+    groups = source.metadata(source)[1]
+    assert groups is not None and groups[:6] == ["super0"] * 5 + ["super1"] and len(set(groups)) == 20
+
+
 @pytest.mark.parametrize("name", ["cifar100:/no/such/root", "imagefolder:/no/such/tree", "npz:/no/such.npz"])
 def test_missing_roots_name_the_dataset_and_path(name):
     with pytest.raises(DatasetError, match="/no/such"):

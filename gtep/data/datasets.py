@@ -277,7 +277,26 @@ def _cifar_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]
         raise DatasetError(f"dataset {source.name!r}: {meta} is missing; "
                            f"extract cifar-100-python.tar.gz into {source.path}")
     with open(meta, "rb") as fh:  # torchvision's own format; a trusted local file, as torchvision reads it
-        return list(pickle.load(fh, encoding="latin1")["fine_label_names"]), None
+        names = pickle.load(fh, encoding="latin1")
+    return list(names["fine_label_names"]), _cifar_coarse_groups(source, names.get("coarse_label_names"))
+
+
+def _cifar_coarse_groups(source: DatasetSource, coarse_names: list[str] | None) -> list[str] | None:
+    """Each fine class's coarse class (its superclass: `split: {by: group}`, IIRC's `hierarchy: groups`), read from
+    the training file's label pairs; None when the root's files do not carry coarse labels."""
+    import pickle
+
+    train = source.root / "cifar-100-python" / "train"
+    if not coarse_names or not train.exists():
+        return None
+    with open(train, "rb") as fh:
+        labels = pickle.load(fh, encoding="latin1")
+    if "coarse_labels" not in labels:
+        return None
+    coarse_of = dict(zip(labels["fine_labels"], labels["coarse_labels"]))
+    if len(coarse_of) < len(set(labels["fine_labels"])) or len(coarse_of) < 100:
+        return None
+    return [str(coarse_names[coarse_of[fine]]) for fine in range(100)]
 
 
 def _load_cifar(source: DatasetSource) -> ImageSet:
