@@ -129,7 +129,7 @@ def trials_summary(convergence: pd.DataFrame, sets: pd.DataFrame | None = None) 
     frame = pd.DataFrame({"trials": rows["trials"].astype(int)})
     if not counts.empty:
         frame = frame.join(counts.astype(int), how="left").fillna(0).astype(int)
-    frame["best HM (%)"] = rows["best"].map(tables.pct)
+    frame["best score (%)"] = rows["best"].map(tables.pct)  # H*'s criterion: HM, or the family's (gAcc AUC)
     frame["reached after"] = rows["reached"].map(lambda v: "-" if math.isnan(v) else str(int(v)))
     return frame
 
