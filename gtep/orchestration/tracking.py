@@ -38,6 +38,7 @@ ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc
 _FAMILY_PERCENT = {m for name in FAMILIES for m in FAMILIES.get(name).metric_names if m not in RATIO_METRICS}
 PERCENT_METRICS = frozenset({"acc", "avg_acc", "hmean", "acc_std", "avg_acc_std", "hmean_std", "forgetting",
                              "old_acc", "new_acc", "mean_of_hmeans", "acc_t", "score", "score_std", "gacc_alpha",
+                             "score_mean_of_orderings",
                              "aacc_t", *_FAMILY_PERCENT, *(f"{m}_std" for m in _FAMILY_PERCENT)})
 UNITS_TAG = {"gtep.units": "percent"}
 # Per-ordering lists logged as step metrics: one value per task (step t = task t, from 1), or a curve over its
@@ -254,11 +255,14 @@ class MlflowWriter(tune.Callback):
         key = self.trial_run(set_index)
         self.finished.add(set_index)
         score = self.set_score(set_index)
+        # hmean and mean_of_hmeans keep their meaning (Acc and AvgAcc) whatever H*'s criterion; `score` is that
+        # criterion (the same number as hmean for the paper's)
+        hm = score_set(set_index, list(self.results.get(set_index, {}).values()), self.orderings)
         values = {"acc": score.acc_mean, "acc_std": score.acc_std, "avg_acc": score.avg_acc_mean,
-                  "avg_acc_std": score.avg_acc_std, "hmean": score.hmean_of_means,
-                  "mean_of_hmeans": score.mean_of_hmeans, "diverged_orderings": score.diverged_orderings,
+                  "avg_acc_std": score.avg_acc_std, "hmean": hm.hmean_of_means,
+                  "mean_of_hmeans": hm.mean_of_hmeans, "diverged_orderings": score.diverged_orderings,
                   "orderings": score.orderings, "orderings_finished": score.finished_orderings,
-                  "score": score.hmean_of_means}
+                  "score": score.hmean_of_means, "score_mean_of_orderings": score.mean_of_hmeans}
         units = [u for u in self.manifest.units(self.phase) if u["set_index"] == set_index]
         values.update(family_means(units, self.extra_metrics))
         # the time of its last unit: finishing the same trial again (a resumed study) writes the same points

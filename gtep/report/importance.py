@@ -32,6 +32,10 @@ def trial_scores(trials: pd.DataFrame, selection: str) -> pd.Series:
     column = "mean_of_hmeans" if selection == "mean_of_hmeans" else "hmean"
     indexed = trials.set_index("run_id")
     scores = indexed[column].astype(float)
+    if selection != "mean_of_hmeans" and "score" in indexed and "criterion" in indexed:
+        # a scenario family's criterion (FSCIL: gAcc AUC) selected H*: its trials are ranked by it
+        other = indexed["criterion"].fillna("hmean_acc_avgacc") != "hmean_acc_avgacc"
+        scores = scores.where(~other, indexed["score"].astype(float))
     left_out = indexed["diverged_orderings"].fillna(0) > 0
     if "set_status" in indexed:
         left_out |= indexed["set_status"].isin(("diverged", "incomplete", "interrupted"))

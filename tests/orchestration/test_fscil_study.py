@@ -64,6 +64,10 @@ def test_every_run_is_tagged_and_logs_fscils_metrics_in_percent(study):
         assert len(accuracy["acc_matrix"]) == 3
         history = study["client"].get_metric_history(run.info.run_id, "gacc_alpha")
         assert sorted(m.step for m in history) == list(range(13))
+    for trial in [r for r in runs if r.data.tags["gtep.level"] == "trial"]:
+        m = trial.data.metrics  # hmean keeps its meaning (Acc, AvgAcc); score is the criterion, gAcc AUC
+        assert m["hmean"] == pytest.approx(2 * m["acc"] * m["avg_acc"] / (m["acc"] + m["avg_acc"]), abs=1e-3)
+        assert m["score"] == pytest.approx(m["gacc_auc"], abs=1e-3)
     phases = {r.data.tags["gtep.phase"]: r for r in runs if r.data.tags["gtep.level"] == "phase"}
     assert set(phases) == {"tune", "evaluate"}
     for run in phases.values():
