@@ -155,10 +155,10 @@ def test_criteria_and_sessions_are_checked_before_any_compute(tmp_path, changes,
 
 def test_an_algorithm_without_the_familys_data_flow_is_refused_naming_who_can(tmp_path):
     @register_family
-    class MultiLabel(ScenarioFamily):
-        name = "test_multi_label"
+    class OpenWorld(ScenarioFamily):
+        name = "test_open_world"
         description = "a family whose data no learner here can learn from"
-        data_flow = "multi_label"
+        data_flow = "test_open_world_stream"
         metric_names = ("acc", "avg_acc")
 
         def increments(self, options):
@@ -166,13 +166,13 @@ def test_an_algorithm_without_the_familys_data_flow_is_refused_naming_who_can(tm
 
     try:
         with pytest.raises(ConfigError) as err:
-            resolve(ExperimentConfig(**experiment(scenario={"family": "test_multi_label"},
+            resolve(ExperimentConfig(**experiment(scenario={"family": "test_open_world"},
                                                   tracking={"output": str(tmp_path)})))
         assert err.value.field == "algorithm"
-        assert "replay cannot run the test_multi_label family's data (multi_label)" in str(err.value)
+        assert "replay cannot run the test_open_world family's data (test_open_world_stream)" in str(err.value)
         assert "algorithms that can: none" in str(err.value)
     finally:
-        FAMILIES._entries.pop("test_multi_label")
+        FAMILIES._entries.pop("test_open_world")
 
 
 # ---------------------------------------------------------------- through the engine

@@ -14,6 +14,9 @@ from typer.testing import CliRunner
 
 from gtep.cli import app
 
+# a Ray study of its own (~80 s): in the `slow` group, which .ci/run runs after the default one
+pytestmark = pytest.mark.slow
+
 PLUGIN = "tests.engine.multilabel_learner"
 R, S = 2, 2
 SPACE = {"algorithm": "tiny_multilabel", "space": {"lr": [0.05, 0.01], "epochs": [2], "batch_size": [16],

@@ -79,4 +79,4 @@ def test_a_224_px_study_runs_end_to_end_on_the_cpu(tmp_path):
     for run in orderings:
         assert run.data.params["gtep.augment"] == "pycil-imagenet@224"
         assert run.data.params["gtep.dataset"].endswith("?size=256")
-        assert 0 <= run.data.metrics["acc"] <= 1
+        assert 0 <= run.data.metrics["acc"] <= 100  # percent (gtep.units=percent)
