@@ -4,6 +4,7 @@ heavy imports (Ray, MLflow, torch) happen inside the commands, so `gtep --help` 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Optional
@@ -22,7 +23,11 @@ from gtep.config import (
     validate_config,
 )
 
-console = Console()
+# Redirected to a file or a batch job's log, rich would fall back to 80 columns and squeeze a family's result
+# table into ellipses; a log is read later in a pager, so it gets room (a terminal keeps its own width;
+# COLUMNS still wins).
+LOG_WIDTH = 160
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else LOG_WIDTH)
 err_console = Console(stderr=True)
 
 ConfigOpt = typer.Option(None, "--config", "-c", help="experiment YAML file")
