@@ -112,6 +112,21 @@ def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
         raise ValueError(f"{path} is not a hierarchy file ({err})") from None
 
 
+class FluidSpec(_Strict):
+    """scenario.fluid: FLUID's open-world stream (papers/fluid.txt; gtep/protocol/fluid_family.py)."""
+
+    pretrain_classes: list[int] = Field(min_length=1, description="the backbone's pretraining classes, kept out "
+                                        "of both phases; the streams show their test images")
+    n_pretrain_classes: int = Field(ge=0, description="pretrain classes per sequence")
+    n_novel_classes: int = Field(ge=1, description="novel classes per sequence (from the phase's classes)")
+    total_samples: int = Field(ge=1, description="samples per sequence (fewer if the caps allow fewer)")
+    per_class_cap: int = Field(ge=1, description="at most this many samples of one class")
+    zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of images per class (the paper's 1)")
+    head_cut: int = Field(50, ge=0, description="head classes have more samples than this (the paper's 50)")
+    window: int = Field(100, ge=1, description="steps per window of the rolling accuracy")
+    backward_factor: float = Field(1.0, ge=0, description="a backward pass costs this many forward passes")
+
+
 class ScenarioSpec(_Strict):
     # gtep/protocol/families.py: class_incremental (the paper's; needs increments), fscil (needs the fscil
     # section) or iirc (needs the iirc section)
@@ -120,6 +135,7 @@ class ScenarioSpec(_Strict):
         None, description="classes per task: '10x10', 'C50xT1+C10xT5' or a list (class_incremental)")
     fscil: FscilSpec | None = None
     iirc: IircSpec | None = None
+    fluid: FluidSpec | None = None
 
     @field_validator("increments")
     @classmethod
@@ -136,6 +152,8 @@ class ScenarioSpec(_Strict):
             raise ValueError(f"family {self.family!r} is unknown; choose from {FAMILIES.names()}")
         if self.iirc is not None and self.family != "iirc":
             raise ValueError("the iirc section needs family: iirc; remove it or set the family")
+        if self.fluid is not None and self.family != "fluid":
+            raise ValueError("the fluid section needs family: fluid; remove it or set the family")
         if self.family == "class_incremental":
             if self.increments is None:
                 raise ValueError("a class_incremental scenario needs increments, e.g. increments: 10x10")
@@ -153,6 +171,13 @@ class ScenarioSpec(_Strict):
                                  "classes_per_task: 10, hierarchy: groups}")
             if self.increments is not None or self.fscil is not None:
                 raise ValueError("an iirc scenario takes its tasks from the iirc section; remove increments/fscil")
+        elif self.family == "fluid":
+            if self.fluid is None:
+                raise ValueError("family fluid needs its section, e.g. fluid: {pretrain_classes: [0, 1, 2], "
+                                 "n_pretrain_classes: 2, n_novel_classes: 10, total_samples: 500, per_class_cap: 100}")
+            if self.increments is not None or self.fscil is not None or self.iirc is not None:
+                raise ValueError("a fluid scenario takes its stream from the fluid section; remove "
+                                 "increments/fscil/iirc")
         return self
 
     @property
@@ -162,6 +187,8 @@ class ScenarioSpec(_Strict):
             return self.fscil.model_dump(mode="json")
         if self.family == "iirc" and self.iirc is not None:
             return self.iirc.options
+        if self.family == "fluid" and self.fluid is not None:
+            return self.fluid.model_dump(mode="json")
         return {"increments": self.increments}
 
     @property
@@ -179,6 +206,10 @@ class ScenarioSpec(_Strict):
             i = self.iirc
             source = "groups" if i.hierarchy == "groups" else Path(i.hierarchy).name
             return f"iirc {i.first_task_superclasses} superclasses+{i.classes_per_task}/task ({source})"
+        if self.family == "fluid" and self.fluid is not None:
+            stream = self.fluid
+            return (f"fluid {stream.n_pretrain_classes} pretrain+{stream.n_novel_classes} novel classes, "
+                    f"{stream.total_samples} samples, zipf s={stream.zipf_s:g}")
         increments = self.increments
         text = increments if isinstance(increments, str) else "+".join(map(str, increments or []))
         return text if self.family == "class_incremental" else f"{self.family} {text}"
@@ -694,6 +725,29 @@ def _check_iirc(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec)
     return sizes[0]
 
 
+def _check_fluid(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec) -> None:
+    """FLUID before any compute: the pretrain classes exist and are kept out of both phases, and every phase
+    has the classes a sequence draws."""
+    spec = cfg.scenario.fluid
+    assert spec is not None
+    if len(set(spec.pretrain_classes)) != len(spec.pretrain_classes):
+        raise ConfigError("scenario.fluid.pretrain_classes", "lists a class twice; give each class id once")
+    if spec.n_pretrain_classes > len(spec.pretrain_classes):
+        raise ConfigError("scenario.fluid.n_pretrain_classes", f"is {spec.n_pretrain_classes} but pretrain_classes "
+                          f"lists {len(spec.pretrain_classes)}; lower it or list more classes")
+    for phase in (tuning, evaluation):
+        available = len(_source("scenario.fluid.pretrain_classes", phase.dataset).class_names)
+        _check_classes("scenario.fluid.pretrain_classes", spec.pretrain_classes, available)
+        shared = sorted(set(spec.pretrain_classes) & set(phase.classes))
+        if shared:
+            raise ConfigError("scenario.fluid.pretrain_classes", f"{len(shared)} of them are {phase.phase} classes "
+                              f"(e.g. {shared[:5]}); keep the pretrain classes out of both phases (restrict "
+                              "datasets.split.classes to the others)")
+        if spec.n_novel_classes > len(phase.classes):
+            raise ConfigError("scenario.fluid.n_novel_classes", f"is {spec.n_novel_classes} but the {phase.phase} "
+                              f"phase has {len(phase.classes)} classes; lower it or give the phase more classes")
+
+
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     """Check every name and constraint; touches only metadata, never trains or writes anything."""
     from gtep.algorithms import ALGORITHMS
@@ -716,12 +770,15 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     check_tracking_uri(cfg.tracking_uri, "tracking.tracking_uri")
     _check_family(cfg)
     iirc = cfg.scenario.family == "iirc"
+    fluid = cfg.scenario.family == "fluid"
     increments = () if iirc else tuple(cfg.scenario.increment_list)
     tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
     _check_weights(cfg, (tuning, evaluation))
     if iirc:
         increments = _check_iirc(cfg, tuning, evaluation)
-    for phase in (tuning, evaluation) if not iirc else ():
+    if fluid:
+        _check_fluid(cfg, tuning, evaluation)
+    for phase in (tuning, evaluation) if not (iirc or fluid) else ():
         if sum(increments) != len(phase.classes):
             own = "tuning" if phase.phase == "tune" else "evaluation"
             field = "datasets.split" if cfg.datasets.split else f"datasets.{own}"

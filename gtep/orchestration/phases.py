@@ -244,7 +244,9 @@ def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, a
 
 def trainable_for(resolved: ResolvedExperiment, phase: str, folders: dict[str, str]):
     spec = resolved.phase(phase)
-    data = resolve_dataset(spec.dataset).load().subset(list(spec.classes))
+    # the phase's classes, and those its family's scenario shows besides them (FLUID's pretrain classes)
+    extra = resolved.family.data_classes(resolved.config.scenario.family_options)
+    data = resolve_dataset(spec.dataset).load().subset(sorted({*spec.classes, *extra}))
     compute = resolved.config.compute
     # with_parameters puts the decoded arrays in Ray's object store once; trials on a node share them
     job = job_spec(resolved, phase, folders)
