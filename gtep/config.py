@@ -231,6 +231,7 @@ class SplitSpec(_Strict):
     classes: list[int] | None = None  # restrict the pool before splitting
     classes_per_phase: int | None = Field(None, ge=1)  # default: half the pool each
     tuning_groups: list[str] | None = None  # by=group: which groups (e.g. alphabets) go to tuning
+    groups: list[str] | None = None  # restrict the pool to these groups (e.g. to leave others for pretrain)
 
 
 class DatasetsSpec(_Strict):
@@ -325,11 +326,32 @@ class TrackingSpec(_Strict):
     tracking_uri: str | None = None  # default sqlite:///<output>/mlflow.db
 
 
+class PretrainSection(_Strict):
+    """A backbone pretrained once before the phases (gtep.orchestration.pretraining), on classes kept out of both,
+    cached and used as the run's weights: a preset then runs on a fresh machine with no weights file."""
+
+    dataset: str | None = None  # default: the study's dataset (datasets.split.dataset, else datasets.tuning.dataset)
+    classes: list[int] | None = None  # class ids of that dataset ...
+    groups: list[str] | None = None  # ... or whole class groups (e.g. Omniglot's alphabets)
+    epochs: int | None = Field(None, ge=1)  # default per backbone kind: gtep.engine.pretrain.default_spec
+    lr: float | None = Field(None, gt=0)
+    batch_size: int = Field(64, ge=1)
+    weight_decay: float | None = Field(None, ge=0)
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _classes_or_groups(self) -> "PretrainSection":
+        if (self.classes is None) == (self.groups is None):
+            raise ValueError("give either 'classes' or 'groups' to pretrain on (kept out of both phases), not both")
+        return self
+
+
 class ExperimentConfig(_Strict):
     study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     algorithm: str
     backbone: str = "resnet32"
-    weights: Path | None = None  # pretrained ViT weights (safetensors or a state dict); see gtep pretrain
+    weights: Path | None = None  # pretrained weights (safetensors or a state dict); see gtep pretrain
+    pretrain: PretrainSection | None = None  # or: pretrain the backbone before the phases (cached)
     scenario: ScenarioSpec
     datasets: DatasetsSpec
     search: SearchSpec = SearchSpec()
@@ -469,12 +491,27 @@ class PhaseSpec:
 
 
 @dataclass(frozen=True)
+class PretrainPlan:
+    """The config's pretrain section resolved: the dataset (at the phases' storage size) and its class ids."""
+
+    dataset: str
+    classes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ResolvedExperiment:
     config: ExperimentConfig
     increments: tuple[int, ...]
     tuning: PhaseSpec
     evaluation: PhaseSpec
     space_path: Path
+    pretraining: PretrainPlan | None = None
+    pretrained: Path | None = None  # the file the pretrain step wrote or found (gtep.orchestration.pretraining)
+
+    @property
+    def weights(self) -> Path | None:
+        """The run's backbone weights: those the pretrain section made, else the config's `weights`."""
+        return self.pretrained or self.config.weights
 
     @property
     def family(self) -> "ScenarioFamily":
@@ -542,6 +579,14 @@ def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
         names = source.class_names
         pool = split.classes if split.classes is not None else list(range(len(names)))
         _check_classes("datasets.split.classes", pool, len(names))
+        if split.groups is not None:
+            all_groups = source.class_groups
+            if all_groups is None:
+                raise ConfigError("datasets.split.groups", f"{split.dataset} has no class groups; drop groups")
+            unknown = sorted(set(split.groups) - set(all_groups))
+            if unknown:
+                raise ConfigError("datasets.split.groups", f"{split.dataset} has no groups {unknown[:5]}")
+            pool = [c for c in pool if all_groups[c] in set(split.groups)]
         if split.by == "group":
             groups = source.class_groups
             if groups is None:
@@ -586,26 +631,27 @@ def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
 
 
 def _check_weights(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -> None:
-    """Weights must exist, fit a ViT, and not have been pretrained on a class either phase uses."""
-    from gtep.data import resolve_dataset
-    from gtep.models.vit import is_vit, weights_metadata
+    if cfg.weights is not None:
+        check_weights_file(cfg.weights, cfg.backbone, phases)
 
-    if cfg.weights is None:
-        return
-    if not is_vit(cfg.backbone):
-        raise ConfigError("weights", f"pretrained weights apply to ViT backbones, not {cfg.backbone!r}; drop --weights")
-    if not Path(cfg.weights).exists():
-        raise ConfigError("weights", f"{cfg.weights} does not exist; train one with gtep pretrain or fix the path")
-    if Path(cfg.weights).is_dir():
-        raise ConfigError("weights", f"{cfg.weights} is a folder; give a .safetensors file (gtep pretrain) "
+
+def check_weights_file(weights: Path, backbone: str, phases: tuple[PhaseSpec, PhaseSpec]) -> None:
+    """Weights must exist, fit the backbone, and not have been pretrained on a class either phase uses."""
+    from gtep.data import resolve_dataset
+    from gtep.models.vit import weights_metadata
+
+    if not Path(weights).exists():
+        raise ConfigError("weights", f"{weights} does not exist; train one with gtep pretrain or fix the path")
+    if Path(weights).is_dir():
+        raise ConfigError("weights", f"{weights} is a folder; give a .safetensors file (gtep pretrain) "
                           "or a saved state dict")
     try:
-        meta = weights_metadata(Path(cfg.weights))
+        meta = weights_metadata(Path(weights))
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged header
-        raise ConfigError("weights", f"{cfg.weights} is not a readable safetensors file ({err.__class__.__name__}); "
+        raise ConfigError("weights", f"{weights} is not a readable safetensors file ({err.__class__.__name__}); "
                           "give the file gtep pretrain wrote") from None
-    if meta.get("gtep.backbone") and meta["gtep.backbone"] != cfg.backbone:
-        raise ConfigError("weights", f"{cfg.weights} holds {meta['gtep.backbone']}, not {cfg.backbone}; "
+    if meta.get("gtep.backbone") and meta["gtep.backbone"] != backbone:
+        raise ConfigError("weights", f"{weights} holds {meta['gtep.backbone']}, not {backbone}; "
                           "match --backbone")
     if "gtep.dataset" in meta and "gtep.classes" in meta:
         pretrained = {int(c) for c in meta["gtep.classes"].split(",") if c}
@@ -613,8 +659,48 @@ def _check_weights(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -
         for phase in phases:
             if resolve_dataset(phase.dataset).identity == identity and pretrained & set(phase.classes):
                 shared = sorted(pretrained & set(phase.classes))
-                raise ConfigError("weights", f"{cfg.weights} was pretrained on {len(shared)} classes the {phase.phase} "
+                raise ConfigError("weights", f"{weights} was pretrained on {len(shared)} classes the {phase.phase} "
                                   f"phase uses (e.g. {shared[:5]}); pretrain on classes kept out of both phases")
+
+
+def _check_pretrain(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -> PretrainPlan | None:
+    """The pretrain section's classes: in the dataset, and in neither phase (same dataset), before any compute."""
+    section = cfg.pretrain
+    if section is None:
+        return None
+    if cfg.weights is not None:
+        raise ConfigError("pretrain", "the config gives both weights and a pretrain section; drop one (the pretrain "
+                          "section makes the weights)")
+    default = cfg.datasets.split.dataset if cfg.datasets.split else cfg.datasets.tuning.dataset  # type: ignore[union-attr]
+    source = _source("pretrain.dataset", section.dataset or default)
+    names = source.class_names
+    if section.groups is not None:
+        groups = source.class_groups
+        if groups is None:
+            raise ConfigError("pretrain.groups", f"{source.name} has no class groups; give pretrain.classes")
+        unknown = sorted(set(section.groups) - set(groups))
+        if unknown:
+            raise ConfigError("pretrain.groups", f"{source.name} has no groups {unknown[:5]}; "
+                              f"it has e.g. {sorted(set(groups))[:5]}")
+        classes = [c for c, g in enumerate(groups) if g in set(section.groups)]
+        field = "pretrain.groups"
+    else:
+        classes = list(section.classes or [])
+        field = "pretrain.classes"
+        _check_classes(field, classes, len(names))
+    if not classes:
+        raise ConfigError(field, "names no classes; give the classes (or groups) to pretrain on")
+    from gtep.data import resolve_dataset
+
+    for phase in phases:
+        if resolve_dataset(phase.dataset).identity == source.identity:
+            shared = sorted(set(classes) & set(phase.classes))
+            if shared:
+                raise ConfigError(field, f"shares {len(shared)} classes with the {phase.phase} phase (e.g. "
+                                  f"{shared[:5]}); pretrain on classes kept out of both phases (restrict the "
+                                  "phases with datasets.split.classes, or pick other classes)")
+    stored = _stored_at_pipeline_size(cfg, PhaseSpec("pretrain", source.name, tuple(classes), ()))
+    return PretrainPlan(stored.dataset, tuple(sorted(classes)))
 
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:[0-9]+)?)$")
@@ -773,6 +859,7 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     fluid = cfg.scenario.family == "fluid"
     increments = () if iirc else tuple(cfg.scenario.increment_list)
     tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
+    pretraining = _check_pretrain(cfg, (tuning, evaluation))  # first: it refuses weights given beside it
     _check_weights(cfg, (tuning, evaluation))
     if iirc:
         increments = _check_iirc(cfg, tuning, evaluation)
@@ -795,4 +882,4 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
         load_space(cfg.algorithm, space_path)
     except SearchSpaceError as err:
         raise ConfigError("search.space", str(err)) from None
-    return ResolvedExperiment(cfg, increments, tuning, evaluation, Path(space_path))
+    return ResolvedExperiment(cfg, increments, tuning, evaluation, Path(space_path), pretraining)
