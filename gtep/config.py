@@ -811,11 +811,18 @@ def _check_iirc(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec)
     return sizes[0]
 
 
-def _check_fluid(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec) -> None:
-    """FLUID before any compute: the pretrain classes exist and are kept out of both phases, and every phase
-    has the classes a sequence draws."""
+def _check_fluid(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec,
+                 pretraining: PretrainPlan | None) -> None:
+    """FLUID before any compute: the pretrain classes exist, are kept out of both phases and (with a pretrain
+    section) are classes the backbone is pretrained on, and every phase has the classes a sequence draws."""
     spec = cfg.scenario.fluid
     assert spec is not None
+    if pretraining is not None:
+        foreign = sorted(set(spec.pretrain_classes) - set(pretraining.classes))
+        if foreign:
+            raise ConfigError("scenario.fluid.pretrain_classes", f"{foreign[:5]} are not among the pretrain "
+                              "section's classes; the stream's pretrain classes are those the backbone was "
+                              "pretrained on: list them in pretrain.classes too")
     if len(set(spec.pretrain_classes)) != len(spec.pretrain_classes):
         raise ConfigError("scenario.fluid.pretrain_classes", "lists a class twice; give each class id once")
     if spec.n_pretrain_classes > len(spec.pretrain_classes):
@@ -864,7 +871,7 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     if iirc:
         increments = _check_iirc(cfg, tuning, evaluation)
     if fluid:
-        _check_fluid(cfg, tuning, evaluation)
+        _check_fluid(cfg, tuning, evaluation, pretraining)
     for phase in (tuning, evaluation) if not (iirc or fluid) else ():
         if sum(increments) != len(phase.classes):
             own = "tuning" if phase.phase == "tune" else "evaluation"
