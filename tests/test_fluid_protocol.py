@@ -1,6 +1,7 @@
 """FLUID's pure parts: the Zipf stream generator, the predict-then-reveal protocol, the metrics on hand-computed
 logs, the family's registration and config checks (gtep/protocol/fluid*.py, papers/fluid.txt, notes 004.1-004.2)."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -241,11 +242,10 @@ def test_the_pretrain_section_must_cover_the_streams_pretrain_classes():
 
 
 def test_the_cpu_preset_resolves(monkeypatch):
-    monkeypatch.setenv("TINYIMAGENET_NPZ", "/work/shared/data/tinyimagenet200_32.npz")
-    import os
-
-    if not os.path.exists(os.environ["TINYIMAGENET_NPZ"]):
-        pytest.skip("the Tiny ImageNet npz is not on this machine")
+    npz = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyimagenet200_32.npz"
+    if not npz.exists():
+        pytest.skip("the Tiny ImageNet npz (../shared/data) is not on this machine")
+    monkeypatch.setenv("TINYIMAGENET_NPZ", str(npz))
     resolved = resolve(load_preset("tinyimagenet-fluid"))
     options = resolved.config.scenario.fluid
     assert options is not None
