@@ -112,6 +112,21 @@ def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
         raise ValueError(f"{path} is not a hierarchy file ({err})") from None
 
 
+class FluidSpec(_Strict):
+    """scenario.fluid: FLUID's open-world stream (papers/fluid.txt; gtep/protocol/fluid_family.py)."""
+
+    pretrain_classes: list[int] = Field(min_length=1, description="the backbone's pretraining classes, kept out "
+                                        "of both phases; the streams show their test images")
+    n_pretrain_classes: int = Field(ge=0, description="pretrain classes per sequence")
+    n_novel_classes: int = Field(ge=1, description="novel classes per sequence (from the phase's classes)")
+    total_samples: int = Field(ge=1, description="samples per sequence (fewer if the caps allow fewer)")
+    per_class_cap: int = Field(ge=1, description="at most this many samples of one class")
+    zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of images per class (the paper's 1)")
+    head_cut: int = Field(50, ge=0, description="head classes have more samples than this (the paper's 50)")
+    window: int = Field(100, ge=1, description="steps per window of the rolling accuracy")
+    backward_factor: float = Field(1.0, ge=0, description="a backward pass costs this many forward passes")
+
+
 class ScenarioSpec(_Strict):
     # gtep/protocol/families.py: class_incremental (the paper's; needs increments), fscil (needs the fscil
     # section) or iirc (needs the iirc section)
@@ -120,6 +135,7 @@ class ScenarioSpec(_Strict):
         None, description="classes per task: '10x10', 'C50xT1+C10xT5' or a list (class_incremental)")
     fscil: FscilSpec | None = None
     iirc: IircSpec | None = None
+    fluid: FluidSpec | None = None
 
     @field_validator("increments")
     @classmethod
@@ -136,6 +152,8 @@ class ScenarioSpec(_Strict):
             raise ValueError(f"family {self.family!r} is unknown; choose from {FAMILIES.names()}")
         if self.iirc is not None and self.family != "iirc":
             raise ValueError("the iirc section needs family: iirc; remove it or set the family")
+        if self.fluid is not None and self.family != "fluid":
+            raise ValueError("the fluid section needs family: fluid; remove it or set the family")
         if self.family == "class_incremental":
             if self.increments is None:
                 raise ValueError("a class_incremental scenario needs increments, e.g. increments: 10x10")
@@ -153,6 +171,13 @@ class ScenarioSpec(_Strict):
                                  "classes_per_task: 10, hierarchy: groups}")
             if self.increments is not None or self.fscil is not None:
                 raise ValueError("an iirc scenario takes its tasks from the iirc section; remove increments/fscil")
+        elif self.family == "fluid":
+            if self.fluid is None:
+                raise ValueError("family fluid needs its section, e.g. fluid: {pretrain_classes: [0, 1, 2], "
+                                 "n_pretrain_classes: 2, n_novel_classes: 10, total_samples: 500, per_class_cap: 100}")
+            if self.increments is not None or self.fscil is not None or self.iirc is not None:
+                raise ValueError("a fluid scenario takes its stream from the fluid section; remove "
+                                 "increments/fscil/iirc")
         return self
 
     @property
@@ -162,6 +187,8 @@ class ScenarioSpec(_Strict):
             return self.fscil.model_dump(mode="json")
         if self.family == "iirc" and self.iirc is not None:
             return self.iirc.options
+        if self.family == "fluid" and self.fluid is not None:
+            return self.fluid.model_dump(mode="json")
         return {"increments": self.increments}
 
     @property
@@ -179,6 +206,10 @@ class ScenarioSpec(_Strict):
             i = self.iirc
             source = "groups" if i.hierarchy == "groups" else Path(i.hierarchy).name
             return f"iirc {i.first_task_superclasses} superclasses+{i.classes_per_task}/task ({source})"
+        if self.family == "fluid" and self.fluid is not None:
+            stream = self.fluid
+            return (f"fluid {stream.n_pretrain_classes} pretrain+{stream.n_novel_classes} novel classes, "
+                    f"{stream.total_samples} samples, zipf s={stream.zipf_s:g}")
         increments = self.increments
         text = increments if isinstance(increments, str) else "+".join(map(str, increments or []))
         return text if self.family == "class_incremental" else f"{self.family} {text}"
@@ -200,6 +231,7 @@ class SplitSpec(_Strict):
     classes: list[int] | None = None  # restrict the pool before splitting
     classes_per_phase: int | None = Field(None, ge=1)  # default: half the pool each
     tuning_groups: list[str] | None = None  # by=group: which groups (e.g. alphabets) go to tuning
+    groups: list[str] | None = None  # restrict the pool to these groups (e.g. to leave others for pretrain)
     # by=group: which go to evaluation (default: every other group; groups in neither list are kept out)
     evaluation_groups: list[str] | None = None
 
@@ -302,11 +334,32 @@ class TrackingSpec(_Strict):
     tracking_uri: str | None = None  # default sqlite:///<output>/mlflow.db
 
 
+class PretrainSection(_Strict):
+    """A backbone pretrained once before the phases (gtep.orchestration.pretraining), on classes kept out of both,
+    cached and used as the run's weights: a preset then runs on a fresh machine with no weights file."""
+
+    dataset: str | None = None  # default: the study's dataset (datasets.split.dataset, else datasets.tuning.dataset)
+    classes: list[int] | None = None  # class ids of that dataset ...
+    groups: list[str] | None = None  # ... or whole class groups (e.g. Omniglot's alphabets)
+    epochs: int | None = Field(None, ge=1)  # default per backbone kind: gtep.engine.pretrain.default_spec
+    lr: float | None = Field(None, gt=0)
+    batch_size: int = Field(64, ge=1)
+    weight_decay: float | None = Field(None, ge=0)
+    seed: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _classes_or_groups(self) -> "PretrainSection":
+        if (self.classes is None) == (self.groups is None):
+            raise ValueError("give either 'classes' or 'groups' to pretrain on (kept out of both phases), not both")
+        return self
+
+
 class ExperimentConfig(_Strict):
     study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     algorithm: str
     backbone: str = "resnet32"
-    weights: Path | None = None  # pretrained ViT weights (safetensors or a state dict); see gtep pretrain
+    weights: Path | None = None  # pretrained weights (safetensors or a state dict); see gtep pretrain
+    pretrain: PretrainSection | None = None  # or: pretrain the backbone before the phases (cached)
     scenario: ScenarioSpec
     datasets: DatasetsSpec
     search: SearchSpec = SearchSpec()
@@ -446,12 +499,27 @@ class PhaseSpec:
 
 
 @dataclass(frozen=True)
+class PretrainPlan:
+    """The config's pretrain section resolved: the dataset (at the phases' storage size) and its class ids."""
+
+    dataset: str
+    classes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class ResolvedExperiment:
     config: ExperimentConfig
     increments: tuple[int, ...]
     tuning: PhaseSpec
     evaluation: PhaseSpec
     space_path: Path
+    pretraining: PretrainPlan | None = None
+    pretrained: Path | None = None  # the file the pretrain step wrote or found (gtep.orchestration.pretraining)
+
+    @property
+    def weights(self) -> Path | None:
+        """The run's backbone weights: those the pretrain section made, else the config's `weights`."""
+        return self.pretrained or self.config.weights
 
     @property
     def family(self) -> "ScenarioFamily":
@@ -519,6 +587,14 @@ def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
         names = source.class_names
         pool = split.classes if split.classes is not None else list(range(len(names)))
         _check_classes("datasets.split.classes", pool, len(names))
+        if split.groups is not None:
+            all_groups = source.class_groups
+            if all_groups is None:
+                raise ConfigError("datasets.split.groups", f"{split.dataset} has no class groups; drop groups")
+            unknown = sorted(set(split.groups) - set(all_groups))
+            if unknown:
+                raise ConfigError("datasets.split.groups", f"{split.dataset} has no groups {unknown[:5]}")
+            pool = [c for c in pool if all_groups[c] in set(split.groups)]
         if split.by == "group":
             groups = source.class_groups
             if groups is None:
@@ -567,26 +643,27 @@ def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
 
 
 def _check_weights(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -> None:
-    """Weights must exist, fit a ViT, and not have been pretrained on a class either phase uses."""
-    from gtep.data import resolve_dataset
-    from gtep.models.vit import is_vit, weights_metadata
+    if cfg.weights is not None:
+        check_weights_file(cfg.weights, cfg.backbone, phases)
 
-    if cfg.weights is None:
-        return
-    if not is_vit(cfg.backbone):
-        raise ConfigError("weights", f"pretrained weights apply to ViT backbones, not {cfg.backbone!r}; drop --weights")
-    if not Path(cfg.weights).exists():
-        raise ConfigError("weights", f"{cfg.weights} does not exist; train one with gtep pretrain or fix the path")
-    if Path(cfg.weights).is_dir():
-        raise ConfigError("weights", f"{cfg.weights} is a folder; give a .safetensors file (gtep pretrain) "
+
+def check_weights_file(weights: Path, backbone: str, phases: tuple[PhaseSpec, PhaseSpec]) -> None:
+    """Weights must exist, fit the backbone, and not have been pretrained on a class either phase uses."""
+    from gtep.data import resolve_dataset
+    from gtep.models.vit import weights_metadata
+
+    if not Path(weights).exists():
+        raise ConfigError("weights", f"{weights} does not exist; train one with gtep pretrain or fix the path")
+    if Path(weights).is_dir():
+        raise ConfigError("weights", f"{weights} is a folder; give a .safetensors file (gtep pretrain) "
                           "or a saved state dict")
     try:
-        meta = weights_metadata(Path(cfg.weights))
+        meta = weights_metadata(Path(weights))
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types for a damaged header
-        raise ConfigError("weights", f"{cfg.weights} is not a readable safetensors file ({err.__class__.__name__}); "
+        raise ConfigError("weights", f"{weights} is not a readable safetensors file ({err.__class__.__name__}); "
                           "give the file gtep pretrain wrote") from None
-    if meta.get("gtep.backbone") and meta["gtep.backbone"] != cfg.backbone:
-        raise ConfigError("weights", f"{cfg.weights} holds {meta['gtep.backbone']}, not {cfg.backbone}; "
+    if meta.get("gtep.backbone") and meta["gtep.backbone"] != backbone:
+        raise ConfigError("weights", f"{weights} holds {meta['gtep.backbone']}, not {backbone}; "
                           "match --backbone")
     if "gtep.dataset" in meta and "gtep.classes" in meta:
         pretrained = {int(c) for c in meta["gtep.classes"].split(",") if c}
@@ -594,8 +671,48 @@ def _check_weights(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -
         for phase in phases:
             if resolve_dataset(phase.dataset).identity == identity and pretrained & set(phase.classes):
                 shared = sorted(pretrained & set(phase.classes))
-                raise ConfigError("weights", f"{cfg.weights} was pretrained on {len(shared)} classes the {phase.phase} "
+                raise ConfigError("weights", f"{weights} was pretrained on {len(shared)} classes the {phase.phase} "
                                   f"phase uses (e.g. {shared[:5]}); pretrain on classes kept out of both phases")
+
+
+def _check_pretrain(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) -> PretrainPlan | None:
+    """The pretrain section's classes: in the dataset, and in neither phase (same dataset), before any compute."""
+    section = cfg.pretrain
+    if section is None:
+        return None
+    if cfg.weights is not None:
+        raise ConfigError("pretrain", "the config gives both weights and a pretrain section; drop one (the pretrain "
+                          "section makes the weights)")
+    default = cfg.datasets.split.dataset if cfg.datasets.split else cfg.datasets.tuning.dataset  # type: ignore[union-attr]
+    source = _source("pretrain.dataset", section.dataset or default)
+    names = source.class_names
+    if section.groups is not None:
+        groups = source.class_groups
+        if groups is None:
+            raise ConfigError("pretrain.groups", f"{source.name} has no class groups; give pretrain.classes")
+        unknown = sorted(set(section.groups) - set(groups))
+        if unknown:
+            raise ConfigError("pretrain.groups", f"{source.name} has no groups {unknown[:5]}; "
+                              f"it has e.g. {sorted(set(groups))[:5]}")
+        classes = [c for c, g in enumerate(groups) if g in set(section.groups)]
+        field = "pretrain.groups"
+    else:
+        classes = list(section.classes or [])
+        field = "pretrain.classes"
+        _check_classes(field, classes, len(names))
+    if not classes:
+        raise ConfigError(field, "names no classes; give the classes (or groups) to pretrain on")
+    from gtep.data import resolve_dataset
+
+    for phase in phases:
+        if resolve_dataset(phase.dataset).identity == source.identity:
+            shared = sorted(set(classes) & set(phase.classes))
+            if shared:
+                raise ConfigError(field, f"shares {len(shared)} classes with the {phase.phase} phase (e.g. "
+                                  f"{shared[:5]}); pretrain on classes kept out of both phases (restrict the "
+                                  "phases with datasets.split.classes, or pick other classes)")
+    stored = _stored_at_pipeline_size(cfg, PhaseSpec("pretrain", source.name, tuple(classes), ()))
+    return PretrainPlan(stored.dataset, tuple(sorted(classes)))
 
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:[0-9]+)?)$")
@@ -706,6 +823,36 @@ def _check_iirc(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec)
     return sizes[0]
 
 
+def _check_fluid(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec,
+                 pretraining: PretrainPlan | None) -> None:
+    """FLUID before any compute: the pretrain classes exist, are kept out of both phases and (with a pretrain
+    section) are classes the backbone is pretrained on, and every phase has the classes a sequence draws."""
+    spec = cfg.scenario.fluid
+    assert spec is not None
+    if pretraining is not None:
+        foreign = sorted(set(spec.pretrain_classes) - set(pretraining.classes))
+        if foreign:
+            raise ConfigError("scenario.fluid.pretrain_classes", f"{foreign[:5]} are not among the pretrain "
+                              "section's classes; the stream's pretrain classes are those the backbone was "
+                              "pretrained on: list them in pretrain.classes too")
+    if len(set(spec.pretrain_classes)) != len(spec.pretrain_classes):
+        raise ConfigError("scenario.fluid.pretrain_classes", "lists a class twice; give each class id once")
+    if spec.n_pretrain_classes > len(spec.pretrain_classes):
+        raise ConfigError("scenario.fluid.n_pretrain_classes", f"is {spec.n_pretrain_classes} but pretrain_classes "
+                          f"lists {len(spec.pretrain_classes)}; lower it or list more classes")
+    for phase in (tuning, evaluation):
+        available = len(_source("scenario.fluid.pretrain_classes", phase.dataset).class_names)
+        _check_classes("scenario.fluid.pretrain_classes", spec.pretrain_classes, available)
+        shared = sorted(set(spec.pretrain_classes) & set(phase.classes))
+        if shared:
+            raise ConfigError("scenario.fluid.pretrain_classes", f"{len(shared)} of them are {phase.phase} classes "
+                              f"(e.g. {shared[:5]}); keep the pretrain classes out of both phases (restrict "
+                              "datasets.split.classes to the others)")
+        if spec.n_novel_classes > len(phase.classes):
+            raise ConfigError("scenario.fluid.n_novel_classes", f"is {spec.n_novel_classes} but the {phase.phase} "
+                              f"phase has {len(phase.classes)} classes; lower it or give the phase more classes")
+
+
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     """Check every name and constraint; touches only metadata, never trains or writes anything."""
     from gtep.algorithms import ALGORITHMS
@@ -728,12 +875,16 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     check_tracking_uri(cfg.tracking_uri, "tracking.tracking_uri")
     _check_family(cfg)
     iirc = cfg.scenario.family == "iirc"
+    fluid = cfg.scenario.family == "fluid"
     increments = () if iirc else tuple(cfg.scenario.increment_list)
     tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
+    pretraining = _check_pretrain(cfg, (tuning, evaluation))  # first: it refuses weights given beside it
     _check_weights(cfg, (tuning, evaluation))
     if iirc:
         increments = _check_iirc(cfg, tuning, evaluation)
-    for phase in (tuning, evaluation) if not iirc else ():
+    if fluid:
+        _check_fluid(cfg, tuning, evaluation, pretraining)
+    for phase in (tuning, evaluation) if not (iirc or fluid) else ():
         if sum(increments) != len(phase.classes):
             own = "tuning" if phase.phase == "tune" else "evaluation"
             field = "datasets.split" if cfg.datasets.split else f"datasets.{own}"
@@ -750,4 +901,4 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
         load_space(cfg.algorithm, space_path)
     except SearchSpaceError as err:
         raise ConfigError("search.space", str(err)) from None
-    return ResolvedExperiment(cfg, increments, tuning, evaluation, Path(space_path))
+    return ResolvedExperiment(cfg, increments, tuning, evaluation, Path(space_path), pretraining)

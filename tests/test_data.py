@@ -177,10 +177,12 @@ def test_a_study_stores_imagefolder_images_at_its_pipelines_size(tmp_path):
     base = {"study": "s", "algorithm": "replay", "backbone": "resnet8", "scenario": {"increments": [2]},
             "datasets": {"split": {"dataset": f"imagefolder:{tmp_path / 'tree'}"}}}
     resolved = resolve(ExperimentConfig.model_validate(base))
-    assert resolved.tuning.dataset.endswith("?size=256") and resolved.pipeline("tune").describe() == "pycil-imagenet@224"
+    assert resolved.tuning.dataset.endswith("?size=256")
+    assert resolved.pipeline("tune").describe() == "pycil-imagenet@224"
     small = resolve(ExperimentConfig.model_validate({**base, "training": {"image_size": 64}}))
     assert small.evaluation.dataset.endswith("?size=73") and small.pipeline("evaluate").size == 64
-    vit = resolve(ExperimentConfig.model_validate({**base, "backbone": "vit_micro_patch4_32", "training": {"augment": True}}))
+    vit = resolve(ExperimentConfig.model_validate({**base, "backbone": "vit_micro_patch4_32",
+                                                   "training": {"augment": True}}))
     assert vit.pipeline("tune").describe() == "pilot@32" and vit.tuning.dataset.endswith("?size=32&resample=bicubic")
     legacy = resolve(ExperimentConfig.model_validate({**base, "training": {"augment": False}}))
     assert legacy.pipeline("tune").describe() == "none/pycil-imagenet@224"

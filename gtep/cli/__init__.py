@@ -1,7 +1,7 @@
 """The gtep command line: parse, validate everything, then call one function.
 
 gtep run | tune | evaluate           the protocol's phases on Ray Tune, tracked in MLflow    (cli/study.py)
-gtep pretrain                        ViT weights from held-out classes                       (cli/pretrain.py)
+gtep pretrain                        backbone weights from held-out classes                  (cli/pretrain.py)
 gtep ui | server | sync              the MLflow side                                         (cli/tracking.py)
 gtep submit | jobs ...               studies as Ray Jobs on a cluster                        (cli/cluster.py)
 gtep algorithms | spaces | presets   what is registered                                      (cli/info.py)

@@ -42,7 +42,8 @@ AlgorithmOpt = typer.Option(None, "--algorithm", help="override the config's alg
 ConcurrentOpt = typer.Option(None, "--max-concurrent", help="trials running at once")
 StudyOpt = typer.Option(None, "--study", help="override the study name (its folder and MLflow experiment)")
 BackboneOpt = typer.Option(None, "--backbone", help="override the backbone (resnet32, resnet18, any timm ViT...)")
-WeightsOpt = typer.Option(None, "--weights", help="pretrained ViT weights: safetensors or a state dict (gtep pretrain)")
+WeightsOpt = typer.Option(None, "--weights",
+                          help="pretrained backbone weights: safetensors or a state dict (gtep pretrain)")
 ResumeOpt = typer.Option(None, "--resume", help="continue the study in OUTPUT/STUDY after a crash, with its own config")
 ProtocolOpt = typer.Option("gtep", "--protocol", help="gtep, or conventional: also re-run H* on the tuning classes "
                            "(fresh orderings S..2S-1), the practice the paper criticises (section 3.1)")

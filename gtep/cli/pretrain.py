@@ -1,7 +1,8 @@
-"""gtep pretrain: ViT weights trained on held-out classes, so ViT methods run without downloads."""
+"""gtep pretrain: backbone weights (a ViT or a ResNet) trained on held-out classes, so studies run without downloads."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -37,27 +38,30 @@ def parse_classes(text: str) -> list[int]:
 def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:../shared/data/tinyimagenet200_32.npz"),
              classes: str = typer.Option(..., "--classes",
                                          help="classes to pretrain on, kept out of both phases: 100-199"),
-             backbone: str = typer.Option("vit_micro_patch4_32", "--backbone", help="a timm ViT name"),
+             backbone: str = typer.Option("vit_micro_patch4_32", "--backbone",
+                                          help="a timm ViT name or a registered CNN (resnet8, resnet20, resnet32 ...)"),
              out: Path = typer.Option(..., "--out", help="the .safetensors file to write"),
-             epochs: int = typer.Option(30, "--epochs", min=1), lr: float = typer.Option(1e-3, "--lr"),
+             epochs: int = typer.Option(30, "--epochs", min=1),
+             lr: Optional[float] = typer.Option(None, "--lr", help="default: 1e-3 (ViT, AdamW), 0.05 (CNN, SGD)"),
              batch_size: int = typer.Option(64, "--batch-size", min=1), seed: int = typer.Option(0, "--seed"),
              device: str = typer.Option("auto", "--device"),
              threads: int = typer.Option(0, "--threads", help="0: torch default")) -> None:
-    """Train a ViT backbone on held-out classes and save it as pretrained weights (no downloads needed)."""
+    """Train a backbone on held-out classes and save it as pretrained weights (no downloads needed)."""
     def go():
         import torch
         from rich.progress import Progress
 
         from gtep.data import DatasetError, resolve_dataset
-        from gtep.engine.pretrain import PretrainSpec
+        from gtep.engine.pretrain import default_spec
         from gtep.engine.pretrain import pretrain as run_pretrain
-        from gtep.models.vit import is_vit
+        from gtep.models import BACKBONES, backbone_exists
 
-        if not is_vit(backbone):
-            raise ConfigError("--backbone", f"{backbone!r} is not a ViT; use vit_micro_patch4_32 or a timm ViT name")
+        if not backbone_exists(backbone):
+            raise ConfigError("--backbone", f"unknown backbone {backbone!r}; use vit_micro_patch4_32, a timm ViT name "
+                              f"or one of {BACKBONES.names()}")
         if out.suffix != ".safetensors":
             raise ConfigError("--out", f"{out} should end in .safetensors")
-        if not lr > 0:
+        if lr is not None and not lr > 0:
             raise ConfigError("--lr", f"must be > 0, got {lr:g}")
         check_device(device, "--device")
         if device.startswith("cuda") and not torch.cuda.is_available():
@@ -73,7 +77,7 @@ def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:../sha
             raise ConfigError("--classes", f"ids {bad[:5]} are outside 0..{len(names) - 1}")
         if threads:
             torch.set_num_threads(threads)
-        spec = PretrainSpec(backbone, tuple(ids), epochs, lr, batch_size, seed=seed, device=device)
+        spec = default_spec(backbone, tuple(ids), epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, device=device)
         with Progress(console=console) as progress:
             bar = progress.add_task(f"pretrain {backbone} on {len(ids)} classes", total=epochs)
             result = run_pretrain(spec, source.load(), source.name, out, on_epoch=lambda e: progress.advance(bar))

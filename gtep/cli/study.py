@@ -63,6 +63,12 @@ def load_best_file(resolved: ResolvedExperiment, best: Optional[Path], tuning_ru
     return None
 
 
+def with_pretrained_weights(resolved: ResolvedExperiment) -> ResolvedExperiment:
+    from gtep.orchestration.pretraining import with_pretrained_weights as pretrained
+
+    return pretrained(resolved, console.print)
+
+
 def _print_tune(outcome, resolved: ResolvedExperiment) -> None:
     from gtep.report.tables import hparams_table, phase_summary
 
@@ -95,6 +101,7 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
         resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
                            trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,
                            max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights)
+        resolved = with_pretrained_weights(resolved)  # the pretrain section, once, before any phase
         with ray_session(resolved.config.compute.ray_address):
             outcome = tune_phase(resolved, console, resume=resume is not None)
         _print_tune(outcome, resolved)
@@ -158,6 +165,7 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
                 raise ConfigError("--best", f"no H* given and {default} does not exist; run gtep tune first, "
                                   "or pass --best, --tuning-run or --hparams")
             chosen = load_best_file(resolved, default, None, None)
+        resolved = with_pretrained_weights(resolved)  # the pretrain section, once, before any phase
         with ray_session(resolved.config.compute.ray_address):
             if protocol == "conventional":
                 outcome = conventional_phase(resolved, chosen, console, resume=resume is not None)
@@ -207,6 +215,7 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         if with_original:
             original_best(resolved)  # a missing preset is an error before any compute
         extra = {}
+        resolved = with_pretrained_weights(resolved)  # the pretrain section, once, before any phase
         with ray_session(cfg.compute.ray_address):
             tuned = tune_phase(resolved, console, resume=resume is not None)
             best = read_best(tuned.paths.best)

@@ -1,18 +1,22 @@
-"""Supervised pretraining of a ViT backbone on classes kept out of both GTEP phases.
+"""Supervised pretraining of a backbone on classes kept out of both GTEP phases.
 
-No pretrained image weights can be downloaded here, so `gtep pretrain` makes them: a ViT plus a linear
-head trained with cross-entropy (AdamW, cosine schedule) on the given classes, fed by the pipeline a
-study feeds the ViT with (PILOT's, gtep.data.pipelines: its crops, its [0, 1] inputs), saved as
-safetensors with metadata naming the backbone, dataset, classes and pipeline, so that a study
-can refuse weights pretrained on the classes it evaluates. The code path is the same for ViT-B/16 on a
-GPU as for the small CPU configurations.
+No pretrained image weights can be downloaded here, so `gtep pretrain` (and a study's `pretrain:` section)
+makes them: a backbone plus a linear head trained with cross-entropy on the given classes, saved as
+safetensors with metadata naming the backbone, dataset, classes, pipeline and normalisation, so that a
+study can refuse weights pretrained on the classes it evaluates and feed them as they learnt.
+
+* A ViT: AdamW with a cosine schedule, fed by the pipeline a study feeds the ViT with (PILOT's crops),
+  normalised by the pretraining images' statistics. The code path is the same for ViT-B/16 on a GPU as for
+  the small CPU configurations.
+* A CNN (the ResNets of gtep.models.backbones): SGD with momentum and a cosine schedule, fed by the pipeline
+  gtep.data.pipelines chooses for it (PyCIL's: padded crops, flips, brightness), as PyCIL trains them.
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, cast
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -21,7 +25,7 @@ from torch import nn
 
 from gtep.algorithms.base import FitRecipe
 from gtep.data import ImageSet
-from gtep.data.pipelines import choose_pipeline
+from gtep.data.pipelines import PipelineSpec, choose_pipeline
 from gtep.engine.device import resolve_device
 from gtep.engine.loop import Trainer
 from gtep.engine.runner import PhaseTensors
@@ -36,7 +40,7 @@ class PretrainSpec:
     epochs: int = 30
     lr: float = 1e-3
     batch_size: int = 64
-    weight_decay: float = 0.05
+    weight_decay: float = 0.05  # AdamW's for a ViT; a CNN's SGD takes e.g. 5e-4 (default_spec)
     seed: int = 0
     device: str = "auto"
 
@@ -49,31 +53,40 @@ class PretrainResult:
     parameters: int
 
 
+def default_spec(backbone: str, classes: tuple[int, ...], **given: Any) -> PretrainSpec:
+    """A spec with the defaults of the backbone's kind (a CNN's SGD wants a larger lr and a smaller decay than
+    a ViT's AdamW); `given` overrides them (None entries are ignored)."""
+    kind: dict[str, Any] = {} if is_vit(backbone) else {"epochs": 30, "lr": 0.05, "weight_decay": 5e-4}
+    return PretrainSpec(backbone, tuple(classes), **{**kind, **{k: v for k, v in given.items() if v is not None}})
+
+
+def pretraining_pipeline(backbone: str, dataset_name: str) -> PipelineSpec:
+    """The pipeline a study would feed the backbone with, normalised by the pretraining images' statistics
+    (the weights record them, and a study then feeds the weights with the same): a small ViT trained from
+    scratch on PILOT's unnormalised [0, 1] inputs takes several times the epochs to start learning."""
+    return replace(choose_pipeline(True, dataset_name, backbone, algorithm=""), normalise="dataset")
+
+
 def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
              on_epoch: Callable[[int], None] | None = None) -> PretrainResult:
-    if not is_vit(spec.backbone):
-        raise ValueError(f"gtep pretrain makes ViT weights; {spec.backbone!r} is not a ViT")
+    vit = is_vit(spec.backbone)
     device = resolve_device(spec.device)
     torch.manual_seed(spec.seed)
     subset = data.subset(list(spec.classes))
     relabel = np.full(int(max(data.y_train.max(), data.y_test.max())) + 1, -1, dtype=np.int64)
     relabel[list(spec.classes)] = np.arange(len(spec.classes))
-    # The ViT's pipeline for this dataset (its crops and input side), normalised by the pretraining images'
-    # statistics, which the weights record and a study then feeds them with: a small ViT trained from scratch
-    # on PILOT's unnormalised [0, 1] inputs takes several times the epochs to start learning.
-    pipeline = replace(choose_pipeline(True, dataset_name, spec.backbone, algorithm=""), normalise="dataset")
-    images = PhaseTensors(subset, list(spec.classes), device, pipeline)
+    images = PhaseTensors(subset, list(spec.classes), device, pretraining_pipeline(spec.backbone, dataset_name))
     x = images.images("train", np.ones(len(subset.y_train), dtype=bool))
     y = torch.from_numpy(relabel[subset.y_train]).to(device)
-    # a ViT (checked above): create_backbone wraps every ViT in a PromptableViT
-    backbone = cast(PromptableViT, create_backbone(spec.backbone)).to(device)
+    backbone = create_backbone(spec.backbone).to(device)
     head = nn.Linear(backbone.out_dim, len(spec.classes)).to(device)
     model = nn.ModuleDict({"backbone": backbone, "head": head})
 
     def loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(head(backbone(xb)["features"]), yb, label_smoothing=0.1)
 
-    recipe = FitRecipe(spec.epochs, spec.lr, spec.batch_size, spec.weight_decay, "cosine", (), 0.1, "adamw")
+    recipe = FitRecipe(spec.epochs, spec.lr, spec.batch_size, spec.weight_decay, "cosine", (), 0.1,
+                       "adamw" if vit else "sgd")
     start = time.perf_counter()
     Trainer(device, spec.seed).fit(model.parameters(), loss, x, y, recipe, modules=[model], on_epoch=on_epoch)
     seconds = time.perf_counter() - start
@@ -87,7 +100,10 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
 
     result = PretrainResult(accuracy("train", subset.y_train), accuracy("test", subset.y_test), seconds,
                             sum(p.numel() for p in backbone.parameters()))
-    save_weights(backbone.vit, out, {"gtep.backbone": spec.backbone, "gtep.dataset": dataset_name,
+    # A ViT's file holds the timm model (what create_timm_vit loads, as any timm checkpoint); a CNN's holds the
+    # backbone's own state, BatchNorm statistics included.
+    module = cast(PromptableViT, backbone).vit if vit else backbone
+    save_weights(module, out, {"gtep.backbone": spec.backbone, "gtep.dataset": dataset_name,
                                      "gtep.classes": ",".join(map(str, spec.classes)),
                                      "gtep.pipeline": images.pipeline.spec.describe(),
                                      "gtep.mean": ",".join(map(repr, images.pipeline.mean.flatten().tolist())),

@@ -5,6 +5,7 @@ exposes `out_dim`. The stage maps are what PODNet distils; the flat features fee
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -19,14 +20,21 @@ BACKBONES: Registry[Callable[..., Backbone]] = Registry("backbone")
 
 def create_backbone(name: str, weights: str | None = None) -> Backbone:
     """A registered backbone, or any timm ViT by name (wrapped so prompts and adapters can be passed in).
-    Local weights are supported for ViTs, the pretrained-model setting of the paper (section 4.2)."""
-    from gtep.models.vit import PromptableViT, create_timm_vit, is_vit
+    Local weights: a ViT's (the pretrained-model setting of the paper, section 4.2), or a registered CNN's
+    state as gtep pretrain saves it (pretrained on classes kept out of both phases, e.g. for continual
+    few-shot learning, where a backbone cannot be learnt from a few shots)."""
+    from gtep.models.vit import PromptableViT, WeightsError, create_timm_vit, is_vit, load_state
 
     if is_vit(name):
         return PromptableViT(create_timm_vit(name, weights))
+    net = BACKBONES.get(name)()
     if weights:
-        raise ValueError(f"backbone {name!r} trains from scratch in the paper's setting; weights apply to ViTs only")
-    return BACKBONES.get(name)()
+        # every key must match: a file of another architecture must fail here, not train a half-loaded network
+        missing, unexpected = net.load_state_dict(load_state(Path(weights)), strict=False)
+        if missing or unexpected:
+            raise WeightsError(f"weights {weights} do not fit {name}: "
+                               f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    return net
 
 
 def backbone_exists(name: str) -> bool:

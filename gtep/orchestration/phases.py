@@ -201,7 +201,7 @@ def job_spec(resolved: ResolvedExperiment, phase: str, folders: dict[str, str] |
         "classes": list(resolved.phase(phase).classes), "seed": cfg.seed, "memory_size": cfg.training.memory_size,
         "first_task": {**cfg.first_task.model_dump(), "milestones": tuple(cfg.first_task.milestones)},
         "epoch_scale": cfg.training.epoch_scale, "augment": resolved.pipeline(phase).describe(), "device": device,
-        "weights": str(Path(cfg.weights).resolve()) if cfg.weights else None,
+        "weights": str(Path(resolved.weights).resolve()) if resolved.weights else None,
         "dataset": resolved.phase(phase).dataset, "mixed_precision": cfg.training.mixed_precision,
         "compile": cfg.training.compile, "phase": phase, **ordering_resources(resolved), **(folders or {}),
         "family": cfg.scenario.family, "criterion": resolved.criterion.name,
@@ -226,7 +226,7 @@ def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
     return {"gtep.algorithm": cfg.algorithm, "gtep.backbone": cfg.backbone, "gtep.dataset": spec.dataset,
             "gtep.increments": "+".join(map(str, resolved.increments)), "gtep.seed": cfg.seed,
             "gtep.memory_size": cfg.training.memory_size, "gtep.epoch_scale": cfg.training.epoch_scale,
-            "gtep.weights": str(cfg.weights) if cfg.weights else "",
+            "gtep.weights": str(resolved.weights) if resolved.weights else "",
             "gtep.augment": resolved.pipeline(phase).describe(), "gtep.scenario": cfg.scenario.describe()}
 
 
@@ -244,7 +244,9 @@ def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, a
 
 def trainable_for(resolved: ResolvedExperiment, phase: str, folders: dict[str, str]):
     spec = resolved.phase(phase)
-    data = resolve_dataset(spec.dataset).load().subset(list(spec.classes))
+    # the phase's classes, and those its family's scenario shows besides them (FLUID's pretrain classes)
+    extra = resolved.family.data_classes(resolved.config.scenario.family_options)
+    data = resolve_dataset(spec.dataset).load().subset(sorted({*spec.classes, *extra}))
     compute = resolved.config.compute
     # with_parameters puts the decoded arrays in Ray's object store once; trials on a node share them
     job = job_spec(resolved, phase, folders)

@@ -378,6 +378,13 @@ def _pct(value: Any) -> str:
     return f"{100 * float(value):.2f}" if _finite(value) else "–"
 
 
+def _as_shown(metric: str, value: Any) -> str:
+    """An accuracy in percent; a ratio (AUROC, GMACs: RATIO_METRICS) as it is."""
+    if metric not in RATIO_METRICS:
+        return _pct(value)
+    return f"{float(value):.3g}" if _finite(value) else "–"
+
+
 def phase_note(phase: str, dataset: str, summary: dict[str, float], hparams: dict[str, Any], set_label: str,
                extra: list[str] | None = None) -> str:
     """The phase run's Markdown description (MLflow's mlflow.note.content): its result as the terminal prints it."""
@@ -391,7 +398,7 @@ def phase_note(phase: str, dataset: str, summary: dict[str, float], hparams: dic
     if family.headline:
         lines += ["", "| " + " | ".join(METRIC_LABELS.get(m, m) for m in family.headline) + " | H* criterion |",
                   "|" + "---:|" * (len(family.headline) + 1),
-                  "| " + " | ".join(f"{_pct(summary.get(m))} ± {_pct(summary.get(f'{m}_std'))}"
+                  "| " + " | ".join(f"{_as_shown(m, summary.get(m))} ± {_as_shown(m, summary.get(f'{m}_std'))}"
                                     for m in family.headline)
                   + f" | {summary.get('criterion', '')} = {_pct(summary.get('score'))} |"]
     if hparams:

@@ -52,5 +52,7 @@ _add(Criterion("avg_acc", ("avg_acc",), "AvgAcc: mean over tasks of the accuracy
 _add(Criterion("gacc_auc", ("gacc_auc",), "area under gAcc(alpha) (FSCIL paper Eq. 5-6, the paper's trapezoid)"))
 _add(Criterion("mean_pw_js", ("mean_pw_js",), "IIRC: mean over tasks of the pw-JS on all labels seen so far"))
 _add(Criterion("aacc", ("aacc",), "aAcc: FSCIL's class-weighted accuracy averaged over sessions (paper Eq. 1-3)"))
+_add(Criterion("mean_per_class_acc", ("mean_per_class_acc",),
+               "FLUID: mean over the stream's classes of their prequential accuracy (papers/fluid.txt Table 1)"))
 
 DEFAULT_CRITERION = CRITERIA.get("hmean_acc_avgacc")

@@ -19,12 +19,13 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from gtep.protocol import fscil_metrics, metrics
+from gtep.protocol import fluid_metrics, fscil_metrics, metrics
 from gtep.protocol.scenarios import TaskSpec, build_scenario, class_ordering, ordering_seed, split_tasks
 from gtep.registry import Registry
 
-# Per-ordering metrics that are ratios, not accuracies: logged as they are, never as percent.
-RATIO_METRICS = frozenset({"rpd", "kr"})
+# Per-ordering metrics that are ratios, not accuracies: logged as they are, never as percent (FLUID's AUROC, F1,
+# GMACs and head/tail cut included).
+RATIO_METRICS = frozenset({"rpd", "kr"}) | fluid_metrics.RAW_METRICS
 
 CLASS_INCREMENTAL = "class_incremental"
 
@@ -50,6 +51,10 @@ class ScenarioFamily:
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         """Classes per task; a phase needs exactly their sum of classes."""
         raise NotImplementedError
+
+    def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
+        """Classes a phase's data must hold besides the phase's own (FLUID's pretrain classes); default none."""
+        return ()
 
     def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
         return build_scenario(classes, self.increments(options), seed, ordering)

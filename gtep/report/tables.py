@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 from rich.table import Table
 
-from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, METRIC_LABELS
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, METRIC_LABELS, RATIO_METRICS
 
 
 def pm(mean: float, std: float) -> str:
@@ -21,6 +21,27 @@ def pm(mean: float, std: float) -> str:
 
 def pct(value: float) -> str:
     return "NaN" if value is None or math.isnan(value) else f"{100 * value:.2f}"
+
+
+def raw(value: float, std: float | None = None) -> str:
+    """A metric that is not an accuracy (AUROC, GMACs: RATIO_METRICS) as it is, never in percent."""
+    if value is None or math.isnan(value):
+        return "NaN"
+    return f"{value:.3g}" if std is None else f"{value:.3g} ± {std:.2g}"
+
+
+def headline_column(metric: str) -> str:
+    return METRIC_LABELS.get(metric, metric) + ("" if metric in RATIO_METRICS else " (%)")
+
+
+def headline_cell(summary: dict[str, Any], metric: str) -> str:
+    mean, std = summary.get(metric, math.nan), summary.get(f"{metric}_std", math.nan)
+    return raw(mean, std) if metric in RATIO_METRICS else pm(mean, std)
+
+
+def headline_gap(tuning: dict[str, Any], evaluation: dict[str, Any], metric: str) -> str:
+    gap = tuning.get(metric, math.nan) - evaluation.get(metric, math.nan)
+    return raw(gap) if metric in RATIO_METRICS else pct(gap)
 
 
 def headline_metrics(summary: dict[str, Any]) -> tuple[str, ...]:
@@ -42,18 +63,17 @@ def phase_comparison(tuning: dict[str, Any], evaluation: dict[str, Any], tuning_
     headline = headline_metrics(tuning)
     caption = f"D^HT = {tuning_label}   D^E = {evaluation_label}"
     table = Table(title=title, caption=f"{caption}   {_criterion_label(tuning)}".rstrip())
-    columns = ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", *(f"{METRIC_LABELS.get(m, m)} (%)" for m in headline),
+    columns = ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", *(headline_column(m) for m in headline),
                "orderings", "diverged")
     for column in columns:
         table.add_column(column, justify="left" if column == "phase" else "right", no_wrap=True)
     for name, s in (("tuning", tuning), ("evaluation", evaluation), *(extra or {}).items()):
         table.add_row(name, pm(s["acc"], s["acc_std"]), pm(s["avg_acc"], s["avg_acc_std"]), pct(s["hmean"]),
-                      *(pm(s.get(m, math.nan), s.get(f"{m}_std", math.nan)) for m in headline),
-                      orderings_cell(s), str(int(s["diverged"])))
+                      *(headline_cell(s, m) for m in headline), orderings_cell(s), str(int(s["diverged"])))
     gap = tuning["hmean"] - evaluation["hmean"]
     table.add_row("gap", pct(tuning["acc"] - evaluation["acc"]),
                   pct(tuning["avg_acc"] - evaluation["avg_acc"]), pct(gap),
-                  *(pct(tuning.get(m, math.nan) - evaluation.get(m, math.nan)) for m in headline), "", "",
+                  *(headline_gap(tuning, evaluation, m) for m in headline), "", "",
                   style="bold")
     return table
 
@@ -67,13 +87,13 @@ def orderings_cell(summary: dict[str, Any]) -> str:
 def phase_summary(summary: dict[str, Any], label: str, title: str) -> Table:
     headline = headline_metrics(summary)
     table = Table(title=title, caption=f"{label}   {_criterion_label(summary)}".rstrip())
-    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", *(f"{METRIC_LABELS.get(m, m)} (%)" for m in headline),
+    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", *(headline_column(m) for m in headline),
                    "orderings", "diverged"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_row(pm(summary["acc"], summary["acc_std"]), pm(summary["avg_acc"], summary["avg_acc_std"]),
                   pct(summary["hmean"]),
-                  *(pm(summary.get(m, math.nan), summary.get(f"{m}_std", math.nan)) for m in headline),
-                  orderings_cell(summary), str(int(summary["diverged"])))
+                  *(headline_cell(summary, m) for m in headline), orderings_cell(summary),
+                  str(int(summary["diverged"])))
     return table
 
 

@@ -1,0 +1,140 @@
+"""One FLUID sequence (gtep/protocol/fluid_family.py) with one hyperparameter set: the paper's Algorithm 1.
+
+    stream      phase_stream(...) seeded by (study seed, ordering, the phase's classes): pretrain classes' test
+                images and the phase's novel classes' images, Zipf-distributed, shuffled
+    protocol    PredictThenReveal: the image of step t goes to the learner, its prediction is recorded, and only
+                then is its label revealed (asking earlier raises); the learner updates when it decides
+                (StreamLearner.due, every `update_every` samples) on what it has seen
+    labels      the learner sees positions in order of first appearance; predictions map back to class ids
+    compute     ComputeMeter: inference MACs counted with torch.utils.flop_counter.FlopCounterMode on every
+                prediction (MACs = FLOPs / 2); an update counts its forward MACs per sample (measured the same
+                way on one sample) x samples passed x (1 + backward_factor): the backward pass as a configurable
+                multiple of the forward (scenario.fluid.backward_factor; 1.0 matches the paper's totals,
+                notes 004.2). Pretraining is not counted, as in the paper.
+    outcome     metrics = fluid_metrics.summarize + the aliases acc/avg_acc/acc_t; acc_matrix holds the rolling
+                accuracy as one row (so generic tables have a row); "diverged" on a non-finite loss
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, cast
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
+
+from gtep.algorithms import ALGORITHMS
+from gtep.algorithms._stream import StreamLearner
+from gtep.data import ImageSet
+from gtep.data.pipelines import choose_pipeline
+from gtep.engine.device import describe_device, resolve_device
+from gtep.engine.images import StoredImages
+from gtep.engine.loop import DivergedError, Precision, Trainer
+from gtep.engine.runner import DATA_FLOW_RUNNERS, OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
+from gtep.protocol import fluid_metrics
+from gtep.protocol.fluid import UNSEEN, PredictThenReveal, first_occurrences
+from gtep.protocol.fluid_family import STREAM, FluidOptions, phase_stream, with_aliases
+from gtep.protocol.scenarios import ordering_seed
+
+
+class ComputeMeter:
+    """GMACs spent on inference and on updates (module docstring)."""
+
+    def __init__(self, backward_factor: float) -> None:
+        self.backward_factor = backward_factor
+        self.macs = {"inference": 0.0, "update": 0.0}
+
+    def inference(self, fn: Callable[[Tensor], Any], x: Tensor) -> Any:
+        with FlopCounterMode(display=False) as counter:
+            out = fn(x)
+        self.macs["inference"] += counter.get_total_flops() / 2
+        return out
+
+    def training(self, forward: Callable[[Tensor], Any], x_one: Tensor, samples: int) -> None:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            forward(x_one)
+        self.macs["update"] += counter.get_total_flops() / 2 * samples * (1 + self.backward_factor)
+
+    @property
+    def gmacs(self) -> dict[str, float]:
+        return {k: v / 1e9 for k, v in self.macs.items()}
+
+
+class StreamRun:
+    """One sequence's state: the stream, the learner and the compute so far."""
+
+    def __init__(self, job: OrderingJob, data: ImageSet) -> None:
+        self.job, self.data = job, data
+        self.device = resolve_device(job.device)
+        self.seed = ordering_seed(job.seed, job.ordering)
+        self.options = FluidOptions.of(dict(job.family_options))
+        self.spec = phase_stream(data.y_train, data.y_test, job.classes, self.options, job.seed, job.ordering)
+        self.stream = PredictThenReveal(self.spec)
+        self.algorithm = ALGORITHMS.get(job.algorithm)
+        self.params = self.algorithm.Params.from_mapping(job.hparams)
+        pipeline = choose_pipeline(job.augment, job.dataset or data.name, job.backbone, job.algorithm)
+        self.trainer = Trainer(self.device, self.seed, pipeline.augments,
+                               Precision.for_device(self.device, job.mixed_precision), job.compile)
+        self.tensors = PhaseTensors(data, list(job.classes), self.device, pipeline, job.weights)
+        self.recipe = task_recipe(1, self.params, job.first_task, job.epoch_scale, fixed_first_task=False)
+        self.meter = ComputeMeter(self.options.backward_factor)
+        self.order: list[int] = []  # class ids in order of first appearance: position -> class
+        self.outcome = OrderingOutcome(job.ordering, "finished", [], device=describe_device(self.device))
+        torch.manual_seed(self.seed)  # the same initial model for every set on this sequence
+        self.learner = cast(StreamLearner, self.algorithm(self.params, job.backbone, 0, self.device, job.weights))
+
+    def image(self, image_id: int) -> Tensor:
+        """One image as a batch of 1, stored (ids below len(y_train) are training images, the rest test ones)."""
+        n_train = len(self.data.y_train)
+        source, row = (self.tensors.x_train, image_id) if image_id < n_train else (self.tensors.x_test,
+                                                                                     image_id - n_train)
+        return cast(Tensor, StoredImages(source[row: row + 1].to(self.device), self.tensors.pipeline))
+
+    def step(self, t: int) -> None:
+        """Predict sample t, record it, reveal its label, let the learner update if it is due."""
+        x = self.image(self.stream.sample(t))
+        position, score = self.learner.predict_sample(x, self.meter)
+        self.stream.record(t, UNSEEN if position == UNSEEN else self.order[position], score)
+        label = self.stream.reveal(t)
+        if label not in self.order:
+            self.order.append(label)
+        self.learner.reveal(self.order.index(label))
+        if self.learner.due(t + 1):
+            self.learner.update(self.trainer.fit, self.recipe, self.meter)
+
+    def run(self) -> OrderingOutcome:
+        tic = time.perf_counter()
+        try:
+            for t in range(len(self.stream)):
+                self.step(t)
+        except DivergedError as err:
+            self.outcome.status, self.outcome.message = "diverged", f"stream step {t + 1}: {err}"
+        self.outcome.train_seconds = time.perf_counter() - tic
+        self.outcome.task_seconds = [self.outcome.train_seconds]
+        self.outcome.class_order = list(self.order)
+        self.outcome.params_total, self.outcome.params_trainable = self.learner.parameter_counts()
+        if not self.outcome.diverged:
+            self.outcome.metrics = self.metrics()
+            self.outcome.acc_matrix = [list(cast(list[float], self.outcome.metrics["rolling_acc"]))]
+            self.outcome.test_counts = [len(self.stream)]
+        return self.outcome
+
+    def metrics(self) -> dict[str, Any]:
+        labels = self.spec.label
+        pretrain = np.unique(labels[self.spec.pretrain]).tolist()
+        return with_aliases(fluid_metrics.summarize(
+            labels, self.stream.predictions, self.stream.unseen_scores, first_occurrences(labels), pretrain,
+            self.options.head_cut, self.options.window, self.meter.gmacs))
+
+
+def run_stream_ordering(job: OrderingJob, data: ImageSet,
+                        on_task_end: Callable[[int, OrderingOutcome], None] | None = None) -> OrderingOutcome:
+    """Run one FLUID sequence; never raises for a diverged run (module docstring)."""
+    outcome = StreamRun(job, data).run()
+    if on_task_end is not None and not outcome.diverged:
+        on_task_end(0, outcome)
+    return outcome
+
+
+DATA_FLOW_RUNNERS[STREAM] = run_stream_ordering
