@@ -114,8 +114,9 @@ def test_omniglot_split_by_alphabet_keeps_alphabets_apart():
 
 
 def test_evaluation_groups_choose_the_evaluation_alphabets_and_keep_the_rest_out():
-    resolved = resolve(config({"split": {"dataset": "omniglot-small", "by": "group", "seed": 0,
-                                         "tuning_groups": ["Greek"], "evaluation_groups": ["Balinese"]}}, increments="4x6"))
+    split = {"dataset": "omniglot-small", "by": "group", "seed": 0, "tuning_groups": ["Greek"],
+             "evaluation_groups": ["Balinese"]}
+    resolved = resolve(config({"split": split}, increments="4x6"))
     groups = resolve_dataset("omniglot-small").class_groups
     assert {groups[c] for c in resolved.tuning.classes} == {"Greek"}
     assert {groups[c] for c in resolved.evaluation.classes} == {"Balinese"}
