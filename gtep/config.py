@@ -100,6 +100,26 @@ class IircSpec(_Strict):
         return options
 
 
+class CfslSpec(_Strict):
+    """scenario.cfsl: continual few-shot tasks (gtep/protocol/cfsl.py, the CFSL spec's Algorithm 1); an ordering
+    of a phase is tasks_per_ordering tasks drawn with (study seed, ordering)."""
+
+    support_sets: int = Field(ge=1, description="NSS: support sets per task")
+    ways: int = Field(ge=1, description="NC: classes per support set")
+    shots: int = Field(ge=1, description="K_S: samples per class in a support set")
+    target_shots: int = Field(ge=1, description="K_T: target samples per class per support set")
+    class_change_interval: int = Field(1, ge=1, description="CCI: support sets per class block")
+    overwrite: bool = Field(False, description="O: every class block reuses labels 0..NC-1")
+    tasks_per_ordering: int = Field(10, ge=1, description="tasks that make one GTEP ordering")
+
+    @model_validator(mode="after")
+    def _blocks(self) -> "CfslSpec":
+        if self.support_sets % self.class_change_interval:
+            raise ValueError(f"support_sets ({self.support_sets}) must be a multiple of class_change_interval "
+                             f"({self.class_change_interval}): a class block spans CCI support sets")
+        return self
+
+
 def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
     """An IIRC hierarchy file: JSON {"<superclass name>": ["<subclass class name or id>", ...]}."""
     import json
@@ -114,12 +134,13 @@ def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
 
 class ScenarioSpec(_Strict):
     # gtep/protocol/families.py: class_incremental (the paper's; needs increments), fscil (needs the fscil
-    # section) or iirc (needs the iirc section)
+    # section), iirc (needs the iirc section) or cfsl (needs the cfsl section)
     family: str = "class_incremental"
     increments: str | list[int] | None = Field(
         None, description="classes per task: '10x10', 'C50xT1+C10xT5' or a list (class_incremental)")
     fscil: FscilSpec | None = None
     iirc: IircSpec | None = None
+    cfsl: CfslSpec | None = None
 
     @field_validator("increments")
     @classmethod
@@ -136,6 +157,8 @@ class ScenarioSpec(_Strict):
             raise ValueError(f"family {self.family!r} is unknown; choose from {FAMILIES.names()}")
         if self.iirc is not None and self.family != "iirc":
             raise ValueError("the iirc section needs family: iirc; remove it or set the family")
+        if self.cfsl is not None and self.family != "cfsl":
+            raise ValueError("the cfsl section needs family: cfsl; remove it or set the family")
         if self.family == "class_incremental":
             if self.increments is None:
                 raise ValueError("a class_incremental scenario needs increments, e.g. increments: 10x10")
@@ -153,6 +176,12 @@ class ScenarioSpec(_Strict):
                                  "classes_per_task: 10, hierarchy: groups}")
             if self.increments is not None or self.fscil is not None:
                 raise ValueError("an iirc scenario takes its tasks from the iirc section; remove increments/fscil")
+        elif self.family == "cfsl":
+            if self.cfsl is None:
+                raise ValueError("family cfsl needs its section, e.g. cfsl: {support_sets: 10, ways: 5, shots: 1, "
+                                 "target_shots: 5, class_change_interval: 1, overwrite: false}")
+            if self.increments is not None or self.fscil is not None:
+                raise ValueError("a cfsl scenario takes its tasks from the cfsl section; remove increments/fscil")
         return self
 
     @property
@@ -162,6 +191,8 @@ class ScenarioSpec(_Strict):
             return self.fscil.model_dump(mode="json")
         if self.family == "iirc" and self.iirc is not None:
             return self.iirc.options
+        if self.family == "cfsl" and self.cfsl is not None:
+            return self.cfsl.model_dump(mode="json")
         return {"increments": self.increments}
 
     @property
@@ -179,6 +210,10 @@ class ScenarioSpec(_Strict):
             i = self.iirc
             source = "groups" if i.hierarchy == "groups" else Path(i.hierarchy).name
             return f"iirc {i.first_task_superclasses} superclasses+{i.classes_per_task}/task ({source})"
+        if self.family == "cfsl" and self.cfsl is not None:
+            from gtep.protocol.cfsl import CfslOptions
+
+            return CfslOptions.of(self.family_options).describe()
         increments = self.increments
         text = increments if isinstance(increments, str) else "+".join(map(str, increments or []))
         return text if self.family == "class_incremental" else f"{self.family} {text}"
@@ -301,7 +336,7 @@ class PretrainSection(_Strict):
 
     dataset: str | None = None  # default: the study's dataset (datasets.split.dataset, else datasets.tuning.dataset)
     classes: list[int] | None = None  # class ids of that dataset ...
-    groups: list[str] | None = None  # ... or whole class groups (e.g. Omniglot's alphabets)
+    groups: list[str] | None = None  # ... or whole class groups (e.g. Omniglot's alphabets); neither: all of them
     epochs: int | None = Field(None, ge=1)  # default per backbone kind: gtep.engine.pretrain.default_spec
     lr: float | None = Field(None, gt=0)
     batch_size: int = Field(64, ge=1)
@@ -310,8 +345,11 @@ class PretrainSection(_Strict):
 
     @model_validator(mode="after")
     def _classes_or_groups(self) -> "PretrainSection":
-        if (self.classes is None) == (self.groups is None):
+        if self.classes is not None and self.groups is not None:
             raise ValueError("give either 'classes' or 'groups' to pretrain on (kept out of both phases), not both")
+        if self.classes is None and self.groups is None and self.dataset is None:
+            raise ValueError("give the 'classes' or 'groups' to pretrain on (kept out of both phases), or a "
+                             "'dataset' of its own to pretrain on all its classes")
         return self
 
 
@@ -653,10 +691,12 @@ def _check_pretrain(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) 
                               f"it has e.g. {sorted(set(groups))[:5]}")
         classes = [c for c, g in enumerate(groups) if g in set(section.groups)]
         field = "pretrain.groups"
-    else:
-        classes = list(section.classes or [])
+    elif section.classes is not None:
+        classes = list(section.classes)
         field = "pretrain.classes"
         _check_classes(field, classes, len(names))
+    else:  # a dataset of its own (the validator saw to it), every class of it
+        classes, field = list(range(len(names))), "pretrain.dataset"
     if not classes:
         raise ConfigError(field, "names no classes; give the classes (or groups) to pretrain on")
     from gtep.data import resolve_dataset
@@ -780,6 +820,21 @@ def _check_iirc(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec)
     return sizes[0]
 
 
+def _check_cfsl(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec) -> None:
+    """A CFSL task takes NC * NSS / CCI classes of its phase: each phase must have them. (That each class has
+    CCI x (K_S + K_T) images is checked when a task is drawn: counting needs the images.)"""
+    from gtep.protocol.cfsl import CfslOptions
+
+    options = CfslOptions.of(cfg.scenario.family_options)
+    for phase in (tuning, evaluation):
+        if len(phase.classes) < options.classes_per_task:
+            raise ConfigError("scenario.cfsl", f"a task takes {options.classes_per_task} classes (ways {options.ways} "
+                              f"x support_sets {options.support_sets} / class_change_interval "
+                              f"{options.class_change_interval}) but the {phase.phase} phase has {len(phase.classes)} "
+                              f"({phase.dataset}); lower ways or support_sets, raise class_change_interval, or give "
+                              "the phase more classes")
+
+
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     """Check every name and constraint; touches only metadata, never trains or writes anything."""
     from gtep.algorithms import ALGORITHMS
@@ -802,13 +857,16 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     check_tracking_uri(cfg.tracking_uri, "tracking.tracking_uri")
     _check_family(cfg)
     iirc = cfg.scenario.family == "iirc"
+    cfsl = cfg.scenario.family == "cfsl"
     increments = () if iirc else tuple(cfg.scenario.increment_list)
     tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
     pretraining = _check_pretrain(cfg, (tuning, evaluation))  # first: it refuses weights given beside it
     _check_weights(cfg, (tuning, evaluation))
     if iirc:
         increments = _check_iirc(cfg, tuning, evaluation)
-    for phase in (tuning, evaluation) if not iirc else ():
+    if cfsl:
+        _check_cfsl(cfg, tuning, evaluation)
+    for phase in (tuning, evaluation) if not (iirc or cfsl) else ():
         if sum(increments) != len(phase.classes):
             own = "tuning" if phase.phase == "tune" else "evaluation"
             field = "datasets.split" if cfg.datasets.split else f"datasets.{own}"

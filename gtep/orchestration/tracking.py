@@ -35,7 +35,8 @@ from gtep.protocol.selection import OrderingResult, score_set
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                     "params_total", "params_trainable", "train_seconds")
 # every scenario family's scalar metrics are accuracies (percent in MLflow) but its ratios (RATIO_METRICS)
-_FAMILY_PERCENT = {m for name in FAMILIES for m in FAMILIES.get(name).metric_names if m not in RATIO_METRICS}
+_FAMILY_PERCENT = {m for name in FAMILIES for m in FAMILIES.get(name).metric_names
+                   if m not in RATIO_METRICS and m not in FAMILIES.get(name).plain_metrics}
 PERCENT_METRICS = frozenset({"acc", "avg_acc", "hmean", "acc_std", "avg_acc_std", "hmean_std", "forgetting",
                              "old_acc", "new_acc", "mean_of_hmeans", "acc_t", "score", "score_std", "gacc_alpha",
                              "score_mean_of_orderings",

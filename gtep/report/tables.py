@@ -29,6 +29,29 @@ def headline_metrics(summary: dict[str, Any]) -> tuple[str, ...]:
     return FAMILIES.get(family).headline if family in FAMILIES else ()
 
 
+def _plain(summary: dict[str, Any]) -> frozenset[str]:
+    """The family's metrics that are not fractions (cross-entropy, ATM, MACs): shown as they are, not in %."""
+    family = str(summary.get("family") or CLASS_INCREMENTAL)
+    return FAMILIES.get(family).plain_metrics if family in FAMILIES else frozenset()
+
+
+def metric_header(name: str, summary: dict[str, Any]) -> str:
+    label = METRIC_LABELS.get(name, name)
+    return label if name in _plain(summary) else f"{label} (%)"
+
+
+def metric_cell(name: str, summary: dict[str, Any]) -> str:
+    mean, std = summary.get(name, math.nan), summary.get(f"{name}_std", math.nan)
+    if name not in _plain(summary):
+        return pm(mean, std)
+    return "NaN" if mean is None or math.isnan(mean) else f"{mean:.4g} ± {std:.2g}"
+
+
+def metric_gap(name: str, tuning: dict[str, Any], evaluation: dict[str, Any]) -> str:
+    gap = tuning.get(name, math.nan) - evaluation.get(name, math.nan)
+    return (f"{gap:.4g}" if not math.isnan(gap) else "NaN") if name in _plain(tuning) else pct(gap)
+
+
 def _criterion_label(summary: dict[str, Any]) -> str:
     name = summary.get("criterion")
     return f"H* by {name}" if name and name != "hmean_acc_avgacc" else ""
@@ -42,18 +65,17 @@ def phase_comparison(tuning: dict[str, Any], evaluation: dict[str, Any], tuning_
     headline = headline_metrics(tuning)
     caption = f"D^HT = {tuning_label}   D^E = {evaluation_label}"
     table = Table(title=title, caption=f"{caption}   {_criterion_label(tuning)}".rstrip())
-    columns = ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", *(f"{METRIC_LABELS.get(m, m)} (%)" for m in headline),
+    columns = ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", *(metric_header(m, tuning) for m in headline),
                "orderings", "diverged")
     for column in columns:
         table.add_column(column, justify="left" if column == "phase" else "right", no_wrap=True)
     for name, s in (("tuning", tuning), ("evaluation", evaluation), *(extra or {}).items()):
         table.add_row(name, pm(s["acc"], s["acc_std"]), pm(s["avg_acc"], s["avg_acc_std"]), pct(s["hmean"]),
-                      *(pm(s.get(m, math.nan), s.get(f"{m}_std", math.nan)) for m in headline),
-                      orderings_cell(s), str(int(s["diverged"])))
+                      *(metric_cell(m, s) for m in headline), orderings_cell(s), str(int(s["diverged"])))
     gap = tuning["hmean"] - evaluation["hmean"]
     table.add_row("gap", pct(tuning["acc"] - evaluation["acc"]),
                   pct(tuning["avg_acc"] - evaluation["avg_acc"]), pct(gap),
-                  *(pct(tuning.get(m, math.nan) - evaluation.get(m, math.nan)) for m in headline), "", "",
+                  *(metric_gap(m, tuning, evaluation) for m in headline), "", "",
                   style="bold")
     return table
 
@@ -67,13 +89,13 @@ def orderings_cell(summary: dict[str, Any]) -> str:
 def phase_summary(summary: dict[str, Any], label: str, title: str) -> Table:
     headline = headline_metrics(summary)
     table = Table(title=title, caption=f"{label}   {_criterion_label(summary)}".rstrip())
-    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", *(f"{METRIC_LABELS.get(m, m)} (%)" for m in headline),
+    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", *(metric_header(m, summary) for m in headline),
                    "orderings", "diverged"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_row(pm(summary["acc"], summary["acc_std"]), pm(summary["avg_acc"], summary["avg_acc_std"]),
                   pct(summary["hmean"]),
-                  *(pm(summary.get(m, math.nan), summary.get(f"{m}_std", math.nan)) for m in headline),
-                  orderings_cell(summary), str(int(summary["diverged"])))
+                  *(metric_cell(m, summary) for m in headline), orderings_cell(summary),
+                  str(int(summary["diverged"])))
     return table
 
 
