@@ -112,6 +112,28 @@ def test_no_class_is_shared_across_the_phases_of_the_omniglot_preset():
             assert set(task.classes) <= set(phase.classes)
 
 
+def test_every_cfsl_preset_resolves_with_disjoint_phases_and_pretraining(tmp_path, monkeypatch):
+    from PIL import Image
+
+    # SlimageNet64's three splits as gtep ImageFolder roots (a task needs 50 classes in val and in test)
+    for split, count in (("train", 5), ("val", 50), ("test", 50)):
+        for c in range(count):
+            for part in ("train", "val"):
+                folder = tmp_path / split / part / f"{split}{c:03d}"
+                folder.mkdir(parents=True)
+                Image.fromarray(np.zeros((8, 8, 3), dtype=np.uint8)).save(folder / "0.png")
+    monkeypatch.setenv("SLIMAGENET_ROOT", str(tmp_path))
+    for name in ("omniglot-cfsl", "omniglot-cfsl-cci2", "omniglot-cfsl-overwrite", "slimagenet64-cfsl"):
+        resolved = resolve(load_preset(name))
+        assert resolved.family.name == "cfsl" and resolved.pretraining is not None, name
+        if resolved.tuning.dataset == resolved.evaluation.dataset:
+            assert not set(resolved.tuning.classes) & set(resolved.evaluation.classes), name
+    slim = resolve(load_preset("slimagenet64-cfsl"))
+    assert slim.tuning.dataset.endswith("/val?size=64") and slim.evaluation.dataset.endswith("/test?size=64")
+    assert slim.pretraining is not None and len(slim.pretraining.classes) == 5
+    assert slim.pipeline("tune").describe() == "pycil-cifar"
+
+
 def test_config_refuses_a_task_larger_than_a_phase_before_compute():
     doc = load_preset("omniglot-cfsl").model_dump(mode="python")
     doc["scenario"]["cfsl"]["ways"] = 8  # 80 classes a task; tuning has 67
