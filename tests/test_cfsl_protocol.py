@@ -168,7 +168,7 @@ def test_atm_is_the_most_bytes_held_over_the_support_bytes_seen():
 def test_summary_mean_std_and_95_interval_over_tasks():
     out = cfsl_metrics.summarize([0.5, 0.7, 0.9, 0.7], [1.0, 2.0, 3.0, 2.0], [0.1, 0.3, 0.2, 0.2], [10, 20, 30, 40])
     std = math.sqrt(((0.2 ** 2) * 2) / 4)
-    assert out["target_acc"] == pytest.approx(0.7) and out["target_acc_std"] == pytest.approx(std)
+    assert out["target_acc"] == pytest.approx(0.7) and out["target_acc_task_std"] == pytest.approx(std)
     assert out["target_acc_ci95"] == pytest.approx(1.959963984540054 * std / 2)
     assert out["target_ce"] == pytest.approx(2.0) and out["atm"] == pytest.approx(0.2) and out["macs"] == 25
     aliased = with_aliases(out)

@@ -10,7 +10,8 @@ Per task:
     macs         the learner's multiply-adds in the task, learning and predicting (FLOPs / 2, torch's counter)
 
 Per ordering (GTEP's unit: tasks_per_ordering tasks): the mean over its tasks of each, with the std over tasks
-and a 95% interval (normal: mean +- 1.96 std / sqrt(tasks)) of target accuracy and cross-entropy.
+(target_acc_task_std, target_ce_task_std) and the half-width of a 95% interval (normal: 1.96 std / sqrt(tasks);
+target_acc_ci95, target_ce_ci95) of target accuracy and cross-entropy.
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from typing import Sequence
 
 import numpy as np
 
-METRIC_NAMES = ("target_acc", "target_acc_std", "target_acc_ci95", "target_ce", "target_ce_std", "target_ce_ci95",
-                "atm", "macs")
+# <name>_task_std: the std over an ordering's tasks (<name>_std is what tracking calls the std over orderings)
+METRIC_NAMES = ("target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "target_ce_task_std",
+                "target_ce_ci95", "atm", "macs")
 CURVE_METRICS = ("target_acc_t",)
 # not fractions: logged as they are, never as percent
-PLAIN_METRICS = frozenset({"target_ce", "target_ce_std", "target_ce_ci95", "atm", "macs"})
+PLAIN_METRICS = frozenset({"target_ce", "target_ce_task_std", "target_ce_ci95", "atm", "macs"})
 DEFAULT_CRITERION_METRIC = "mean_target_acc"
 Z95 = 1.959963984540054
 
@@ -62,6 +64,6 @@ def summarize(accuracies: Sequence[float], cross_entropies: Sequence[float], atm
     """One ordering's metrics from its tasks' values (module docstring)."""
     acc, acc_std, acc_ci = mean_std_ci(accuracies)
     ce, ce_std, ce_ci = mean_std_ci(cross_entropies)
-    return {"target_acc": acc, "target_acc_std": acc_std, "target_acc_ci95": acc_ci, "target_ce": ce,
-            "target_ce_std": ce_std, "target_ce_ci95": ce_ci, "atm": float(np.mean(atms)),
+    return {"target_acc": acc, "target_acc_task_std": acc_std, "target_acc_ci95": acc_ci, "target_ce": ce,
+            "target_ce_task_std": ce_std, "target_ce_ci95": ce_ci, "atm": float(np.mean(atms)),
             "macs": float(np.mean(macs)), "target_acc_t": [float(v) for v in accuracies]}

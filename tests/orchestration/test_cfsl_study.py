@@ -77,9 +77,13 @@ def test_every_run_is_tagged_cfsl_and_logs_the_cfsl_metrics(study):
     assert len(runs) == 1 + R + R * S + 1 + 1 + S
     for run in runs:
         assert run.data.tags["gtep.family"] == "cfsl" and run.data.tags["gtep.criterion"] == "mean_target_acc"
+    for run in (r for r in runs if r.data.tags["gtep.level"] == "phase"):
+        # the std over orderings (tracking's <name>_std) beside the mean over orderings of the std over tasks
+        assert {"target_acc", "target_acc_std", "target_acc_task_std", "target_ce", "atm", "macs"} <= set(
+            run.data.metrics)
     for run in (r for r in runs if r.data.tags["gtep.level"] == "ordering"):
         metrics = run.data.metrics
-        assert {"target_acc", "target_acc_std", "target_acc_ci95", "target_ce", "atm", "macs"} <= set(metrics)
+        assert {"target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "atm", "macs"} <= set(metrics)
         assert 0 <= metrics["target_acc"] <= 100 and 0 < metrics["atm"] < 1 and metrics["macs"] > 1e6
         accuracy = json.loads(Path(run.info.artifact_uri[len("file://"):], "accuracy.json").read_text())
         assert len(accuracy["acc_matrix"]) == TASKS and accuracy["test_counts"] == [16] * TASKS
