@@ -38,8 +38,13 @@ class HeadLearner(FewShotLearner[FP]):
     head: nn.Linear
     last: LastStage | None = None
 
+    @property
+    def tunes_stage(self) -> bool:
+        """Whether the last stage changes at all: with no step it stays the pretrained one and stores nothing."""
+        return self.params.tune_last_block and self.params.steps > 0
+
     def start_task(self, num_labels: int) -> None:
-        if self.params.tune_last_block:
+        if self.tunes_stage:
             if self.last is None:  # made once, so it holds the pretrained stage, not one a task tuned
                 self.last = LastStage(self.net)
             self.last.restore()
@@ -76,7 +81,7 @@ class HeadLearner(FewShotLearner[FP]):
         return self.head(self.features_of(inputs))
 
     def task_state(self) -> list[Tensor]:
-        tuned = self.last.parameters_to_tune() if self.last is not None else []
+        tuned = self.last.parameters_to_tune() if self.last is not None and self.tunes_stage else []
         return [p.detach() for p in [*self.head.parameters(), *tuned]]
 
 

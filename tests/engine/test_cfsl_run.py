@@ -149,6 +149,11 @@ def test_head_learners_keep_only_their_head_and_restore_the_backbone_per_task():
     plain.start_task(4)
     plain.learn_support(x, y)
     assert plain.state_bytes() == (64 * 4 + 4) * 4
+    # no gradient step: the last stage stays the pretrained one, so it stores nothing of the support sets
+    untouched = CfslProtoTune(ProtoTuneParams(steps=0, tune_last_block=True), "resnet8", 0, torch.device("cpu"))
+    untouched.start_task(4)
+    untouched.learn_support(x, y)
+    assert untouched.state_bytes() == (64 * 4 + 4) * 4
     del data
 
 
