@@ -236,6 +236,14 @@ class SplitSpec(_Strict):
     classes_per_phase: int | None = Field(None, ge=1)  # default: half the pool each
     tuning_groups: list[str] | None = None  # by=group: which groups (e.g. alphabets) go to tuning
     groups: list[str] | None = None  # restrict the pool to these groups (e.g. to leave others for pretrain)
+    # by=group: which go to evaluation (default: every other group; groups in neither list are kept out)
+    evaluation_groups: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _evaluation_groups_need_tuning_groups(self) -> "SplitSpec":
+        if self.evaluation_groups is not None and self.tuning_groups is None:
+            raise ValueError("evaluation_groups needs tuning_groups too (the groups in neither list are kept out)")
+        return self
 
 
 class DatasetsSpec(_Strict):
@@ -599,9 +607,13 @@ def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
             if groups is None:
                 raise ConfigError("datasets.split.by", f"{split.dataset} has no class groups; use by: class")
             try:
-                t_idx, e_idx = split_groups_in_two([groups[c] for c in pool], split.seed, split.tuning_groups)
+                t_idx, e_idx = split_groups_in_two([groups[c] for c in pool], split.seed, split.tuning_groups,
+                                                   split.evaluation_groups)
             except ValueError as err:
-                raise ConfigError("datasets.split.tuning_groups", str(err)) from None
+                # the evaluation list is at fault when it names a group that is unknown or already in tuning
+                free = set(groups) - set(split.tuning_groups or ())
+                field = "evaluation_groups" if not set(split.evaluation_groups or ()) <= free else "tuning_groups"
+                raise ConfigError(f"datasets.split.{field}", str(err)) from None
             tuning, evaluation = [pool[i] for i in t_idx], [pool[i] for i in e_idx]
             if split.classes_per_phase:
                 n = split.classes_per_phase

@@ -113,6 +113,22 @@ def test_omniglot_split_by_alphabet_keeps_alphabets_apart():
     assert not {groups[c] for c in resolved.evaluation.classes} & {"Latin", "Greek"}
 
 
+def test_evaluation_groups_choose_the_evaluation_alphabets_and_keep_the_rest_out():
+    resolved = resolve(config({"split": {"dataset": "omniglot-small", "by": "group", "seed": 0,
+                                         "tuning_groups": ["Greek"], "evaluation_groups": ["Balinese"]}}, increments="4x6"))
+    groups = resolve_dataset("omniglot-small").class_groups
+    assert {groups[c] for c in resolved.tuning.classes} == {"Greek"}
+    assert {groups[c] for c in resolved.evaluation.classes} == {"Balinese"}
+    with pytest.raises(ConfigError, match="datasets.split.evaluation_groups.*in both phases"):
+        resolve(config({"split": {"dataset": "omniglot-small", "by": "group", "tuning_groups": ["Latin"],
+                                  "evaluation_groups": ["Latin", "Greek"]}}))
+    with pytest.raises(ConfigError, match="datasets.split.evaluation_groups.*unknown groups"):
+        resolve(config({"split": {"dataset": "omniglot-small", "by": "group", "tuning_groups": ["Latin"],
+                                  "evaluation_groups": ["Klingon"]}}))
+    with pytest.raises(Exception, match="evaluation_groups needs tuning_groups"):
+        config({"split": {"dataset": "omniglot-small", "by": "group", "evaluation_groups": ["Greek"]}})
+
+
 def test_low_similarity_two_datasets():
     resolved = resolve(config({"tuning": {"dataset": "omniglot-small", "classes": list(range(10))},
                                "evaluation": {"dataset": "synthetic", "classes": list(range(10))}}))

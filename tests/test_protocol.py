@@ -47,6 +47,16 @@ def test_phase_split_disjoint_and_groups():
     assert scenarios.shared_classes([1, 2], [2, 3]) == [2]
 
 
+def test_groups_in_neither_phase_are_kept_out():
+    groups = ["x", "x", "y", "y", "y", "z", "w"]
+    t, e = scenarios.split_groups_in_two(groups, seed=0, tuning_groups=["y"], evaluation_groups=["w", "x"])
+    assert t == [2, 3, 4] and e == [0, 1, 6]  # z (class 5) is in neither phase
+    with pytest.raises(ValueError, match=r"\['y'\] are in both phases"):
+        scenarios.split_groups_in_two(groups, seed=0, tuning_groups=["y"], evaluation_groups=["y", "z"])
+    with pytest.raises(ValueError, match="unknown groups"):
+        scenarios.split_groups_in_two(groups, seed=0, tuning_groups=["y"], evaluation_groups=["v"])
+
+
 def test_milestone_rule_matches_appendix():
     assert sampling.steplr_milestones(100, 2) == [40, 80]
     assert sampling.steplr_milestones(70, 3) == [20, 40, 60]

@@ -92,12 +92,15 @@ def split_classes_in_two(classes: Sequence[int], seed: int, first: int, second: 
 
 
 def split_groups_in_two(
-    class_groups: Sequence[str], seed: int, tuning_groups: Sequence[str] | None = None
+    class_groups: Sequence[str], seed: int, tuning_groups: Sequence[str] | None = None,
+    evaluation_groups: Sequence[str] | None = None,
 ) -> tuple[list[int], list[int]]:
     """High similarity by group (e.g. Omniglot alphabets): whole groups go to one phase or the other.
 
     Without explicit tuning groups, a seeded permutation of the groups is cut so the class counts of the
-    two sides are as equal as possible.
+    two sides are as equal as possible. Without explicit evaluation groups, every group not in tuning goes to
+    evaluation; with them, the groups in neither list are used by neither phase (kept out, e.g. for
+    pretraining, or to size a CPU run).
     """
     groups = sorted(set(class_groups))
     if tuning_groups is None:
@@ -110,11 +113,15 @@ def split_groups_in_two(
                 chosen.append(group)
                 running += sizes[group]
         tuning_groups = chosen
-    unknown = set(tuning_groups) - set(groups)
+    unknown = (set(tuning_groups) | set(evaluation_groups or ())) - set(groups)
     if unknown:
         raise ValueError(f"unknown groups {sorted(unknown)}; choose from {groups}")
+    both = set(tuning_groups) & set(evaluation_groups or ())
+    if both:
+        raise ValueError(f"groups {sorted(both)} are in both phases; GTEP's phases must be disjoint")
+    chosen_evaluation = set(evaluation_groups) if evaluation_groups is not None else set(groups) - set(tuning_groups)
     tuning = [i for i, g in enumerate(class_groups) if g in set(tuning_groups)]
-    evaluation = [i for i, g in enumerate(class_groups) if g not in set(tuning_groups)]
+    evaluation = [i for i, g in enumerate(class_groups) if g in chosen_evaluation]
     return tuning, evaluation
 
 
