@@ -115,7 +115,8 @@ def test_omniglot_split_by_alphabet_keeps_alphabets_apart():
 
 def test_evaluation_groups_choose_the_evaluation_alphabets_and_keep_the_rest_out():
     resolved = resolve(config({"split": {"dataset": "omniglot-small", "by": "group", "seed": 0,
-                                         "tuning_groups": ["Greek"], "evaluation_groups": ["Balinese"]}}, increments="4x6"))
+                                         "tuning_groups": ["Greek"], "evaluation_groups": ["Balinese"]}},
+                                         increments="4x6"))
     groups = resolve_dataset("omniglot-small").class_groups
     assert {groups[c] for c in resolved.tuning.classes} == {"Greek"}
     assert {groups[c] for c in resolved.evaluation.classes} == {"Balinese"}
@@ -177,10 +178,12 @@ def test_a_study_stores_imagefolder_images_at_its_pipelines_size(tmp_path):
     base = {"study": "s", "algorithm": "replay", "backbone": "resnet8", "scenario": {"increments": [2]},
             "datasets": {"split": {"dataset": f"imagefolder:{tmp_path / 'tree'}"}}}
     resolved = resolve(ExperimentConfig.model_validate(base))
-    assert resolved.tuning.dataset.endswith("?size=256") and resolved.pipeline("tune").describe() == "pycil-imagenet@224"
+    assert resolved.tuning.dataset.endswith("?size=256")
+    assert resolved.pipeline("tune").describe() == "pycil-imagenet@224"
     small = resolve(ExperimentConfig.model_validate({**base, "training": {"image_size": 64}}))
     assert small.evaluation.dataset.endswith("?size=73") and small.pipeline("evaluate").size == 64
-    vit = resolve(ExperimentConfig.model_validate({**base, "backbone": "vit_micro_patch4_32", "training": {"augment": True}}))
+    vit = resolve(ExperimentConfig.model_validate({**base, "backbone": "vit_micro_patch4_32",
+                                                   "training": {"augment": True}}))
     assert vit.pipeline("tune").describe() == "pilot@32" and vit.tuning.dataset.endswith("?size=32&resample=bicubic")
     legacy = resolve(ExperimentConfig.model_validate({**base, "training": {"augment": False}}))
     assert legacy.pipeline("tune").describe() == "none/pycil-imagenet@224"

@@ -140,7 +140,8 @@ def dockerfile_of(image: str) -> Path:
 @pytest.mark.parametrize("path", YAMLS, ids=ids(YAMLS))
 def test_gtep_images_map_to_a_dockerfile(path):
     nodes = [n for doc in documents(path) for n in walk(doc)]
-    images = [v for n in nodes for k, v in n.items() if k in ("image", "head_image", "worker_image") and isinstance(v, str)]
+    images = [v for n in nodes for k, v in n.items()
+              if k in ("image", "head_image", "worker_image") and isinstance(v, str)]
     for image in filter(is_gtep_image, images):
         assert dockerfile_of(image).exists(), f"{image}: no {dockerfile_of(image).relative_to(ROOT)}"
     for node in nodes:  # a compose build section builds the Dockerfile its image's tag names
@@ -150,7 +151,8 @@ def test_gtep_images_map_to_a_dockerfile(path):
 
 
 def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
-    lines = [line.strip() for line in logical_lines(path.read_text()) if line.strip() and not line.lstrip().startswith("#")]
+    lines = [line.strip() for line in logical_lines(path.read_text())
+             if line.strip() and not line.lstrip().startswith("#")]
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
 
 
@@ -169,7 +171,8 @@ def test_dockerfile(path):
     assert spaces.rstrip("/") in [dest.rstrip("/") for *_, dest in copies]
     # One Ray for the image, KubeRay's rayVersion and this venv: a cluster needs the same Ray everywhere.
     assert re.search(r"\bRAY_VERSION=(\S+)", " ".join(a for op, a in steps if op == "ARG")).group(1) == RAY_VERSION
-    assert "download.pytorch.org/whl/" in " ".join(a for op, a in steps if op == "RUN"), "torch not from PyTorch's index"
+    assert "download.pytorch.org/whl/" in " ".join(a for op,
+                                                   a in steps if op == "RUN"), "torch not from PyTorch's index"
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=ids(DOCKERFILES))
@@ -210,7 +213,8 @@ def check_ray_up(doc):
     """A ray up config: the keys gtep's flow relies on, then Ray's own schema (shipped with the installed Ray)."""
     assert doc["provider"]["type"] in ("aws", "gcp")
     assert doc["head_node_type"] in doc["available_node_types"]
-    assert doc["available_node_types"][doc["head_node_type"]]["resources"] == {"CPU": 0}, "trials would land on the head"
+    head = doc["available_node_types"][doc["head_node_type"]]
+    assert head["resources"] == {"CPU": 0}, "trials would land on the head"
     # The dashboard accepts jobs: it stays on the head's loopback, reached through `ray dashboard`'s ssh tunnel.
     assert any("--dashboard-host=127.0.0.1" in c for c in doc["head_start_ray_commands"])
     # The launcher starts containers as `docker run ... IMAGE bash`, which gtep's ENTRYPOINT would swallow.
@@ -243,7 +247,8 @@ def check_ray_cluster(spec, api_version):
 def test_kuberay_mlflow_stack():
     docs = [doc for path in (ROOT / "clusters" / "kuberay").glob("*.yaml") for doc in documents(path)]
     named = {(d["kind"], d["metadata"]["name"]) for d in docs}
-    images = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0] for d in docs if d["kind"] == "Deployment"}
+    images = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
+              for d in docs if d["kind"] == "Deployment"}
     assert images["gtep-postgres"]["image"].startswith("postgres:")
     mlflow = images["gtep-mlflow"]
     assert is_gtep_image(mlflow["image"]) and mlflow["args"][0] == "server"

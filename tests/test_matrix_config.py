@@ -8,8 +8,15 @@ from typer.testing import CliRunner
 
 from gtep.cli import app
 from gtep.config import ConfigError
-from gtep.matrix import (ScenarioShape, cell_keys, expand_cells, load_matrix_preset, matrix_preset_names, parse_matrix,
-                         resolve_cells)
+from gtep.matrix import (
+    ScenarioShape,
+    cell_keys,
+    expand_cells,
+    load_matrix_preset,
+    matrix_preset_names,
+    parse_matrix,
+    resolve_cells,
+)
 from gtep.spaces import load_space
 
 runner = CliRunner()
@@ -23,7 +30,8 @@ def doc(**changes) -> dict:
         "scenarios": {"3tasks": "4x3"},
         "pairings": {
             "split": {"similarity": "high",
-                      "datasets": {"split": {"dataset": "synthetic:classes=30,train=4,test=2", "classes_per_phase": 12}}},
+                      "datasets": {"split": {"dataset": "synthetic:classes=30,train=4,test=2",
+                                             "classes_per_phase": 12}}},
             "two": {"similarity": "low",
                     "datasets": {"tuning": {"dataset": "synthetic:classes=12,train=4,test=2,seed=1"},
                                  "evaluation": {"dataset": "synthetic:classes=12,train=4,test=2,seed=2"}}},

@@ -25,7 +25,8 @@ def cluster(tmp_path_factory):
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "gtep.cli", *args], env=ENV, capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", "gtep.cli", *args], env=ENV, capture_output=True, text=True,
+                          timeout=600)
 
 
 def test_trials_run_on_both_nodes_into_one_study(cluster, tmp_path):
@@ -45,7 +46,8 @@ def test_a_ray_client_address_drives_the_cluster_from_outside(cluster, tmp_path)
     config = write_config(tmp_path, tiny_study("client", trials=2, orderings=1, epochs=20, training=QUICK))
     done = cli("tune", "--config", str(config), "--output", str(tmp_path / "out"),
                "--address", f"ray://127.0.0.1:{cluster.client_port}")
-    logs = "".join(p.read_text()[-1500:] for p in cluster.temp_dirs[0].glob("session_latest/logs/ray_client_server*.err"))
+    logs = "".join(p.read_text()[-1500:]
+                   for p in cluster.temp_dirs[0].glob("session_latest/logs/ray_client_server*.err"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:] + logs
     assert "best.yaml" in done.stdout
     units = json.loads((tmp_path / "out" / "client" / "manifest.json").read_text())["units"]

@@ -34,7 +34,8 @@ def pending(study_dir: Path) -> int:
 
 def assert_complete(runs, trials: int, orderings: int, client: MlflowClient) -> None:
     tune_runs = [r for r in runs if r.data.tags.get("gtep.phase") == "tune"]
-    assert Counter(r.data.tags["gtep.level"] for r in tune_runs) == {"phase": 1, "trial": trials, "ordering": trials * orderings}
+    assert Counter(r.data.tags["gtep.level"] for r in tune_runs) == {"phase": 1, "trial": trials,
+                                                                     "ordering": trials * orderings}
     for run in tune_runs:
         assert run.info.status == "FINISHED", run.data.tags
         if run.data.tags["gtep.level"] == "ordering":
@@ -63,13 +64,16 @@ def test_a_study_logs_its_lineage_to_a_postgresql_backed_server(tmp_path, postgr
         runs = lineage(server.uri, "pg")
         assert_complete(runs, 2, 2, client)
         tune_phase, = [r for r in runs if r.data.tags["gtep.level"] == "phase" and r.data.tags["gtep.phase"] == "tune"]
-        evaluate_phase, = [r for r in runs if r.data.tags["gtep.level"] == "phase" and r.data.tags["gtep.phase"] == "evaluate"]
+        evaluate_phase, = [r for r in runs
+                           if r.data.tags["gtep.level"] == "phase" and r.data.tags["gtep.phase"] == "evaluate"]
         assert evaluate_phase.data.tags["gtep.tuning_run_id"] == tune_phase.info.run_id
-        trials = {r.info.run_id for r in runs if r.data.tags["gtep.level"] == "trial" and r.data.tags["gtep.phase"] == "tune"}
+        trials = {r.info.run_id for r in runs
+                  if r.data.tags["gtep.level"] == "trial" and r.data.tags["gtep.phase"] == "tune"}
         assert all(r.data.tags["mlflow.parentRunId"] in trials for r in runs
                    if r.data.tags["gtep.level"] == "ordering" and r.data.tags["gtep.phase"] == "tune")
         with tempfile.TemporaryDirectory() as scratch:  # artifacts go through the server to its destination
-            best = yaml.safe_load(Path(client.download_artifacts(tune_phase.info.run_id, "best.yaml", scratch)).read_text())
+            best = yaml.safe_load(Path(client.download_artifacts(tune_phase.info.run_id, "best.yaml",
+                                                                 scratch)).read_text())
         assert best["tuning_run_id"] == tune_phase.info.run_id
         assert best == yaml.safe_load((tmp_path / "out" / "pg" / "best.yaml").read_text())
     finally:

@@ -113,7 +113,8 @@ def test_fit_crops_stored_images_per_batch_through_their_pipeline():
 
 def test_epoch_augmentation_crops_and_flips_each_image_by_its_own_draw():
     x = torch.arange(2 * 3 * 4 * 4, dtype=torch.float32).view(2, 3, 4, 4)
-    aug = EpochAugmentation(dy=torch.tensor([9, 4, 0]), dx=torch.tensor([9, 4, 2]), flip=torch.tensor([False, False, True]),
+    aug = EpochAugmentation(dy=torch.tensor([9, 4, 0]), dx=torch.tensor([9, 4, 2]), flip=torch.tensor([False, False,
+                                                                                                       True]),
                             pad=4)
     out = aug.apply(x, start=1)  # the batch at epoch position 1 takes draws 1 and 2
     torch.testing.assert_close(out[0], x[0], msg="offset (pad, pad) and no flip is the image itself")

@@ -38,7 +38,8 @@ def job(algorithm: str = "replay", *, ordering: int = 0, epochs: int = 6, **chan
     hparams = {"epochs": epochs, "lr": 0.05, "batch_size": 32, "scheduler": "cosine", "weight_decay": 5e-4}
     hparams.update(changes.pop("hparams", {}))
     base = OrderingJob(algorithm, hparams, "resnet8", (4, 3, 3), tuple(range(10)), seed=0, ordering=ordering,
-                       memory_size=60, first_task=FirstTaskSpec(epochs=epochs, milestones=(epochs // 2,), batch_size=32),
+                       memory_size=60, first_task=FirstTaskSpec(epochs=epochs, milestones=(epochs // 2,),
+                                                                batch_size=32),
                        device=DEVICE, dataset=DATASET)
     return replace(base, **changes)
 

@@ -84,7 +84,8 @@ def shared_gpu(cluster):
                  compute={"gpus_per_trial": GPU_SHARE, "cpus_per_trial": 1, "max_concurrent": 4},
                  training={"memory_size": 12, "epoch_scale": 0.2})
     done = run_study(tmp, doc, address, "tune")
-    events = [json.loads(line) for line in (tmp / "four-per-gpu" / "four-per-gpu" / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(line)
+              for line in (tmp / "four-per-gpu" / "four-per-gpu" / "events.jsonl").read_text().splitlines()]
     return done, events, ordering_runs(tmp, "four-per-gpu")
 
 

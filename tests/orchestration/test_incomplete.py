@@ -113,8 +113,8 @@ def test_an_evaluation_that_lost_an_ordering_is_flagged_and_exits_non_zero(tmp_p
     for marker in ray_with_the_plugin.iterdir():
         marker.unlink()
     finished_before = {u["ordering"] for u in manifest["units"].values()}
-    from tests.orchestration.test_phases import runner
     from gtep.cli import app
+    from tests.orchestration.test_phases import runner
 
     resumed = runner.invoke(app, ["evaluate", "--resume", str(study)])
     assert resumed.exit_code == 0, resumed.output

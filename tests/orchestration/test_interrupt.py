@@ -118,7 +118,8 @@ def test_the_resumed_study_reports_what_the_uninterrupted_one_does(studies):
 def test_the_resumed_study_has_each_mlflow_run_once_and_none_running(studies):
     tracked, twin = runs(studies["stopped"]), runs(studies["whole"])
     names = Counter((r.data.tags.get("gtep.phase"), r.data.tags.get("gtep.level"), r.info.run_name) for r in tracked)
-    assert names == Counter((r.data.tags.get("gtep.phase"), r.data.tags.get("gtep.level"), r.info.run_name) for r in twin)
+    assert names == Counter((r.data.tags.get("gtep.phase"), r.data.tags.get("gtep.level"),
+                             r.info.run_name) for r in twin)
     assert max(names.values()) == 1
     assert {r.info.status for r in tracked} == {"FINISHED"}
     metrics = {(r.data.tags.get("gtep.phase"), r.info.run_name): r.data.metrics.get("hmean") for r in tracked}

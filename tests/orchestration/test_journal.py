@@ -222,6 +222,7 @@ def test_units_and_trial_keys_are_saved_at_most_every_few_seconds_and_at_the_end
     monkeypatch.setattr(Manifest, "UNIT_SAVE_SECONDS", 0.0)
     manifest.save_units()
     on_disk = json.loads(path.read_text())
-    assert on_disk["units"] == {"tune/0/0": {"acc": 0.5}} and on_disk["phases"]["tune"]["trial_keys"] == {"0": "tune:1/set000"}
+    assert on_disk["units"] == {"tune/0/0": {"acc": 0.5}}
+    assert on_disk["phases"]["tune"]["trial_keys"] == {"0": "tune:1/set000"}
     manifest.record_unit("tune", 0, 1, {"acc": 0.25})  # not deferred: on disk at once
     assert "tune/0/1" in json.loads(path.read_text())["units"]

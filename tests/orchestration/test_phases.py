@@ -65,7 +65,8 @@ def runs_of(client: MlflowClient, study: str, **tags):
 
 # every method through both phases on Ray: ~5 minutes in all, so in the `slow` group (.ci/run runs it)
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS.names() if a not in ("finetune", "simplecil") and not ALGORITHMS.get(a).uses_pretrained
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS.names() if a not in ("finetune", "simplecil")
+                                       and not ALGORITHMS.get(a).uses_pretrained
                                        and "class_incremental" in ALGORITHMS.get(a).data_flows])
 def test_every_algorithm_runs_both_phases(tmp_path, algorithm):
     result = gtep(tmp_path, "run", config(study=f"all-{algorithm}", algorithm=algorithm))
@@ -96,7 +97,8 @@ def test_diverged_sets_are_tracked_excluded_and_the_study_goes_on(tmp_path):
     assert len(failed) == 2 * len(diverged) and all(r.info.status == "FAILED" for r in failed)
 
     space.write_text("algorithm: replay\nspace:\n  lr: [1000000.0]\n  epochs: [200]\n  batch_size: [16]\n")
-    result = gtep(tmp_path, "tune", config(study="all-diverge", search={"trials": 2, "orderings": 1, "space": str(space)}))
+    result = gtep(tmp_path, "tune", config(study="all-diverge", search={"trials": 2, "orderings": 1,
+                                                                        "space": str(space)}))
     assert result.exit_code == 2
     assert "all 2 hyperparameter sets diverged" in result.stderr
 
@@ -171,7 +173,8 @@ def test_ui_serves_the_store_on_loopback(tmp_path):
 
 # every method through both phases on Ray: ~5 minutes in all, so in the `slow` group (.ci/run runs it)
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).uses_pretrained and a != "simplecil"])
+@pytest.mark.parametrize("algorithm",
+                         [a for a in ALGORITHMS.names() if ALGORITHMS.get(a).uses_pretrained and a != "simplecil"])
 def test_every_pretrained_method_runs_both_phases_on_local_weights(tmp_path, algorithm):
     from tests.helpers import VIT, VIT_DATASET, pretrained_vit
 

@@ -49,7 +49,8 @@ def test_the_training_batches_and_test_views_are_224_px(tmp_path):
     data = resolve_dataset(phase.dataset).load()
     assert data.x_train.shape[1:] == (256, 256, 3), "stored once at Resize(256)'s side"
     job = OrderingJob("replay", {"epochs": 1, "batch_size": 4}, "resnet8", resolved.increments, phase.classes,
-                      seed=0, ordering=0, memory_size=2, first_task=FirstTaskSpec(epochs=1, milestones=(1,), batch_size=4),
+                      seed=0, ordering=0, memory_size=2, first_task=FirstTaskSpec(epochs=1, milestones=(1,),
+                                                                                  batch_size=4),
                       augment=resolved.pipeline("tune").describe(), dataset=phase.dataset, device="cpu")
     run = OrderingRun(job, data)
     shapes: list[tuple[int, ...]] = []

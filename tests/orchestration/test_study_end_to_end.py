@@ -51,7 +51,8 @@ def test_run_tree(study):
     assert len(trials) == R
     assert all(t.data.tags["mlflow.parentRunId"] == tune_phase.info.run_id for t in trials)
     for trial in trials:
-        children = [r for r in runs_where(runs, level="ordering") if r.data.tags["mlflow.parentRunId"] == trial.info.run_id]
+        children = [r for r in runs_where(runs,
+                                          level="ordering") if r.data.tags["mlflow.parentRunId"] == trial.info.run_id]
         assert sorted(int(c.data.tags["gtep.ordering"]) for c in children) == list(range(S))
         for child in children:
             assert {"acc", "avg_acc", "hmean"} <= set(child.data.metrics)
@@ -132,7 +133,8 @@ def test_evaluation_used_h_star_and_only_its_classes(study):
     for run in runs_where(runs, level="ordering", phase="evaluate"):
         for key, value in best["hparams"].items():
             assert run.data.params[key] == str(value)
-        acc = json.loads(Path(client.download_artifacts(run.info.run_id, "accuracy.json", str(study["root"] / run.info.run_id))).read_text())
+        acc = json.loads(Path(client.download_artifacts(run.info.run_id, "accuracy.json",
+                                                        str(study["root"] / run.info.run_id))).read_text())
         assert set(acc["class_order"]) == set(eval_classes)
 
 

@@ -171,7 +171,8 @@ def test_convergence_and_importance_from_the_tuning_trials(tracked):
     client, report = tracked["client"], tracked["report"]
     for algorithm in ALGORITHMS:
         phase = phase_run(client, algorithm, "tune")
-        trials = sorted(children(client, algorithm, phase.info.run_id), key=lambda t: int(t.data.tags["gtep.set_index"]))
+        trials = sorted(children(client, algorithm, phase.info.run_id),
+                        key=lambda t: int(t.data.tags["gtep.set_index"]))
         scores = [fraction(t, "hmean") for t in trials]
         curve = report.convergence[report.convergence["label"] == algorithm].sort_values("trial")
         assert list(curve["score"]) == pytest.approx(scores)
@@ -217,7 +218,8 @@ def test_report_run_holds_the_files(tracked):
 
 def test_report_command(tracked, tmp_path):
     out = tracked["out"]
-    result = invoke("report", "rep-replay", "gtep/rep-icarl", "--output", out, "--format", "table,md,csv", "-f", "latex",
+    result = invoke("report", "rep-replay", "gtep/rep-icarl", "--output", out, "--format", "table,md,csv", "-f",
+                    "latex",
                     "--out", tmp_path / "cli", "--no-log")
     assert "Kendall's tau" in result.output and "gap HM" in result.output
     hm = f"{100 * by_hand(tracked['client'], 'icarl', 'evaluate')['hmean']:.2f}"
