@@ -100,6 +100,26 @@ class IircSpec(_Strict):
         return options
 
 
+class CfslSpec(_Strict):
+    """scenario.cfsl: continual few-shot tasks (gtep/protocol/cfsl.py, the CFSL spec's Algorithm 1); an ordering
+    of a phase is tasks_per_ordering tasks drawn with (study seed, ordering)."""
+
+    support_sets: int = Field(ge=1, description="NSS: support sets per task")
+    ways: int = Field(ge=1, description="NC: classes per support set")
+    shots: int = Field(ge=1, description="K_S: samples per class in a support set")
+    target_shots: int = Field(ge=1, description="K_T: target samples per class per support set")
+    class_change_interval: int = Field(1, ge=1, description="CCI: support sets per class block")
+    overwrite: bool = Field(False, description="O: every class block reuses labels 0..NC-1")
+    tasks_per_ordering: int = Field(10, ge=1, description="tasks that make one GTEP ordering")
+
+    @model_validator(mode="after")
+    def _blocks(self) -> "CfslSpec":
+        if self.support_sets % self.class_change_interval:
+            raise ValueError(f"support_sets ({self.support_sets}) must be a multiple of class_change_interval "
+                             f"({self.class_change_interval}): a class block spans CCI support sets")
+        return self
+
+
 def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
     """An IIRC hierarchy file: JSON {"<superclass name>": ["<subclass class name or id>", ...]}."""
     import json
@@ -129,13 +149,14 @@ class FluidSpec(_Strict):
 
 class ScenarioSpec(_Strict):
     # gtep/protocol/families.py: class_incremental (the paper's; needs increments), fscil (needs the fscil
-    # section) or iirc (needs the iirc section)
+    # section), iirc (needs the iirc section) or cfsl (needs the cfsl section)
     family: str = "class_incremental"
     increments: str | list[int] | None = Field(
         None, description="classes per task: '10x10', 'C50xT1+C10xT5' or a list (class_incremental)")
     fscil: FscilSpec | None = None
     iirc: IircSpec | None = None
     fluid: FluidSpec | None = None
+    cfsl: CfslSpec | None = None
 
     @field_validator("increments")
     @classmethod
@@ -154,6 +175,8 @@ class ScenarioSpec(_Strict):
             raise ValueError("the iirc section needs family: iirc; remove it or set the family")
         if self.fluid is not None and self.family != "fluid":
             raise ValueError("the fluid section needs family: fluid; remove it or set the family")
+        if self.cfsl is not None and self.family != "cfsl":
+            raise ValueError("the cfsl section needs family: cfsl; remove it or set the family")
         if self.family == "class_incremental":
             if self.increments is None:
                 raise ValueError("a class_incremental scenario needs increments, e.g. increments: 10x10")
@@ -178,6 +201,12 @@ class ScenarioSpec(_Strict):
             if self.increments is not None or self.fscil is not None or self.iirc is not None:
                 raise ValueError("a fluid scenario takes its stream from the fluid section; remove "
                                  "increments/fscil/iirc")
+        elif self.family == "cfsl":
+            if self.cfsl is None:
+                raise ValueError("family cfsl needs its section, e.g. cfsl: {support_sets: 10, ways: 5, shots: 1, "
+                                 "target_shots: 5, class_change_interval: 1, overwrite: false}")
+            if self.increments is not None or self.fscil is not None:
+                raise ValueError("a cfsl scenario takes its tasks from the cfsl section; remove increments/fscil")
         return self
 
     @property
@@ -189,6 +218,8 @@ class ScenarioSpec(_Strict):
             return self.iirc.options
         if self.family == "fluid" and self.fluid is not None:
             return self.fluid.model_dump(mode="json")
+        if self.family == "cfsl" and self.cfsl is not None:
+            return self.cfsl.model_dump(mode="json")
         return {"increments": self.increments}
 
     @property
@@ -210,6 +241,10 @@ class ScenarioSpec(_Strict):
             stream = self.fluid
             return (f"fluid {stream.n_pretrain_classes} pretrain+{stream.n_novel_classes} novel classes, "
                     f"{stream.total_samples} samples, zipf s={stream.zipf_s:g}")
+        if self.family == "cfsl" and self.cfsl is not None:
+            from gtep.protocol.cfsl import CfslOptions
+
+            return CfslOptions.of(self.family_options).describe()
         increments = self.increments
         text = increments if isinstance(increments, str) else "+".join(map(str, increments or []))
         return text if self.family == "class_incremental" else f"{self.family} {text}"
@@ -340,7 +375,7 @@ class PretrainSection(_Strict):
 
     dataset: str | None = None  # default: the study's dataset (datasets.split.dataset, else datasets.tuning.dataset)
     classes: list[int] | None = None  # class ids of that dataset ...
-    groups: list[str] | None = None  # ... or whole class groups (e.g. Omniglot's alphabets)
+    groups: list[str] | None = None  # ... or whole class groups (e.g. Omniglot's alphabets); neither: all of them
     epochs: int | None = Field(None, ge=1)  # default per backbone kind: gtep.engine.pretrain.default_spec
     lr: float | None = Field(None, gt=0)
     batch_size: int = Field(64, ge=1)
@@ -349,8 +384,11 @@ class PretrainSection(_Strict):
 
     @model_validator(mode="after")
     def _classes_or_groups(self) -> "PretrainSection":
-        if (self.classes is None) == (self.groups is None):
+        if self.classes is not None and self.groups is not None:
             raise ValueError("give either 'classes' or 'groups' to pretrain on (kept out of both phases), not both")
+        if self.classes is None and self.groups is None and self.dataset is None:
+            raise ValueError("give the 'classes' or 'groups' to pretrain on (kept out of both phases), or a "
+                             "'dataset' of its own to pretrain on all its classes")
         return self
 
 
@@ -696,10 +734,12 @@ def _check_pretrain(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) 
                               f"it has e.g. {sorted(set(groups))[:5]}")
         classes = [c for c, g in enumerate(groups) if g in set(section.groups)]
         field = "pretrain.groups"
-    else:
-        classes = list(section.classes or [])
+    elif section.classes is not None:
+        classes = list(section.classes)
         field = "pretrain.classes"
         _check_classes(field, classes, len(names))
+    else:  # a dataset of its own (the validator saw to it), every class of it
+        classes, field = list(range(len(names))), "pretrain.dataset"
     if not classes:
         raise ConfigError(field, "names no classes; give the classes (or groups) to pretrain on")
     from gtep.data import resolve_dataset
@@ -851,6 +891,19 @@ def _check_fluid(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec
         if spec.n_novel_classes > len(phase.classes):
             raise ConfigError("scenario.fluid.n_novel_classes", f"is {spec.n_novel_classes} but the {phase.phase} "
                               f"phase has {len(phase.classes)} classes; lower it or give the phase more classes")
+def _check_cfsl(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec) -> None:
+    """A CFSL task takes NC * NSS / CCI classes of its phase: each phase must have them. (That each class has
+    CCI x (K_S + K_T) images is checked when a task is drawn: counting needs the images.)"""
+    from gtep.protocol.cfsl import CfslOptions
+
+    options = CfslOptions.of(cfg.scenario.family_options)
+    for phase in (tuning, evaluation):
+        if len(phase.classes) < options.classes_per_task:
+            raise ConfigError("scenario.cfsl", f"a task takes {options.classes_per_task} classes (ways {options.ways} "
+                              f"x support_sets {options.support_sets} / class_change_interval "
+                              f"{options.class_change_interval}) but the {phase.phase} phase has {len(phase.classes)} "
+                              f"({phase.dataset}); lower ways or support_sets, raise class_change_interval, or give "
+                              "the phase more classes")
 
 
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
@@ -876,6 +929,7 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     _check_family(cfg)
     iirc = cfg.scenario.family == "iirc"
     fluid = cfg.scenario.family == "fluid"
+    cfsl = cfg.scenario.family == "cfsl"
     increments = () if iirc else tuple(cfg.scenario.increment_list)
     tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
     pretraining = _check_pretrain(cfg, (tuning, evaluation))  # first: it refuses weights given beside it
@@ -884,7 +938,9 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
         increments = _check_iirc(cfg, tuning, evaluation)
     if fluid:
         _check_fluid(cfg, tuning, evaluation, pretraining)
-    for phase in (tuning, evaluation) if not (iirc or fluid) else ():
+    if cfsl:
+        _check_cfsl(cfg, tuning, evaluation)
+    for phase in (tuning, evaluation) if not (iirc or fluid or cfsl) else ():
         if sum(increments) != len(phase.classes):
             own = "tuning" if phase.phase == "tune" else "evaluation"
             field = "datasets.split" if cfg.datasets.split else f"datasets.{own}"

@@ -211,6 +211,7 @@ def test_the_resnet_methods_run_fscil_sessions_smaller_than_a_batch(algorithm):
 
 
 def test_every_registered_algorithm_declares_its_data_flows():
-    assert all(ALGORITHMS.get(name).data_flows & {"class_incremental", "multi_label", "stream"}
-               for name in ALGORITHMS.names())
+    flows = {FAMILIES.get(name).data_flow for name in FAMILIES.names()}
+    assert flows == {"class_incremental", "multi_label", "continual_few_shot", "stream"}
+    assert all(ALGORITHMS.get(name).data_flows & flows for name in ALGORITHMS.names())
     assert load("synthetic:classes=10,train=40,test=20").num_classes == 10

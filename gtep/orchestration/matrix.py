@@ -111,7 +111,9 @@ def plan_cells(state: MatrixState, cells: list[ResolvedCell], phases: list[str],
 
 def run_cell(rc: ResolvedCell, phases: list[str], console: Console, resume: bool) -> dict[str, float]:
     """The cell's phases in order, each tagged with the cell; returns the harmonic mean of each phase's set."""
-    resolved, tags = rc.resolved, rc.cell.tags
+    from gtep.orchestration.pretraining import with_pretrained_weights
+
+    resolved, tags = with_pretrained_weights(rc.resolved, console.print), rc.cell.tags  # a pretrain section's, once
     hmeans: dict[str, float] = {}
     tuned = tune_phase(resolved, console, resume=resume, tags=tags)
     hmeans["tune"] = tuned.summary["hmean"]

@@ -60,7 +60,6 @@ def with_pretrained_weights(resolved: ResolvedExperiment, say: Callable[[str], N
     if resolved.pretraining is None:
         return resolved
     from gtep.data import resolve_dataset
-    from gtep.engine.pretrain import pretrain
 
     path = pretrained_path(resolved)
     if path.exists():
@@ -70,12 +69,27 @@ def with_pretrained_weights(resolved: ResolvedExperiment, say: Callable[[str], N
         source = resolve_dataset(resolved.pretraining.dataset)
         say(f"pretraining {spec.backbone} on {len(spec.classes)} classes of {source.name} kept out of both phases "
             f"({spec.epochs} epochs)")
-        result = pretrain(spec, source.load(), source.name, path)
+        result = pretrain_with_threads(spec, source, path, max(1, int(resolved.config.compute.cpus_per_trial)))
         say(f"wrote {path}: test accuracy {100 * result.test_accuracy:.1f}% on the pretraining classes, "
             f"{result.seconds:.0f} s")
     done = replace(resolved, pretrained=path)
     _check_written(done)
     return done
+
+
+def pretrain_with_threads(spec, source, path: Path, threads: int):
+    """Pretrain with a trial's share of threads: torch's default (every core) spins its OpenMP threads against
+    whatever else runs on the machine, several times slower on a shared CPU than one thread is."""
+    import torch
+
+    from gtep.engine.pretrain import pretrain
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return pretrain(spec, source.load(), source.name, path)
+    finally:
+        torch.set_num_threads(before)
 
 
 def _check_written(resolved: ResolvedExperiment) -> None:

@@ -35,11 +35,15 @@ ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc
 # its phase and trial runs log their mean over the orderings, <name>_std, and `score` (the criterion's value). rpd
 # and kr are ratios; every other FSCIL metric is an accuracy, in percent in a gtep.units=percent run.
 FAMILY_TAG, CRITERION_TAG = "gtep.family", "gtep.criterion"
-CLASS_INCREMENTAL, FSCIL = "class_incremental", "fscil"
-DEFAULT_CRITERION = {CLASS_INCREMENTAL: "hmean_acc_avgacc", FSCIL: "gacc_auc"}
+# A continual few-shot (CFSL) ordering run logs FAMILY_METRICS["cfsl"]: target accuracy is an accuracy, the
+# target cross-entropy, ATM and MACs are logged as they are.
+CLASS_INCREMENTAL, FSCIL, CFSL = "class_incremental", "fscil", "cfsl"
+DEFAULT_CRITERION = {CLASS_INCREMENTAL: "hmean_acc_avgacc", FSCIL: "gacc_auc", CFSL: "mean_target_acc"}
 FAMILY_METRICS = {FSCIL: ("aacc", "aacc_sample", "lacc", "tacc", "gacc_auc", "gacc_auc_exact", "hacc", "pd",
-                          "novel_acc", "rpd", "kr")}
-RATIO_METRICS = frozenset({"rpd", "kr", "rpd_std", "kr_std"})
+                          "novel_acc", "rpd", "kr"),
+                  CFSL: ("target_acc", "target_ce", "atm", "macs")}
+RATIO_METRICS = frozenset({"rpd", "kr", "rpd_std", "kr_std", "target_ce", "target_ce_std", "atm", "atm_std", "macs",
+                           "macs_std"})
 ALL_FAMILY_METRICS = tuple(dict.fromkeys(n for names in FAMILY_METRICS.values() for n in names))
 SCORED_METRICS = (*ALL_FAMILY_METRICS, *(f"{n}_std" for n in ALL_FAMILY_METRICS), "score")
 GACC_COLUMNS = ["run_id", "k", "alpha", "gacc"]

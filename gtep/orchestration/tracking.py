@@ -35,7 +35,9 @@ from gtep.protocol.selection import OrderingResult, score_set
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                     "params_total", "params_trainable", "train_seconds")
 # every scenario family's scalar metrics are accuracies (percent in MLflow) but its ratios (RATIO_METRICS)
-_FAMILY_PERCENT = {m for name in FAMILIES for m in FAMILIES.get(name).metric_names if m not in RATIO_METRICS}
+_FAMILY_PERCENT = {m for name in FAMILIES for m in FAMILIES.get(name).metric_names
+                   if m not in RATIO_METRICS and m not in FAMILIES.get(name).plain_metrics}
+_PLAIN_METRICS = frozenset(m for name in FAMILIES for m in FAMILIES.get(name).plain_metrics)
 PERCENT_METRICS = frozenset({"acc", "avg_acc", "hmean", "acc_std", "avg_acc_std", "hmean_std", "forgetting",
                              "old_acc", "new_acc", "mean_of_hmeans", "acc_t", "score", "score_std", "gacc_alpha",
                              "score_mean_of_orderings",
@@ -379,8 +381,9 @@ def _pct(value: Any) -> str:
 
 
 def _as_shown(metric: str, value: Any) -> str:
-    """An accuracy in percent; a ratio (AUROC, GMACs: RATIO_METRICS) as it is."""
-    if metric not in RATIO_METRICS:
+    """An accuracy in percent; a ratio (AUROC, GMACs: RATIO_METRICS) or a family's plain metric (CFSL's
+    cross-entropy, ATM, MACs) as it is."""
+    if metric not in RATIO_METRICS and metric not in _PLAIN_METRICS:
         return _pct(value)
     return f"{float(value):.3g}" if _finite(value) else "–"
 

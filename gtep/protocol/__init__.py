@@ -2,4 +2,4 @@
 
 # The families a module outside families.py defines register on import; importing them with the package
 # registers them before anyone reads FAMILIES (gtep.protocol.families cannot import them: a cycle).
-from gtep.protocol import fluid_family, iirc_family  # noqa: E402,F401
+from gtep.protocol import cfsl_family, fluid_family, iirc_family  # noqa: E402,F401

@@ -47,6 +47,9 @@ class ScenarioFamily:
     curve_metrics: ClassVar[tuple[str, ...]] = ("acc_t",)  # per-ordering lists (one value per task, or a curve)
     default_criterion: ClassVar[str] = "hmean_acc_avgacc"
     headline: ClassVar[tuple[str, ...]] = ()  # metrics the terminal tables add beside Acc, AvgAcc and HM
+    # scalar metrics that are not fractions (cross-entropies, memory ratios, operation counts): MLflow logs them
+    # as they are, not as percent (as RATIO_METRICS)
+    plain_metrics: ClassVar[frozenset[str]] = frozenset()
 
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         """Classes per task; a phase needs exactly their sum of classes."""

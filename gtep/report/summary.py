@@ -87,7 +87,8 @@ def family_summary(data: StoreData, phase: pd.Series, rows: pd.DataFrame, stats:
     if math.isnan(score):
         score = float(phase.get("score", math.nan))
     if math.isnan(score) and not stats["diverged"]:
-        derived = {"gacc_auc": out.get("gacc_auc", math.nan), "hmean_acc_avgacc": stats["hmean"]}
+        derived = {"gacc_auc": out.get("gacc_auc", math.nan), "hmean_acc_avgacc": stats["hmean"],
+                   "mean_target_acc": out.get("target_acc", math.nan)}
         score = float(derived.get(criterion, out.get(criterion, math.nan)))
     return {**out, "score": score}
 

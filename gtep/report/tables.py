@@ -23,31 +23,33 @@ def pct(value: float) -> str:
     return "NaN" if value is None or math.isnan(value) else f"{100 * value:.2f}"
 
 
-def raw(value: float, std: float | None = None) -> str:
-    """A metric that is not an accuracy (AUROC, GMACs: RATIO_METRICS) as it is, never in percent."""
-    if value is None or math.isnan(value):
-        return "NaN"
-    return f"{value:.3g}" if std is None else f"{value:.3g} ± {std:.2g}"
-
-
-def headline_column(metric: str) -> str:
-    return METRIC_LABELS.get(metric, metric) + ("" if metric in RATIO_METRICS else " (%)")
-
-
-def headline_cell(summary: dict[str, Any], metric: str) -> str:
-    mean, std = summary.get(metric, math.nan), summary.get(f"{metric}_std", math.nan)
-    return raw(mean, std) if metric in RATIO_METRICS else pm(mean, std)
-
-
-def headline_gap(tuning: dict[str, Any], evaluation: dict[str, Any], metric: str) -> str:
-    gap = tuning.get(metric, math.nan) - evaluation.get(metric, math.nan)
-    return raw(gap) if metric in RATIO_METRICS else pct(gap)
-
-
 def headline_metrics(summary: dict[str, Any]) -> tuple[str, ...]:
     """The scenario family's own metrics the tables show beside Acc, AvgAcc and HM (none for class-incremental)."""
     family = str(summary.get("family") or CLASS_INCREMENTAL)
     return FAMILIES.get(family).headline if family in FAMILIES else ()
+
+
+def _plain(summary: dict[str, Any]) -> frozenset[str]:
+    """The family's metrics that are not fractions (cross-entropy, ATM, MACs): shown as they are, not in %."""
+    family = str(summary.get("family") or CLASS_INCREMENTAL)
+    return (FAMILIES.get(family).plain_metrics if family in FAMILIES else frozenset()) | RATIO_METRICS
+
+
+def metric_header(name: str, summary: dict[str, Any]) -> str:
+    label = METRIC_LABELS.get(name, name)
+    return label if name in _plain(summary) else f"{label} (%)"
+
+
+def metric_cell(name: str, summary: dict[str, Any]) -> str:
+    mean, std = summary.get(name, math.nan), summary.get(f"{name}_std", math.nan)
+    if name not in _plain(summary):
+        return pm(mean, std)
+    return "NaN" if mean is None or math.isnan(mean) else f"{mean:.4g} ± {std:.2g}"
+
+
+def metric_gap(name: str, tuning: dict[str, Any], evaluation: dict[str, Any]) -> str:
+    gap = tuning.get(name, math.nan) - evaluation.get(name, math.nan)
+    return (f"{gap:.4g}" if not math.isnan(gap) else "NaN") if name in _plain(tuning) else pct(gap)
 
 
 def _criterion_label(summary: dict[str, Any]) -> str:
@@ -63,17 +65,17 @@ def phase_comparison(tuning: dict[str, Any], evaluation: dict[str, Any], tuning_
     headline = headline_metrics(tuning)
     caption = f"D^HT = {tuning_label}   D^E = {evaluation_label}"
     table = Table(title=title, caption=f"{caption}   {_criterion_label(tuning)}".rstrip())
-    columns = ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", *(headline_column(m) for m in headline),
+    columns = ("phase", "Acc (%)", "AvgAcc (%)", "HM (%)", *(metric_header(m, tuning) for m in headline),
                "orderings", "diverged")
     for column in columns:
         table.add_column(column, justify="left" if column == "phase" else "right", no_wrap=True)
     for name, s in (("tuning", tuning), ("evaluation", evaluation), *(extra or {}).items()):
         table.add_row(name, pm(s["acc"], s["acc_std"]), pm(s["avg_acc"], s["avg_acc_std"]), pct(s["hmean"]),
-                      *(headline_cell(s, m) for m in headline), orderings_cell(s), str(int(s["diverged"])))
+                      *(metric_cell(m, s) for m in headline), orderings_cell(s), str(int(s["diverged"])))
     gap = tuning["hmean"] - evaluation["hmean"]
     table.add_row("gap", pct(tuning["acc"] - evaluation["acc"]),
                   pct(tuning["avg_acc"] - evaluation["avg_acc"]), pct(gap),
-                  *(headline_gap(tuning, evaluation, m) for m in headline), "", "",
+                  *(metric_gap(m, tuning, evaluation) for m in headline), "", "",
                   style="bold")
     return table
 
@@ -87,12 +89,12 @@ def orderings_cell(summary: dict[str, Any]) -> str:
 def phase_summary(summary: dict[str, Any], label: str, title: str) -> Table:
     headline = headline_metrics(summary)
     table = Table(title=title, caption=f"{label}   {_criterion_label(summary)}".rstrip())
-    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", *(headline_column(m) for m in headline),
+    for column in ("Acc (%)", "AvgAcc (%)", "HM (%)", *(metric_header(m, summary) for m in headline),
                    "orderings", "diverged"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_row(pm(summary["acc"], summary["acc_std"]), pm(summary["avg_acc"], summary["avg_acc_std"]),
                   pct(summary["hmean"]),
-                  *(headline_cell(summary, m) for m in headline), orderings_cell(summary),
+                  *(metric_cell(m, summary) for m in headline), orderings_cell(summary),
                   str(int(summary["diverged"])))
     return table
 

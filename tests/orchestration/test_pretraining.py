@@ -47,7 +47,7 @@ def test_groups_that_the_dataset_lacks_are_refused(tmp_path):
 def test_pretraining_runs_once_and_the_cache_is_reused(tmp_path, monkeypatch):
     torch.set_num_threads(1)
     calls = []
-    import gtep.engine.pretrain as engine  # with_pretrained_weights imports it when it runs
+    import gtep.engine.pretrain as engine  # pretrain_with_threads imports it when it runs
 
     original = engine.pretrain
     monkeypatch.setattr(engine, "pretrain", lambda *a, **k: calls.append(a) or original(*a, **k))

@@ -1,0 +1,113 @@
+"""The shared base of the continual few-shot learners (CFSL; gtep/protocol/cfsl_family.py).
+
+CFSL's data flow (papers/cfsl-task-definitions.txt section 2) differs from class-incremental learning, so these
+learners have their own steps, which gtep/engine/cfsl.py drives:
+
+    start_task(num_labels)   a new task: forget the last one's state, back to the pretrained backbone
+    learn_support(x, y)      one support set (float images, labels in 0..num_labels-1); the engine calls it once
+                             per support set, from an iterator that yields each once, and the learner never gets
+                             the list of them. It may keep state only as tensors it declares in task_state()
+                             (prototypes, a head, fast weights): what persists from one support set to the next
+    scores(x)                (n, num_labels) scores of target images, asked only after the last support set
+    task_state()             the tensors that persist between support sets: the engine sums their bytes after
+                             every support set for ATM (gtep/protocol/cfsl_metrics.py)
+
+The backbone is the run's (pretrained on classes kept out of both phases: the study's `pretrain:` section or
+`weights:`), frozen in eval mode unless a method tunes part of it per task, in which case it restores the
+pretrained values at start_task and counts the tuned part in task_state. The class-incremental steps
+(learn_task ...) are not used on this path.
+"""
+from __future__ import annotations
+
+import copy
+from typing import ClassVar, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gtep.algorithms.base import FitFn, IncrementalLearner, P, TaskData
+from gtep.models import Backbone
+from gtep.models.backbones import CifarResNet
+
+CONTINUAL_FEW_SHOT = "continual_few_shot"
+
+
+class FewShotLearner(IncrementalLearner[P]):
+    uses_memory = False
+    fixed_first_task = False
+    data_flows: ClassVar[frozenset[str]] = frozenset({CONTINUAL_FEW_SHOT})
+
+    def build_network(self) -> nn.Module:
+        backbone = self.new_backbone()
+        backbone.eval()
+        return backbone.requires_grad_(False)
+
+    @property
+    def feature_dim(self) -> int:
+        return int(cast(Backbone, self.net).out_dim)
+
+    # ---- the CFSL steps ------------------------------------------------------------------------------
+    def start_task(self, num_labels: int) -> None:
+        raise NotImplementedError
+
+    def learn_support(self, x: Tensor, y: Tensor) -> None:
+        raise NotImplementedError
+
+    def scores(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def task_state(self) -> list[Tensor]:
+        raise NotImplementedError
+
+    def state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.task_state())
+
+    # ---- shared helpers -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def embed(self, x: Tensor) -> Tensor:
+        """Frozen features of `x` (the backbone in eval mode: BatchNorm keeps its pretrained statistics)."""
+        self.net.eval()
+        return self.net(x)["features"].float()
+
+    def fit_task(self, task: TaskData, fit: FitFn) -> None:
+        raise TypeError(f"{type(self).__name__} learns continual few-shot tasks (data flow {CONTINUAL_FEW_SHOT}); "
+                        "gtep.engine.cfsl drives it, not the class-incremental loop")
+
+
+def label_means(features: Tensor, labels: Tensor, num_labels: int) -> tuple[Tensor, Tensor]:
+    """Per label: the sum of its rows' features and their count (zeros for labels without rows)."""
+    sums = torch.zeros(num_labels, features.shape[1], device=features.device).index_add_(0, labels, features)
+    counts = torch.zeros(num_labels, device=features.device).index_add_(0, labels, torch.ones_like(labels,
+                                                                                                  dtype=torch.float))
+    return sums, counts
+
+
+class LastStage(nn.Module):
+    """A CIFAR ResNet cut before its last stage: `frozen(x)` gives the last stage's input once per support set,
+    `head_features(h)` runs the (tunable) last stage and the pooling, so only it is trained per support set."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        if not isinstance(backbone, CifarResNet):
+            raise ValueError(f"tuning the last block needs a CIFAR ResNet (resnet8/20/32), not "
+                             f"{type(backbone).__name__}; set tune_last_block to false")
+        self.backbone = backbone
+        self.pretrained = copy.deepcopy(backbone.stages[-1].state_dict())
+        backbone.stages[-1].requires_grad_(True)  # the learner froze the whole backbone; this stage trains
+
+    def restore(self) -> None:
+        self.backbone.stages[-1].load_state_dict(self.pretrained)
+
+    @torch.no_grad()
+    def frozen(self, x: Tensor) -> Tensor:
+        h = self.backbone.stem(x)
+        for stage in self.backbone.stages[:-1]:
+            h = stage(h)
+        return h
+
+    def head_features(self, h: Tensor) -> Tensor:
+        return torch.flatten(F.adaptive_avg_pool2d(self.backbone.stages[-1](h), 1), 1)
+
+    def parameters_to_tune(self) -> list[nn.Parameter]:
+        return list(self.backbone.stages[-1].parameters())

@@ -1,0 +1,167 @@
+"""One ordering of the continual few-shot family (CFSL, gtep/protocol/cfsl_family.py) with one hyperparameter set.
+
+    pool        the phase's training and test images together (a CFSL task has no train/test split of its own:
+                the sampler draws every support and target sample from the phase's classes' images, unique
+                within the task); pool index i < n_train is training image i, else test image i - n_train
+    tasks       gtep.protocol.cfsl.ordering_tasks: tasks_per_ordering tasks, task t drawn with (seed, ordering, t)
+    data flow   per task: learner.start_task, then each support set through a SupportStream (built when reached,
+                yielded once, a second pass raises: the learner never holds the list), learner.learn_support
+                once per set; only then learner.scores on the target set (the test view of the images, no
+                augmentation: a support set is a handful of images)
+    metrics     per task: target accuracy and cross-entropy, ATM (the most bytes of learner.task_state() after any
+                support set / the stored bytes of the support images), MACs (FlopCounterMode's FLOPs / 2, of
+                learning and scoring); per ordering gtep.protocol.cfsl_metrics.summarize + the aliases
+                acc/avg_acc/acc_t (cfsl_family.with_aliases)
+    outcome     acc_matrix: one row per task holding its target accuracy; test_counts: target set sizes;
+                class_order: the classes of the tasks, task after task; "diverged" on a non-finite loss or score
+
+The learner is built once per ordering (the same seed for every set) and reset by start_task for every task.
+Not supported on this path (as on the multi-label one): the shared first task and per-task checkpoints.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator, Sequence, cast
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.flop_counter import FlopCounterMode
+
+from gtep.algorithms import ALGORITHMS
+from gtep.algorithms._cfsl import FewShotLearner
+from gtep.data import ImageSet
+from gtep.data.pipelines import choose_pipeline
+from gtep.engine.device import describe_device, resolve_device
+from gtep.engine.runner import DATA_FLOW_RUNNERS, OrderingJob, OrderingOutcome, PhaseTensors
+from gtep.protocol import cfsl_metrics
+from gtep.protocol.cfsl import CfslOptions, CfslTask, SupportSet, ordering_tasks
+from gtep.protocol.cfsl_family import CONTINUAL_FEW_SHOT, with_aliases
+from gtep.protocol.scenarios import ordering_seed
+
+
+class SupportStream:
+    """A task's support sets for the learner: each is loaded when reached and yielded once; iterating the stream
+    a second time raises, and it keeps no loaded set, so a learner can only keep what it extracts."""
+
+    def __init__(self, sets: Sequence[SupportSet], load: Callable[[SupportSet], tuple[Tensor, Tensor]]) -> None:
+        self._sets = list(sets)
+        self._load = load
+        self._started = False
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        if self._started:
+            raise RuntimeError("a CFSL task's support sets are seen once: this stream was already iterated")
+        self._started = True
+        return self._each()
+
+    def _each(self) -> Iterator[tuple[Tensor, Tensor]]:
+        while self._sets:
+            yield self._load(self._sets.pop(0))
+
+
+class Pool:
+    """The phase's images as one pool (module docstring): test views of pool indices, on the run's device."""
+
+    def __init__(self, data: ImageSet, classes: Sequence[int], images: PhaseTensors) -> None:
+        self.n_train = len(data.y_train)
+        labels = np.concatenate([data.y_train, data.y_test]).astype(np.int64)
+        # images of other classes can never be drawn: their label is outside every phase
+        self.labels = np.where(np.isin(labels, np.asarray(classes)), labels, -1)
+        self.images = images
+        self.bytes_per_image = int(np.prod(data.x_train.shape[1:])) * data.x_train.itemsize
+
+    def view(self, indices: Sequence[int], labels: Sequence[int]) -> tuple[Tensor, Tensor]:
+        """The images at `indices` (float test views) and their labels, in ascending pool order."""
+        index = np.asarray(indices, dtype=np.int64)
+        order = np.argsort(index, kind="stable")
+        index = index[order]
+        parts = []
+        for split, chosen in (("train", index[index < self.n_train]), ("test", index[index >= self.n_train])):
+            if len(chosen):
+                size = self.n_train if split == "train" else len(self.labels) - self.n_train
+                mask = np.zeros(size, dtype=bool)
+                mask[chosen - (0 if split == "train" else self.n_train)] = True
+                parts.append(self.images.images(split, mask).float())
+        y = torch.as_tensor(np.asarray(labels, dtype=np.int64)[order], device=self.images.device)
+        return torch.cat(parts), y
+
+
+class CfslRun:
+    """One CFSL ordering: its tasks, its learner and the per-task results so far."""
+
+    def __init__(self, job: OrderingJob, data: ImageSet) -> None:
+        self.job = job
+        self.device = resolve_device(job.device)
+        self.seed = ordering_seed(job.seed, job.ordering)
+        self.options = CfslOptions.of(dict(job.family_options))
+        pipeline = choose_pipeline(job.augment, job.dataset or data.name, job.backbone, job.algorithm)
+        self.pool = Pool(data, job.classes, PhaseTensors(data, list(job.classes), self.device, pipeline, job.weights))
+        self.tasks: list[CfslTask] = ordering_tasks(self.pool.labels, job.classes, self.options, job.seed,
+                                                    job.ordering)
+        self.outcome = OrderingOutcome(job.ordering, "finished", [c for t in self.tasks for c in t.classes],
+                                       device=describe_device(self.device))
+        algorithm = ALGORITHMS.get(job.algorithm)
+        torch.manual_seed(self.seed)  # the same initial learner for every set on this ordering
+        self.learner = cast(FewShotLearner, algorithm(algorithm.Params.from_mapping(job.hparams), job.backbone, 0,
+                                                      self.device, job.weights))
+        self.accuracies: list[float] = []
+        self.cross_entropies: list[float] = []
+        self.atms: list[float] = []
+        self.macs: list[float] = []
+
+    def support_stream(self, task: CfslTask) -> SupportStream:
+        return SupportStream(task.support, lambda s: self.pool.view(s.samples, s.labels))
+
+    def run_task(self, task: CfslTask) -> None:
+        tic = time.perf_counter()
+        learner = self.learner
+        state_bytes: list[int] = []
+        learner.start_task(task.num_labels)
+        with FlopCounterMode(display=False) as counter:
+            for x, y in self.support_stream(task):
+                learner.learn_support(x, y)
+                state_bytes.append(learner.state_bytes())
+            xt, yt = self.pool.view(task.target_samples, task.target_labels)
+            scores = learner.scores(xt).float()
+        if not bool(torch.isfinite(scores).any(1).all()):
+            raise FloatingPointError("non-finite target scores")
+        s, labels = scores.cpu().numpy(), yt.cpu().numpy()
+        self.accuracies.append(cfsl_metrics.accuracy(s, labels))
+        self.cross_entropies.append(cfsl_metrics.cross_entropy(s, labels))
+        support_images = sum(len(set_.samples) for set_ in task.support)
+        self.atms.append(cfsl_metrics.across_task_memory(state_bytes, support_images * self.pool.bytes_per_image))
+        self.macs.append(counter.get_total_flops() / 2)
+        self.outcome.acc_matrix.append([self.accuracies[-1]])
+        self.outcome.test_counts.append(len(labels))
+        self.outcome.task_seconds.append(time.perf_counter() - tic)
+
+    def finish(self) -> OrderingOutcome:
+        outcome = self.outcome
+        outcome.train_seconds = float(sum(outcome.task_seconds))
+        outcome.params_total, outcome.params_trainable = self.learner.parameter_counts()
+        if self.accuracies and not outcome.diverged:
+            outcome.metrics = with_aliases(cfsl_metrics.summarize(self.accuracies, self.cross_entropies, self.atms,
+                                                                  self.macs))
+        return outcome
+
+
+def run_cfsl_ordering(job: OrderingJob, data: ImageSet,
+                      on_task_end: Callable[[int, OrderingOutcome], None] | None = None) -> OrderingOutcome:
+    """Run one CFSL ordering's tasks one by one; never raises for a diverged run (module docstring)."""
+    run = CfslRun(job, data)
+    for task in run.tasks:
+        try:
+            run.run_task(task)
+        except FloatingPointError as err:
+            run.outcome.status, run.outcome.message = "diverged", f"task {task.index + 1}: {err}"
+            break
+        if on_task_end is not None:
+            on_task_end(task.index, run.outcome)
+    return run.finish()
+
+
+DATA_FLOW_RUNNERS[CONTINUAL_FEW_SHOT] = run_cfsl_ordering

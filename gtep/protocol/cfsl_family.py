@@ -1,0 +1,76 @@
+"""The continual few-shot learning family (CFSL; papers/cfsl-task-definitions.txt, notes 002.1-002.4).
+
+GTEP's two phases with CFSL tasks: an ordering s of a phase is `tasks_per_ordering` tasks sampled from the
+phase's classes with (study seed, s) (gtep/protocol/cfsl.py), so a set H_r is scored on S x tasks_per_ordering
+tasks of D^HT, and H* on as many fresh ones of the disjoint D^E; both phases use the same task type.
+
+The data flow is "continual_few_shot" (gtep/engine/cfsl.py runs it): a learner starts each task afresh (from
+the study's pretrained backbone), sees the task's support sets one at a time through an iterator that yields
+each once, and only then scores the target set.
+
+Metrics (gtep/protocol/cfsl_metrics.py): target_acc (mean over the ordering's tasks; H*'s default criterion
+mean_target_acc), its std and 95% interval over tasks (target_acc_task_std, target_acc_ci95), target_ce
+likewise, atm and macs (means over tasks).
+Aliases for the parts of gtep that read the class-incremental names (tables' Acc/AvgAcc/HM columns, the
+trainable's running score, MLflow's per-task `acc_t` steps):
+
+    acc = avg_acc = target_acc     acc_t = target_acc_t (step t: task t of the ordering)
+
+Pure: stdlib and numpy only.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from gtep.protocol import cfsl_metrics
+from gtep.protocol.cfsl import CfslOptions
+from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, register_family
+from gtep.protocol.scenarios import TaskSpec
+
+CFSL = "cfsl"
+CONTINUAL_FEW_SHOT = "continual_few_shot"
+ALIASES = {"acc": "target_acc", "avg_acc": "target_acc", "acc_t": "target_acc_t"}
+
+METRIC_LABELS.update({"target_acc": "target acc", "target_acc_task_std": "target acc std (tasks)",
+                      "target_acc_ci95": "target acc 95% CI", "target_ce": "target CE",
+                      "target_ce_task_std": "target CE std (tasks)", "target_ce_ci95": "target CE 95% CI",
+                      "atm": "ATM", "macs": "MACs"})
+
+
+@register_family
+class ContinualFewShot(ScenarioFamily):
+    name = CFSL
+    description = ("continual few-shot learning: NSS support sets seen once each, then a target set "
+                   "(scenario.cfsl)")
+    data_flow = CONTINUAL_FEW_SHOT
+    metric_names = (*cfsl_metrics.METRIC_NAMES, "acc", "avg_acc")
+    curve_metrics = (*cfsl_metrics.CURVE_METRICS, "acc_t")
+    plain_metrics = cfsl_metrics.PLAIN_METRICS
+    default_criterion = cfsl_metrics.DEFAULT_CRITERION_METRIC
+    headline: ClassVar[tuple[str, ...]] = ("target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "atm",
+                                           "macs")
+
+    def increments(self, options: Mapping[str, Any]) -> list[int]:
+        """The classes of a task's class blocks: NC per block, NSS / CCI blocks."""
+        spec = CfslOptions.of(options)
+        return [spec.ways] * spec.blocks
+
+    def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
+        raise NotImplementedError("CFSL tasks are drawn from the phase's images, not its classes alone: "
+                                  "gtep.protocol.cfsl.ordering_tasks (gtep.engine.cfsl runs them)")
+
+    def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
+                  tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
+        raise NotImplementedError("CFSL's metrics need every task's target scores: gtep.engine.cfsl computes them "
+                                  "with gtep.protocol.cfsl_metrics")
+
+
+def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """CFSL's metrics plus the class-incremental names gtep's tables and score read (module docstring)."""
+    out = dict(metrics)
+    for alias, name in ALIASES.items():
+        if name in out:
+            out[alias] = out[name]
+    return out
