@@ -291,6 +291,14 @@ class DatasetsSpec(_Strict):
         return self
 
 
+class SchedulerOptions(_Strict):
+    """search.scheduler_options: rungs are counted in orderings (a set's running score after k of S)."""
+
+    grace_period: int = Field(1, ge=1, description="orderings every set runs before it can be stopped")
+    reduction_factor: float = Field(2.0, gt=1, description="keep the top 1/reduction_factor at each rung")
+    brackets: int = Field(1, ge=1, description="ASHA brackets (HyperBand ignores it)")
+
+
 class SearchSpec(_Strict):
     trials: int = Field(30, ge=1, description="R: sampled hyperparameter sets")
     orderings: int = Field(5, ge=1, description="S: class orderings per set and in evaluation")
@@ -299,6 +307,23 @@ class SearchSpec(_Strict):
     selection: Literal["hmean_of_means", "mean_of_hmeans"] = "hmean_of_means"
     # H*'s criterion (gtep/protocol/criteria.py); None: the scenario family's (hmean_acc_avgacc, gacc_auc for fscil)
     criterion: str | None = None
+    # Early stopping on the orderings axis: a trial reports its running score after each ordering; ASHA or
+    # HyperBand stop sets whose score is hopeless at a rung. A stopped set is never H* (set_status "stopped").
+    scheduler: Literal["none", "asha", "hyperband"] = "none"
+    scheduler_options: SchedulerOptions = Field(default_factory=lambda: SchedulerOptions())
+    # How sets are compared in the tuning phase: gtep (every set over the whole scenario), first_task (Lee et al.
+    # 2024: only the first `protocol_tasks` tasks; H* runs the whole scenario in evaluation). The conventional
+    # protocol (tune and report on D^HT): tuning as gtep's, and `gtep run` adds the `conventional` phase (the same
+    # as --protocol conventional).
+    protocol: Literal["gtep", "first_task", "conventional"] = "gtep"
+    protocol_tasks: int = Field(1, ge=1, description="k: the tasks sets are compared on with protocol first_task")
+
+    @model_validator(mode="after")
+    def _rungs_fit(self) -> "SearchSpec":
+        if self.scheduler != "none" and self.scheduler_options.grace_period >= self.orderings:
+            raise ValueError(f"scheduler_options.grace_period ({self.scheduler_options.grace_period}) must be below "
+                             f"search.orderings ({self.orderings}): a rung at S stops nothing")
+        return self
 
 
 class FirstTaskConfig(_Strict):
@@ -952,6 +977,13 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
                               f"({'+'.join(map(str, increments))}) but the {phase.phase} phase has "
                               f"{len(phase.classes)} ({phase.dataset}); change base_classes, ways or sessions, or "
                               f"restrict the classes in {field}")
+    if cfg.search.protocol == "first_task":
+        if cfg.scenario.family != "class_incremental":
+            raise ConfigError("search.protocol", f"first_task compares sets on the first tasks of a class-incremental "
+                              f"scenario; the {cfg.scenario.family} family has its own sessions, use gtep")
+        if cfg.search.protocol_tasks >= len(increments):
+            raise ConfigError("search.protocol_tasks", f"{cfg.search.protocol_tasks} is not below the scenario's "
+                              f"{len(increments)} tasks; first_task compares sets on fewer tasks than the whole")
     space_path = cfg.search.space or default_space_file(cfg.algorithm)
     try:
         load_space(cfg.algorithm, space_path)

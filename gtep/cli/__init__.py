@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import typer
 
-from gtep.cli import cluster, info, matrix, pretrain, report, study, tracking
+from gtep.cli import cluster, info, matrix, pretrain, replay, report, study, tracking
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="GTEP: tune continual-learning hyperparameters on one scenario, "
                        "evaluate them on a disjoint one.")
-for commands in (study.app, pretrain.app, tracking.app, cluster.app, info.app, report.app, matrix.app):
+for commands in (study.app, pretrain.app, tracking.app, cluster.app, info.app, report.app, replay.app, matrix.app):
     app.add_typer(commands)
 app.add_typer(cluster.jobs_app, name="jobs")
 

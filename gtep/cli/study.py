@@ -220,7 +220,7 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
             tuned = tune_phase(resolved, console, resume=resume is not None)
             best = read_best(tuned.paths.best)
             evaluated = evaluate_phase(resolved, best, console, resume=resume is not None)
-            if protocol == "conventional":
+            if protocol == "conventional" or cfg.search.protocol == "conventional":
                 extra["conventional"] = conventional_phase(resolved, best, console, resume=resume is not None).summary
             if with_original:
                 extra["original"] = original_phase(resolved, console, resume=resume is not None).summary

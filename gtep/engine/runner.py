@@ -67,6 +67,8 @@ class OrderingJob:
     # the scenario family (gtep/protocol/families.py) and its options (scenario.<family> of the experiment file)
     family: str = CLASS_INCREMENTAL
     family_options: tuple[tuple[str, Any], ...] = ()
+    # the first k tasks only (search.protocol first_task: sets compared on them); None: the whole scenario
+    max_tasks: int | None = None
 
     @property
     def scenario_family(self) -> ScenarioFamily:
@@ -75,7 +77,8 @@ class OrderingJob:
     def tasks(self) -> list[TaskSpec]:
         """F(D, s): this ordering's tasks under the job's family."""
         options = {"increments": list(self.increments), **dict(self.family_options)}
-        return self.scenario_family.tasks(self.classes, options, self.seed, self.ordering)
+        tasks = self.scenario_family.tasks(self.classes, options, self.seed, self.ordering)
+        return tasks[:self.max_tasks] if self.max_tasks else tasks
 
 
 @dataclass

@@ -206,6 +206,8 @@ def job_spec(resolved: ResolvedExperiment, phase: str, folders: dict[str, str] |
         "compile": cfg.training.compile, "phase": phase, **ordering_resources(resolved), **(folders or {}),
         "family": cfg.scenario.family, "criterion": resolved.criterion.name,
         "family_options": {k: v for k, v in cfg.scenario.family_options.items() if k != "increments"},
+        # the first-task protocol (Lee et al. 2024): the tuning phase compares sets on the first k tasks only
+        "max_tasks": cfg.search.protocol_tasks if phase == "tune" and cfg.search.protocol == "first_task" else None,
     }
 
 
@@ -456,10 +458,28 @@ def _searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
                                      points_to_evaluate=replay or None), cfg.search.trials
 
 
+def trial_scheduler(resolved: ResolvedExperiment):
+    """search.scheduler as a Ray Tune scheduler on the orderings axis (time_attr orderings_done, the running
+    score), or None. Its options were checked with the config (grace_period below S)."""
+    search = resolved.config.search
+    if search.scheduler == "none":
+        return None
+    from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
+
+    options = search.scheduler_options
+    if search.scheduler == "asha":
+        return ASHAScheduler(time_attr="orderings_done", metric="score", mode="max", max_t=search.orderings,
+                             grace_period=options.grace_period, reduction_factor=options.reduction_factor,
+                             brackets=options.brackets)
+    return HyperBandScheduler(time_attr="orderings_done", metric="score", mode="max", max_t=search.orderings,
+                              reduction_factor=options.reduction_factor)
+
+
 def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, param_space: dict[str, Any],
               search_alg, num_samples: int, callbacks: list[tune.Callback],
               stopper: tune.Stopper | None = None) -> None:
     cfg = resolved.config
+    scheduler = trial_scheduler(resolved) if phase == "tune" else None
     tuner = tune.Tuner(
         trainable_for(resolved, phase, study_folders(resolved, paths, phase, attempt)),
         param_space=param_space,
@@ -467,7 +487,8 @@ def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attem
         # of a new process importing torch and gtep again (~3 s per trial on a 2-core machine). A trial keeps
         # no state between runs: every ordering seeds its own RNGs and sets its threads.
         tune_config=tune.TuneConfig(num_samples=num_samples, search_alg=search_alg,
-                                    max_concurrent_trials=cfg.compute.max_concurrent, reuse_actors=True),
+                                    max_concurrent_trials=cfg.compute.max_concurrent, reuse_actors=True,
+                                    scheduler=scheduler),
         run_config=tune.RunConfig(name=f"{phase}-{attempt}", storage_path=str(paths.ray_storage), verbose=0,
                                   callbacks=[*callbacks, *ray_loggers()], stop=stopper,
                                   failure_config=tune.FailureConfig(max_failures=cfg.compute.max_failures)),
@@ -520,16 +541,27 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     if interruption.requested:
         raise stop_interrupted_phase("tune", phase_key, writer, journal, manifest, paths, console, interruption,
                                      set_indices, R * S)
-    writer.close_unfinished(set_indices, interrupted=False)
     units = manifest.units("tune")
     results = [ordering_result(u) for u in units]
-    scores = [score_set(i, [r for r in results if r.set_index == i], S, resolved.criterion) for i in set_indices]
+    # with a scheduler, a set whose trial ended without an error before its S orderings was stopped early
+    finished = {i: sum(r.set_index == i for r in results) for i in set_indices}
+    stopped = sorted(i for i, n in finished.items() if cfg.search.scheduler != "none" and 0 < n < S
+                     and i not in writer.errors)
+    writer.close_unfinished(set_indices, interrupted=False, stopped=stopped)
+    scores = [score_set(i, [r for r in results if r.set_index == i], S, resolved.criterion, i in stopped)
+              for i in set_indices]
     write_results_csv(paths.results("tune"), units, manifest.hparams, scores, resolved.family)
-    counts = {f"sets_{state}": sum(s.status == state for s in scores)
-              for state in ("complete", "incomplete", "diverged")}
+    states = ("complete", "incomplete", "diverged") + (("stopped",) if cfg.search.scheduler != "none" else ())
+    counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in states}
+    if stopped:
+        cost = sum(float(u.get("train_seconds") or 0) for u in units if u["set_index"] in stopped)
+        console.print(f"{len(stopped)} of {len(set_indices)} sets stopped early by {cfg.search.scheduler} "
+                      f"(never H*; they cost {cost:.0f} s of training): "
+                      + ", ".join(f"set{i:03d} {finished[i]}/{S}" for i in stopped))
+    manifest.set_phase("tune", stopped_sets=stopped)
     try:
         selection = select_best(results, cfg.search.selection, expected_orderings=S, sets=set_indices,
-                                criterion=resolved.criterion)
+                                criterion=resolved.criterion, stopped=stopped)
     except Exception:
         journal.log(phase_key, counts, tags={"gtep.status": "failed"})
         journal.log_file(phase_key, paths.results("tune"))

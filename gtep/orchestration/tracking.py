@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from mlflow.tracking import MlflowClient
 from ray import tune
@@ -177,6 +177,7 @@ class MlflowWriter(tune.Callback):
         self.opened: set[int] = set()
         self.finished: set[int] = set()
         self.errors: dict[int, str] = {}  # set index -> the error file of its last failed trial
+        self.stopped: set[int] = set()  # sets the scheduler stopped early
         self.results: dict[int, dict[int, OrderingResult]] = {}
         for unit in manifest.units(phase):
             self._count(unit)
@@ -249,7 +250,8 @@ class MlflowWriter(tune.Callback):
             self.finish_trial(set_index, "FINISHED")
 
     def set_score(self, set_index: int):
-        return score_set(set_index, list(self.results.get(set_index, {}).values()), self.orderings, self.criterion)
+        return score_set(set_index, list(self.results.get(set_index, {}).values()), self.orderings, self.criterion,
+                         set_index in self.stopped)
 
     def finish_trial(self, set_index: int, status: str, reason: str = "") -> None:
         """Close a set's trial run. Its gtep.status says whether it can be H*: complete, or diverged or
@@ -278,10 +280,17 @@ class MlflowWriter(tune.Callback):
         self.journal.terminate(key, status, end_time=(int(max(stamps, default=0)) or None) if status == "FINISHED"
                                else None)
 
-    def close_unfinished(self, set_indices, interrupted: bool) -> None:
+    def close_unfinished(self, set_indices, interrupted: bool, stopped: Iterable[int] = ()) -> None:
         """After Tune returns: every set's trial run that is still open is incomplete (its trial ran out of
-        retries, or never ran) or, when the study was stopped, interrupted (KILLED; a resume reopens it)."""
+        retries, or never ran) or, when the study was stopped, interrupted (KILLED; a resume reopens it).
+        `stopped`: sets the scheduler stopped early (gtep.status stopped, with what they cost)."""
+        self.stopped.update(int(i) for i in stopped)
         for set_index in set_indices:
+            if set_index in self.stopped and set_index not in self.finished and not interrupted:
+                score = self.set_score(set_index)
+                self.finish_trial(set_index, "FINISHED", f"stopped early by the scheduler after "
+                                  f"{score.finished_orderings} of {self.orderings} orderings")
+                continue
             if set_index in self.finished or (interrupted and set_index not in self.opened):
                 continue  # closed already; or never started in a stopped study (a resume will run it)
             score = self.set_score(set_index)

@@ -65,6 +65,7 @@ def ordering_job(hparams: dict[str, Any], s: int, job: dict[str, Any]) -> Orderi
         dataset=job.get("dataset", ""), mixed_precision=job.get("mixed_precision", True),
         compile=job.get("compile", False), family=job.get("family", CLASS_INCREMENTAL),
         family_options=tuple(sorted((job.get("family_options") or {}).items())),
+        max_tasks=job.get("max_tasks"),
     )
 
 

@@ -9,7 +9,9 @@ search.criterion) replaces the harmonic mean of Acc and AvgAcc in both rules; th
 Only a complete set is eligible: one whose S orderings all finished. A set with a diverged ordering is
 excluded (shown as NaN), as the paper does for BEEF; so is an incomplete set (an ordering missing because
 its trial ran out of retries or the study was interrupted), whatever its finished orderings scored: a mean
-over fewer orderings is a different, noisier statistic and must not compete with complete ones.
+over fewer orderings is a different, noisier statistic and must not compete with complete ones. A set that
+an early-stopping scheduler (search.scheduler: asha, hyperband) stopped is incomplete for the same reason; its
+status reads "stopped".
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ class OrderingResult:
         return float(self.metrics.get(name, float("nan")))
 
 
-SetStatus = Literal["complete", "diverged", "incomplete"]
+SetStatus = Literal["complete", "diverged", "incomplete", "stopped"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class SetScore:
     mean_of_hmeans: float  # the mean of the orderings' criterion values
     expected_orderings: int | None = None  # S; None: whatever the set has is all there is
     criterion: str = DEFAULT_CRITERION.name
+    stopped: bool = False  # stopped early by the study's scheduler (never H*, whatever it had scored)
 
     @property
     def finished_orderings(self) -> int:
@@ -67,7 +70,7 @@ class SetScore:
         if self.diverged_orderings:
             return "diverged"
         if self.orderings == 0 or (self.expected_orderings is not None and self.orderings < self.expected_orderings):
-            return "incomplete"
+            return "stopped" if self.stopped else "incomplete"
         return "complete"
 
     @property
@@ -104,7 +107,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def score_set(set_index: int, results: list[OrderingResult], expected_orderings: int | None = None,
-              criterion: Criterion = DEFAULT_CRITERION) -> SetScore:
+              criterion: Criterion = DEFAULT_CRITERION, stopped: bool = False) -> SetScore:
     """Aggregate one set over its orderings; a diverged ordering makes every mean NaN. `expected_orderings` (S)
     marks a set with fewer results as incomplete; its means describe only what finished."""
     diverged = sum(r.diverged for r in results)
@@ -128,27 +131,31 @@ def score_set(set_index: int, results: list[OrderingResult], expected_orderings:
         mean_of_hmeans=float(np.mean(per_ordering_hm)) if per_ordering_hm and not diverged else float("nan"),
         expected_orderings=expected_orderings,
         criterion=criterion.name,
+        stopped=stopped,
     )
 
 
 def score_sets(results: Iterable[OrderingResult], expected_orderings: int | None = None,
-               sets: Iterable[int] = (), criterion: Criterion = DEFAULT_CRITERION) -> list[SetScore]:
-    """One score per set that has results, and per index in `sets` (the R sampled sets) that has none."""
+               sets: Iterable[int] = (), criterion: Criterion = DEFAULT_CRITERION,
+               stopped: Iterable[int] = ()) -> list[SetScore]:
+    """One score per set that has results, and per index in `sets` (the R sampled sets) that has none;
+    `stopped`: the sets a scheduler stopped early."""
+    halted = {int(i) for i in stopped}
     by_set: dict[int, list[OrderingResult]] = {int(i): [] for i in sets}
     for result in results:
         by_set.setdefault(result.set_index, []).append(result)
-    return [score_set(i, sorted(rs, key=lambda r: r.ordering), expected_orderings, criterion)
+    return [score_set(i, sorted(rs, key=lambda r: r.ordering), expected_orderings, criterion, i in halted)
             for i, rs in sorted(by_set.items())]
 
 
 def select_best(results: Iterable[OrderingResult], rule: SelectionRule = "hmean_of_means",
                 expected_orderings: int | None = None, sets: Iterable[int] = (),
-                criterion: Criterion = DEFAULT_CRITERION) -> SelectionResult:
+                criterion: Criterion = DEFAULT_CRITERION, stopped: Iterable[int] = ()) -> SelectionResult:
     """H* = argmax over complete sets of the rule's score under `criterion`; NoEligibleSetError if there is none.
 
     `expected_orderings` is S: a set with fewer results is incomplete and never wins. `sets` names every
     sampled set, so that one whose trial never reported counts as incomplete too."""
-    scores = score_sets(results, expected_orderings, sets, criterion)
+    scores = score_sets(results, expected_orderings, sets, criterion, stopped)
     usable = [s for s in scores if s.usable and not math.isnan(s.score(rule))]
     if not usable:
         raise NoEligibleSetError(no_eligible_set_message(scores))
@@ -158,7 +165,7 @@ def select_best(results: Iterable[OrderingResult], rule: SelectionRule = "hmean_
 
 def no_eligible_set_message(scores: list[SetScore]) -> str:
     diverged = sum(s.status == "diverged" for s in scores)
-    incomplete = [s for s in scores if s.status == "incomplete"]
+    incomplete = [s for s in scores if s.status in ("incomplete", "stopped")]
     if not incomplete:
         return (f"all {len(scores)} hyperparameter sets diverged (non-finite loss) on at least one ordering; "
                 "narrow the search space (e.g. lower learning rates) or add trials")

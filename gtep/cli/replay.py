@@ -1,0 +1,61 @@
+"""gtep replay: a finished study's tuning results through a cheaper protocol's decision rule, training nothing
+(gtep/protocol/replay.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gtep.cli.common import console, run_guarded
+from gtep.config import ConfigError
+
+app = typer.Typer()
+
+
+@app.command("replay")
+def replay_command(
+        study_dir: Path = typer.Argument(..., help="a finished study's folder (OUTPUT/STUDY)", show_default=False),
+        scheduler: str = typer.Option("asha", "--scheduler", help="none, asha, or first_task (Lee et al. 2024: "
+                                      "sets compared on the first --protocol-tasks tasks)"),
+        grace_period: int = typer.Option(1, "--grace-period", help="ASHA: orderings before a set can be stopped"),
+        reduction_factor: float = typer.Option(2.0, "--reduction-factor", help="ASHA: keep the top 1/this at a rung"),
+        protocol_tasks: int = typer.Option(1, "--protocol-tasks", help="first_task: the tasks sets are compared on"),
+) -> None:
+    """Which H* the rule would have chosen, the training time it would have spent relative to the full study,
+    and that set's evaluation-phase score when the study evaluated it. Results are taken in the order the study
+    finished them (ASHA's decisions depend on it)."""
+    def go() -> None:
+        from gtep.protocol.replay import REPLAY_RULES, load_study, replay_study
+
+        if scheduler not in REPLAY_RULES:
+            raise ConfigError("--scheduler", f"{scheduler!r} cannot be replayed; choose from {', '.join(REPLAY_RULES)}"
+                              " (hyperband's synchronous brackets are not replayed)")
+        if grace_period < 1:
+            raise ConfigError("--grace-period", "must be at least 1 ordering")
+        if reduction_factor <= 1:
+            raise ConfigError("--reduction-factor", "must be above 1")
+        if protocol_tasks < 1:
+            raise ConfigError("--protocol-tasks", "must be at least 1 task")
+        try:
+            study = load_study(study_dir)
+        except FileNotFoundError as err:
+            raise ConfigError("STUDY_DIR", str(err)) from None
+        if not study.units:
+            raise ConfigError("STUDY_DIR", f"{study_dir} has no tuning results to replay")
+        if scheduler == "asha" and grace_period >= study.orderings:
+            raise ConfigError("--grace-period", f"must be below the study's {study.orderings} orderings")
+        outcome = replay_study(study, scheduler, grace_period=grace_period, reduction_factor=reduction_factor,
+                               protocol_tasks=protocol_tasks)
+        label = "none" if outcome.best_index is None else f"set{outcome.best_index:03d}"
+        full = "none" if study.best_index is None else f"set{study.best_index:03d}"
+        console.print(f"replay {scheduler} of {study.root.name}: H* = {label} (the full study's: {full})")
+        console.print(f"training time: {outcome.seconds:.1f} s of {outcome.full_seconds:.1f} s "
+                      f"({100 * outcome.fraction:.1f}% of the full study)")
+        if outcome.stopped:
+            console.print(f"stopped early: {len(outcome.stopped)} of {len(study.sets)} sets ("
+                          + ", ".join(f"set{i:03d}" for i in outcome.stopped) + ")")
+        for name, index in (("replayed H*", outcome.best_index), ("full study's H*", study.best_index)):
+            score = study.evaluation_score(index)
+            text = "not evaluated by the study" if score is None else f"{100 * score:.2f}"
+            console.print(f"evaluation-phase score ({study.criterion.name}) of the {name}: {text}")
+    run_guarded(go)

@@ -1,0 +1,216 @@
+"""Replay a finished study's tuning results under a cheaper protocol, training nothing (gtep replay).
+
+The recorded units (one per (set, ordering): its accuracy matrix, per-task seconds and metrics) are read
+back and put through a decision rule:
+
+- `asha`: Ray Tune's asynchronous successive halving (ASHAScheduler, one bracket, stop_last_trials) on the
+  orderings axis, re-implemented over the recorded sequence of results. A set reports its running score
+  (H*'s criterion over its first k orderings, 0 once one diverged) after each ordering; at a rung k (grace
+  period x reduction_factor^i, below S) it is stopped when that score is below the (1 - 1/reduction_factor)
+  quantile of the scores recorded at that rung so far. ASSUMED ORDER: results arrive in the order the full
+  study finished them (`finished_at`, then set index and ordering); a live run with a scheduler frees its
+  slots sooner, so its order (and so its decisions) can differ. A stopped set's later orderings count as not
+  trained, and the set is never H*.
+- `first_task` (Lee et al. 2024): each set is compared on the first k tasks of every ordering (its accuracy
+  matrix cut to k rows and columns, the metrics recomputed); its cost is those tasks' seconds. H* then runs the
+  whole scenario in evaluation, as with gtep.
+- `none`: the full study's rule; it reproduces the study's H*.
+
+Cost is training seconds (a unit's task_seconds; train_seconds is their sum), relative to the full study's.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION, Criterion
+from gtep.protocol.metrics import summarize
+from gtep.protocol.selection import NoEligibleSetError, OrderingResult, SelectionRule, score_set, select_best
+
+REPLAY_RULES = ("none", "asha", "first_task")
+
+
+@dataclass(frozen=True)
+class ReplayOutcome:
+    rule: str
+    best_index: int | None  # None: no set would have been eligible
+    seconds: float  # training seconds the rule would have spent
+    full_seconds: float  # what the full study spent
+    stopped: tuple[int, ...] = ()
+    scores: dict[int, float] = field(default_factory=dict)  # each set's score under the rule (NaN: not eligible)
+
+    @property
+    def fraction(self) -> float:
+        return self.seconds / self.full_seconds if self.full_seconds > 0 else float("nan")
+
+
+def unit_seconds(unit: dict[str, Any], tasks: int | None = None) -> float:
+    """Training seconds of a unit, or of its first `tasks` tasks."""
+    per_task = unit.get("task_seconds")
+    if per_task:
+        return float(sum(per_task[:tasks] if tasks else per_task))
+    return float(unit.get("train_seconds") or 0.0)
+
+
+def as_result(unit: dict[str, Any]) -> OrderingResult:
+    scalars = {k: float(v) for k, v in unit.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return OrderingResult(int(unit["set_index"]), int(unit["ordering"]), float(unit.get("acc") or 0.0),
+                          float(unit.get("avg_acc") or 0.0), unit.get("status") == "diverged", scalars)
+
+
+def arrival_order(units: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The order results reached the scheduler in the full study: when each unit finished."""
+    return sorted(units, key=lambda u: (u.get("finished_at") or 0, int(u["set_index"]), int(u["ordering"])))
+
+
+def running_score(done: list[dict[str, Any]], criterion: Criterion) -> float:
+    """What a trial reports as `score` after its orderings so far (gtep/orchestration/trainable.py)."""
+    if any(u.get("status") == "diverged" for u in done):
+        return 0.0
+    means = [float(np.mean([float(u.get(name, math.nan)) for u in done])) for name in criterion.components]
+    return criterion.combine(means)
+
+
+def asha_rungs(orderings: int, grace_period: int, reduction_factor: float) -> list[float]:
+    """The rung milestones of Ray's single ASHA bracket, highest first (max_t = S)."""
+    count = int(np.log(orderings / grace_period) / np.log(reduction_factor) + 1)
+    return [grace_period * reduction_factor ** k for k in reversed(range(count))]
+
+
+def asha_stopped(units: list[dict[str, Any]], orderings: int, grace_period: int = 1, reduction_factor: float = 2.0,
+                 criterion: Criterion = DEFAULT_CRITERION) -> tuple[set[int], list[dict[str, Any]]]:
+    """(stopped sets, units that would have been trained) under ASHA, in arrival order."""
+    rungs: list[tuple[float, dict[int, float]]] = [(m, {}) for m in asha_rungs(orderings, grace_period,
+                                                                                 reduction_factor)]
+    done: dict[int, list[dict[str, Any]]] = {}
+    stopped: set[int] = set()
+    trained = []
+    for unit in arrival_order(units):
+        i = int(unit["set_index"])
+        if i in stopped:
+            continue  # never trained: its trial had been stopped
+        trained.append(unit)
+        so_far = done.setdefault(i, [])
+        so_far.append(unit)
+        k, score = len(so_far), running_score(so_far, criterion)
+        if k >= orderings:
+            continue  # the set is complete; Ray stops it anyway (stop_last_trials)
+        for milestone, recorded in rungs:  # Ray's _Bracket.on_result
+            if k < milestone or i in recorded:
+                continue
+            values = [v for v in recorded.values() if not math.isnan(v)]
+            cutoff = float(np.percentile(values, (1 - 1 / reduction_factor) * 100)) if values else None
+            if cutoff is not None and score < cutoff:
+                stopped.add(i)
+            recorded[i] = score
+            break
+    return stopped, trained
+
+
+def first_task_unit(unit: dict[str, Any], tasks: int) -> dict[str, Any]:
+    """A unit as if its ordering had stopped after `tasks` tasks: the metrics of its matrix's first rows."""
+    matrix = unit.get("acc_matrix")
+    if unit.get("status") == "diverged" or not matrix:
+        return {**unit, "task_seconds": list(unit.get("task_seconds") or [])[:tasks]}
+    cut = np.array([[math.nan if v is None else v for v in row[:tasks]] for row in matrix[:tasks]], dtype=float)
+    metrics = summarize(cut, list(unit["test_counts"])[:tasks])
+    scalars = {k: v for k, v in metrics.items() if not isinstance(v, list)}
+    return {**{k: v for k, v in unit.items() if k not in ("forgetting", "old_acc", "new_acc")}, **scalars,
+            "acc_matrix": cut.tolist(), "task_seconds": list(unit.get("task_seconds") or [])[:tasks]}
+
+
+def replay(units: list[dict[str, Any]], orderings: int, sets: Iterable[int], rule: str = "none", *,
+           criterion: Criterion = DEFAULT_CRITERION, selection: SelectionRule = "hmean_of_means",
+           grace_period: int = 1, reduction_factor: float = 2.0, protocol_tasks: int = 1) -> ReplayOutcome:
+    """H* and the training seconds of `rule` (REPLAY_RULES) over a study's tuning units."""
+    if rule not in REPLAY_RULES:
+        raise ValueError(f"unknown replay rule {rule!r}; choose from {REPLAY_RULES}")
+    sets = list(sets)
+    full = sum(unit_seconds(u) for u in units)
+    stopped: set[int] = set()
+    trained = units
+    seconds = full
+    if rule == "asha":
+        stopped, trained = asha_stopped(units, orderings, grace_period, reduction_factor, criterion)
+        seconds = sum(unit_seconds(u) for u in trained)
+    elif rule == "first_task":
+        trained = [first_task_unit(u, protocol_tasks) for u in units]
+        seconds = sum(unit_seconds(u) for u in trained)
+    results = [as_result(u) for u in trained]
+    by_set = {i: score_set(i, [r for r in results if r.set_index == i], orderings, criterion, i in stopped)
+              for i in sets}
+    scores = {i: (s.score(selection) if s.usable else math.nan) for i, s in by_set.items()}
+    try:
+        best = select_best(results, selection, expected_orderings=orderings, sets=sets, criterion=criterion,
+                           stopped=stopped).best_index
+    except NoEligibleSetError:
+        best = None
+    return ReplayOutcome(rule, best, seconds, full, tuple(sorted(stopped)), scores)
+
+
+# ---------------------------------------------------------------- a study folder
+
+@dataclass(frozen=True)
+class RecordedStudy:
+    root: Path
+    units: list[dict[str, Any]]
+    orderings: int
+    sets: list[int]
+    best_index: int | None
+    criterion: Criterion
+    selection: SelectionRule
+    evaluated: dict[int, dict[str, Any]]  # set index -> the evaluate phase's summary of it
+
+    def evaluation_score(self, set_index: int | None) -> float | None:
+        """The evaluation phase's score of a set (H*'s criterion over its mean metrics), when it was evaluated."""
+        if set_index is None or set_index not in self.evaluated:
+            return None
+        summary = self.evaluated[set_index]
+        return self.criterion.combine([float(summary.get(name, math.nan)) for name in self.criterion.components])
+
+
+def load_study(root: Path) -> RecordedStudy:
+    """A study folder's tuning units (the unit files of its last tuning attempt; the manifest's units where a
+    file is missing), its S, sets, H*, criterion and what its evaluation phase measured."""
+    root = Path(root)
+    manifest_path = root / "manifest.json"
+    if not manifest_path.exists():
+        raise FileNotFoundError(f"{root} has no manifest.json; give the folder of a study (OUTPUT/STUDY)")
+    manifest = json.loads(manifest_path.read_text())
+    config = manifest.get("config", {})
+    search = config.get("search", {})
+    tune = manifest.get("phases", {}).get("tune", {})
+    orderings = int(search.get("orderings", 5))
+    units = {(int(u["set_index"]), int(u["ordering"])): u for key, u in manifest.get("units", {}).items()
+             if key.startswith("tune/")}
+    unit_dir = root / "units" / f"tune-{tune.get('attempt', '')}"
+    for path in sorted(unit_dir.glob("set*-o*.json")) if unit_dir.is_dir() else []:
+        record = json.loads(path.read_text())
+        units[(int(record["set_index"]), int(record["ordering"]))] = {**units.get(
+            (int(record["set_index"]), int(record["ordering"])), {}), **record}
+    best_yaml = root / "best.yaml"
+    best: dict[str, Any] = {}
+    if best_yaml.exists():
+        import yaml
+
+        best = yaml.safe_load(best_yaml.read_text()) or {}
+    name = best.get("criterion") or search.get("criterion")
+    criterion = CRITERIA.get(name) if name else DEFAULT_CRITERION
+    evaluated = {}
+    evaluate = manifest.get("phases", {}).get("evaluate", {})
+    if evaluate.get("status") == "finished" and evaluate.get("summary"):
+        evaluated[int(evaluate.get("set_index", -1))] = evaluate["summary"]
+    best_index = tune.get("best_set_index", best.get("set_index"))
+    return RecordedStudy(root, list(units.values()), orderings, [int(s["index"]) for s in manifest.get("sets", [])],
+                         None if best_index is None else int(best_index), criterion,
+                         best.get("selection") or search.get("selection", "hmean_of_means"), evaluated)
+
+
+def replay_study(study: RecordedStudy, rule: str, **options: Any) -> ReplayOutcome:
+    return replay(study.units, study.orderings, study.sets, rule, criterion=study.criterion,
+                  selection=study.selection, **options)
