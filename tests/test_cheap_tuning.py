@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gtep.config import ConfigError, resolve, validate_config
-from gtep.protocol.replay import asha_rungs, asha_stopped, first_task_unit, replay
+from gtep.protocol.replay import asha_rungs, asha_stopped, first_task_unit, replay, spent_seconds
 from gtep.protocol.selection import OrderingResult, score_set, select_best
 from tests.orchestration.test_phases import config
 
@@ -146,3 +146,11 @@ def test_first_task_replay_compares_sets_on_the_first_tasks_and_costs_their_seco
     outcome = replay(units, 2, [0, 1], "first_task", protocol_tasks=1)
     assert outcome.best_index == 0  # (0.9 + 0.5) / 2 on task 1 beats 0.6
     assert outcome.fraction == pytest.approx(1 / 3)
+
+
+def test_a_reused_first_task_counts_once_where_it_was_trained():
+    trained = {**unit(0, 0, 0.5, 1, seconds=30.0), "first_task": "trained"}  # 10 s per task
+    reused = {**unit(1, 0, 0.5, 2, seconds=30.0), "first_task": "reused"}  # carries task 1's 10 s, spent 20
+    assert spent_seconds([trained, reused]) == pytest.approx(50.0)
+    # without the unit that trained it, the first task is trained once by another
+    assert spent_seconds([reused]) == pytest.approx(30.0)

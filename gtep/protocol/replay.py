@@ -16,7 +16,8 @@ back and put through a decision rule:
   whole scenario in evaluation, as with gtep.
 - `none`: the full study's rule; it reproduces the study's H*.
 
-Cost is training seconds (a unit's task_seconds; train_seconds is their sum), relative to the full study's.
+Cost is training seconds (a unit's task_seconds; train_seconds is their sum), relative to the full study's; a
+first task reused from the study's store counts once, where it was trained (spent_seconds).
 """
 from __future__ import annotations
 
@@ -49,12 +50,26 @@ class ReplayOutcome:
         return self.seconds / self.full_seconds if self.full_seconds > 0 else float("nan")
 
 
-def unit_seconds(unit: dict[str, Any], tasks: int | None = None) -> float:
-    """Training seconds of a unit, or of its first `tasks` tasks."""
-    per_task = unit.get("task_seconds")
-    if per_task:
-        return float(sum(per_task[:tasks] if tasks else per_task))
-    return float(unit.get("train_seconds") or 0.0)
+def spent_seconds(units: list[dict[str, Any]]) -> float:
+    """Training seconds of a group of units. A unit that reused its ordering's stored first task (`first_task`
+    "reused") carries that task's seconds without having spent them, so task 1 counts only for the units that
+    trained it, and once for an ordering whose units in the group all reused a first task trained by a unit
+    outside it (a replay that skips the unit that trained it would have trained it elsewhere)."""
+    total = 0.0
+    orphans: dict[int, float] = {}
+    trained_orderings = set()
+    for u in units:
+        per_task = list(u.get("task_seconds") or [])
+        if not per_task:
+            total += float(u.get("train_seconds") or 0.0)
+            continue
+        total += float(sum(per_task[1:]))
+        if u.get("first_task") == "reused":
+            orphans[int(u["ordering"])] = max(orphans.get(int(u["ordering"]), 0.0), float(per_task[0]))
+        else:
+            total += float(per_task[0])
+            trained_orderings.add(int(u["ordering"]))
+    return total + sum(t for s, t in orphans.items() if s not in trained_orderings)
 
 
 def as_result(unit: dict[str, Any]) -> OrderingResult:
@@ -131,16 +146,16 @@ def replay(units: list[dict[str, Any]], orderings: int, sets: Iterable[int], rul
     if rule not in REPLAY_RULES:
         raise ValueError(f"unknown replay rule {rule!r}; choose from {REPLAY_RULES}")
     sets = list(sets)
-    full = sum(unit_seconds(u) for u in units)
+    full = spent_seconds(units)
     stopped: set[int] = set()
     trained = units
     seconds = full
     if rule == "asha":
         stopped, trained = asha_stopped(units, orderings, grace_period, reduction_factor, criterion)
-        seconds = sum(unit_seconds(u) for u in trained)
+        seconds = spent_seconds(trained)
     elif rule == "first_task":
         trained = [first_task_unit(u, protocol_tasks) for u in units]
-        seconds = sum(unit_seconds(u) for u in trained)
+        seconds = spent_seconds(trained)
     results = [as_result(u) for u in trained]
     by_set = {i: score_set(i, [r for r in results if r.set_index == i], orderings, criterion, i in stopped)
               for i in sets}
