@@ -90,7 +90,7 @@ def main() -> None:
     for key, value in (("RAY_AUTH_MODE", "disabled"), ("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"),
                        ("HF_HUB_OFFLINE", "1")):
         os.environ.setdefault(key, value)
-    from gtep.protocol.replay import load_study, replay_study
+    from gtep.orchestration.replay import load_study, replay_study
 
     with tempfile.TemporaryDirectory(prefix="gtep-bench-") as tmp:
         work = args.keep or Path(tmp)

@@ -25,7 +25,8 @@ def replay_command(
     and that set's evaluation-phase score when the study evaluated it. Results are taken in the order the study
     finished them (ASHA's decisions depend on it)."""
     def go() -> None:
-        from gtep.protocol.replay import REPLAY_RULES, load_study, replay_study
+        from gtep.orchestration.replay import load_study, replay_study
+        from gtep.protocol.replay import REPLAY_RULES
 
         if scheduler not in REPLAY_RULES:
             raise ConfigError("--scheduler", f"{scheduler!r} cannot be replayed; choose from {', '.join(REPLAY_RULES)}"

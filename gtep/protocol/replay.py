@@ -16,20 +16,20 @@ back and put through a decision rule:
   whole scenario in evaluation, as with gtep.
 - `none`: the full study's rule; it reproduces the study's H*.
 
+A study folder is read by gtep/orchestration/replay.py (the protocol layer stays pure).
+
 Cost is training seconds (a unit's task_seconds; train_seconds is their sum), relative to the full study's; a
 first task reused from the study's store counts once, where it was trained (spent_seconds).
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
 
-from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION, Criterion
+from gtep.protocol.criteria import DEFAULT_CRITERION, Criterion
 from gtep.protocol.metrics import summarize
 from gtep.protocol.selection import NoEligibleSetError, OrderingResult, SelectionRule, score_set, select_best
 
@@ -166,66 +166,3 @@ def replay(units: list[dict[str, Any]], orderings: int, sets: Iterable[int], rul
     except NoEligibleSetError:
         best = None
     return ReplayOutcome(rule, best, seconds, full, tuple(sorted(stopped)), scores)
-
-
-# ---------------------------------------------------------------- a study folder
-
-@dataclass(frozen=True)
-class RecordedStudy:
-    root: Path
-    units: list[dict[str, Any]]
-    orderings: int
-    sets: list[int]
-    best_index: int | None
-    criterion: Criterion
-    selection: SelectionRule
-    evaluated: dict[int, dict[str, Any]]  # set index -> the evaluate phase's summary of it
-
-    def evaluation_score(self, set_index: int | None) -> float | None:
-        """The evaluation phase's score of a set (H*'s criterion over its mean metrics), when it was evaluated."""
-        if set_index is None or set_index not in self.evaluated:
-            return None
-        summary = self.evaluated[set_index]
-        return self.criterion.combine([float(summary.get(name, math.nan)) for name in self.criterion.components])
-
-
-def load_study(root: Path) -> RecordedStudy:
-    """A study folder's tuning units (the unit files of its last tuning attempt; the manifest's units where a
-    file is missing), its S, sets, H*, criterion and what its evaluation phase measured."""
-    root = Path(root)
-    manifest_path = root / "manifest.json"
-    if not manifest_path.exists():
-        raise FileNotFoundError(f"{root} has no manifest.json; give the folder of a study (OUTPUT/STUDY)")
-    manifest = json.loads(manifest_path.read_text())
-    config = manifest.get("config", {})
-    search = config.get("search", {})
-    tune = manifest.get("phases", {}).get("tune", {})
-    orderings = int(search.get("orderings", 5))
-    units = {(int(u["set_index"]), int(u["ordering"])): u for key, u in manifest.get("units", {}).items()
-             if key.startswith("tune/")}
-    unit_dir = root / "units" / f"tune-{tune.get('attempt', '')}"
-    for path in sorted(unit_dir.glob("set*-o*.json")) if unit_dir.is_dir() else []:
-        record = json.loads(path.read_text())
-        units[(int(record["set_index"]), int(record["ordering"]))] = {**units.get(
-            (int(record["set_index"]), int(record["ordering"])), {}), **record}
-    best_yaml = root / "best.yaml"
-    best: dict[str, Any] = {}
-    if best_yaml.exists():
-        import yaml
-
-        best = yaml.safe_load(best_yaml.read_text()) or {}
-    name = best.get("criterion") or search.get("criterion")
-    criterion = CRITERIA.get(name) if name else DEFAULT_CRITERION
-    evaluated = {}
-    evaluate = manifest.get("phases", {}).get("evaluate", {})
-    if evaluate.get("status") == "finished" and evaluate.get("summary"):
-        evaluated[int(evaluate.get("set_index", -1))] = evaluate["summary"]
-    best_index = tune.get("best_set_index", best.get("set_index"))
-    return RecordedStudy(root, list(units.values()), orderings, [int(s["index"]) for s in manifest.get("sets", [])],
-                         None if best_index is None else int(best_index), criterion,
-                         best.get("selection") or search.get("selection", "hmean_of_means"), evaluated)
-
-
-def replay_study(study: RecordedStudy, rule: str, **options: Any) -> ReplayOutcome:
-    return replay(study.units, study.orderings, study.sets, rule, criterion=study.criterion,
-                  selection=study.selection, **options)
