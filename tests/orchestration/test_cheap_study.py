@@ -67,3 +67,14 @@ def test_first_task_protocol_trains_each_set_on_the_first_task_only(tmp_path):
     for path in units:
         record = json.loads(path.read_text())
         assert len(record["acc_matrix"]) == 1 and len(record["task_seconds"]) == 1
+
+
+def test_hyperband_runs_the_tuning_phase_and_h_star_is_a_complete_set(tmp_path):
+    result = gtep(tmp_path, "tune", cheap_config(tmp_path, "hyperband", trials=4, scheduler="hyperband",
+                                                 scheduler_options={"reduction_factor": 3}))
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    manifest = json.loads((tmp_path / "out" / "hyperband" / "manifest.json").read_text())
+    best = manifest["phases"]["tune"]["best_set_index"]
+    assert best not in manifest["phases"]["tune"]["stopped_sets"]
+    rows = pd.read_csv(tmp_path / "out" / "hyperband" / "tune_results.csv")
+    assert set(rows[rows["set_index"] == best].set_status) == {"complete"}
