@@ -59,15 +59,22 @@ def evaluation_score(study, set_index: int | None, config: Path | None, out: Pat
     score = study.evaluation_score(set_index)
     if score is not None or set_index is None or config is None or out is None:
         return score
+    name = f"{study.root.name}-set{set_index:03d}"
+    done = out / name / "manifest.json"  # evaluated by an earlier run of this script into the same --keep folder
+    if not (done.exists() and json.loads(done.read_text())["phases"].get("evaluate", {}).get("status") == "finished"):
+        evaluate_set(study, set_index, config, out, name)
+    summary = json.loads(done.read_text())["phases"]["evaluate"]["summary"]
+    return study.criterion.combine([float(summary[c]) for c in study.criterion.components])
+
+
+def evaluate_set(study, set_index: int, config: Path, out: Path, name: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     best = yaml.safe_load((study.root / "best.yaml").read_text())
     manifest = json.loads((study.root / "manifest.json").read_text())
     hparams = next(s["hparams"] for s in manifest["sets"] if int(s["index"]) == set_index)
     alt = out / f"best-set{set_index:03d}.yaml"
     alt.write_text(yaml.safe_dump({**best, "set_index": set_index, "hparams": hparams, "tuning_run_id": ""}))
-    name = f"{study.root.name}-set{set_index:03d}"
     gtep("evaluate", "--config", str(config), "--best", str(alt), "--study", name, "--output", str(out))
-    summary = json.loads((out / name / "manifest.json").read_text())["phases"]["evaluate"]["summary"]
-    return study.criterion.combine([float(summary[c]) for c in study.criterion.components])
 
 
 def main() -> None:
