@@ -154,3 +154,19 @@ def test_a_reused_first_task_counts_once_where_it_was_trained():
     assert spent_seconds([trained, reused]) == pytest.approx(50.0)
     # without the unit that trained it, the first task is trained once by another
     assert spent_seconds([reused]) == pytest.approx(30.0)
+
+
+def test_a_study_recorded_before_the_scheduler_fields_still_resumes(tmp_path):
+    import json
+
+    from gtep.orchestration.phases import CHEAP_SEARCH_FIELDS, check_resumable
+    from gtep.orchestration.study import Manifest
+
+    resolved = resolve(validate_config(config(tracking={"output": str(tmp_path)}), "test"))
+    stored = json.loads(resolved.config.model_dump_json())
+    for name in CHEAP_SEARCH_FIELDS:
+        stored["search"].pop(name)
+    check_resumable(resolved, Manifest(tmp_path / "manifest.json", {"config": stored}))
+    stored["search"]["scheduler"] = "asha"  # another scheduler is another study
+    with pytest.raises(ConfigError):
+        check_resumable(resolved, Manifest(tmp_path / "manifest.json", {"config": stored}))
