@@ -326,6 +326,18 @@ class SearchSpec(_Strict):
         return self
 
 
+ADDED_SEARCH_FIELDS = ("scheduler", "scheduler_options", "protocol", "protocol_tasks")  # issue 24
+
+
+def with_added_defaults(stored: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config (a manifest's) with the search fields added since, at their defaults: a study recorded
+    before them compares equal to the same config today (resume, matrix cells)."""
+    if not isinstance(stored.get("search"), dict):
+        return stored
+    defaults = SearchSpec().model_dump(mode="json")
+    return {**stored, "search": {**{k: defaults[k] for k in ADDED_SEARCH_FIELDS}, **stored["search"]}}
+
+
 class FirstTaskConfig(_Strict):
     """The paper's Table 3: the first task's fixed recipe."""
 

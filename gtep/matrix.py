@@ -43,6 +43,7 @@ from gtep.config import (
     _phase_classes,
     read_yaml,
     resolve,
+    with_added_defaults,
 )
 from gtep.protocol.scenarios import parse_increments
 
@@ -378,6 +379,7 @@ def resolve_cells(m: MatrixConfig, output: Path | None = None,
 def changed_field(stored: dict[str, Any], cell: MatrixCell) -> str | None:
     """The first result-defining field in which a cell's recorded config differs from the file's, if any."""
     current = cell.config.model_dump(mode="json")
+    stored = with_added_defaults(stored)  # a cell recorded before fields were added compares at their defaults
     for name in RESULT_FIELDS:
         if stored.get(name) != current.get(name):
             return name

@@ -159,12 +159,13 @@ def test_a_reused_first_task_counts_once_where_it_was_trained():
 def test_a_study_recorded_before_the_scheduler_fields_still_resumes(tmp_path):
     import json
 
-    from gtep.orchestration.phases import CHEAP_SEARCH_FIELDS, check_resumable
+    from gtep.config import ADDED_SEARCH_FIELDS
+    from gtep.orchestration.phases import check_resumable
     from gtep.orchestration.study import Manifest
 
     resolved = resolve(validate_config(config(tracking={"output": str(tmp_path)}), "test"))
     stored = json.loads(resolved.config.model_dump_json())
-    for name in CHEAP_SEARCH_FIELDS:
+    for name in ADDED_SEARCH_FIELDS:
         stored["search"].pop(name)
     check_resumable(resolved, Manifest(tmp_path / "manifest.json", {"config": stored}))
     stored["search"]["scheduler"] = "asha"  # another scheduler is another study

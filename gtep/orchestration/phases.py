@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gtep.config import ConfigError, ResolvedExperiment, SearchSpec, check_tracking_uri
+from gtep.config import ConfigError, ResolvedExperiment, check_tracking_uri, with_added_defaults
 from gtep.data import resolve_dataset
 from gtep.errors import StudyStopped
 from gtep.orchestration.interrupt import Interruption, StopOnSignal, StudyInterrupted, interruptible
@@ -426,16 +426,10 @@ def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest
 
 # ---------------------------------------------------------------- phase 1: tuning
 
-CHEAP_SEARCH_FIELDS = ("scheduler", "scheduler_options", "protocol", "protocol_tasks")
-
-
 def check_resumable(resolved: ResolvedExperiment, manifest: Manifest) -> None:
     """A resumed study must be the same study: the sets and units on disk belong to its config."""
-    stored = dict(manifest.data.get("config", {}))
+    stored = with_added_defaults(manifest.data.get("config", {}))  # a study from before search.scheduler etc.
     current = json.loads(resolved.config.model_dump_json())
-    if isinstance(stored.get("search"), dict):  # a study from before search.scheduler and search.protocol
-        defaults = json.loads(SearchSpec().model_dump_json())
-        stored["search"] = {**{k: defaults[k] for k in CHEAP_SEARCH_FIELDS}, **stored["search"]}
     for name in ("algorithm", "backbone", "scenario", "datasets", "search", "first_task", "training", "seed"):
         if stored.get(name) != current.get(name):
             raise ConfigError("--resume", f"the study in {manifest.path.parent} was started with another {name!r}; "
