@@ -26,7 +26,7 @@ import numpy as np
 
 from gtep.protocol import cfsl_metrics
 from gtep.protocol.cfsl import CfslOptions
-from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, register_family
+from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, add_aliases, register_family
 from gtep.protocol.scenarios import TaskSpec
 
 CFSL = "cfsl"
@@ -69,8 +69,4 @@ class ContinualFewShot(ScenarioFamily):
 
 def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """CFSL's metrics plus the class-incremental names gtep's tables and score read (module docstring)."""
-    out = dict(metrics)
-    for alias, name in ALIASES.items():
-        if name in out:
-            out[alias] = out[name]
-    return out
+    return add_aliases(metrics, ALIASES)

@@ -70,6 +70,16 @@ class ScenarioFamily:
 FAMILIES: Registry[ScenarioFamily] = Registry("scenario family")
 
 
+def add_aliases(metrics: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """A family's metrics plus the class-incremental names gtep's tables and scores read (acc, avg_acc, acc_t),
+    each a copy of the family's own metric it stands for (`aliases`: alias -> the family's name)."""
+    out = dict(metrics)
+    for alias, name in aliases.items():
+        if name in out:
+            out[alias] = out[name]
+    return out
+
+
 def register_family(family: type[ScenarioFamily]) -> type[ScenarioFamily]:
     FAMILIES.register(family.name)(family())
     return family

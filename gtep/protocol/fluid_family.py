@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from gtep.protocol import fluid_metrics
-from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, register_family
+from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, add_aliases, register_family
 from gtep.protocol.fluid import StreamSpec, fluid_stream
 from gtep.protocol.scenarios import TaskSpec
 
@@ -89,11 +89,7 @@ def phase_stream(y_train: np.ndarray, y_test: np.ndarray, classes: Sequence[int]
 
 
 def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(metrics)
-    for alias, name in ALIASES.items():
-        if name in out:
-            out[alias] = out[name]
-    return out
+    return add_aliases(metrics, ALIASES)
 
 
 @register_family

@@ -35,7 +35,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from gtep.protocol import iirc_metrics
-from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, register_family
+from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, add_aliases, register_family
 from gtep.protocol.iirc import SUB_KEEP, SUPER_SHARE, Hierarchy, iirc_tasks
 from gtep.protocol.scenarios import TaskSpec
 
@@ -200,8 +200,4 @@ class IncrementalImplicitlyRefined(ScenarioFamily):
 
 def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """IIRC's metrics plus the class-incremental names gtep's tables and score read (see the module docstring)."""
-    out = dict(metrics)
-    for alias, name in ALIASES.items():
-        if name in out:
-            out[alias] = out[name]
-    return out
+    return add_aliases(metrics, ALIASES)
