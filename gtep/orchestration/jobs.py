@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 from urllib.parse import urlparse
 
 from gtep.config import ConfigError, load_config
@@ -159,6 +159,32 @@ def _run_on_head(argv: list[str], config_text: str | None) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
+CLIENT_CONNECT_ATTEMPTS = 3
+
+
+def connect_client(connect: Callable[[], object], attempts: int = CLIENT_CONNECT_ATTEMPTS,
+                   pause_s: float = 5.0) -> None:
+    """Connect through Ray's client proxy, again when its per-client server fails to start.
+
+    The proxy starts a server process for every connection; on a loaded head that start can fail or time out
+    ("Starting Ray client server failed", "Proxy failed to Connect to backend") although the cluster is fine,
+    and a new connection gets a new server on the next port. Nothing has run on the cluster before the
+    connection exists, so trying again is safe. Other errors (no proxy at that address) are raised at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            connect()
+            return
+        except ConnectionAbortedError as err:
+            if attempt == attempts or not _client_server_start_failed(err):
+                raise
+            time.sleep(pause_s)
+
+
+def _client_server_start_failed(err: BaseException) -> bool:
+    text = str(err)
+    return "Starting Ray client server failed" in text or "Proxy failed to Connect" in text
+
+
 def run_through_client(address: str, argv: list[str], config: Path | None) -> tuple[int, str]:
     """`gtep tune|evaluate|run --address ray://HEAD:10001`: the driver runs on the head node, as a task
     pinned there, so the Tune callbacks, the journal and the study folder live on the cluster. Paths in
@@ -167,7 +193,7 @@ def run_through_client(address: str, argv: list[str], config: Path | None) -> tu
 
     text = config.read_text() if config is not None else None
     # Ray annotates logging_level as int, but its own default is a name ("info") and setup_logger converts names
-    ray.init(address=address, logging_level="ERROR")  # type: ignore[arg-type]
+    connect_client(lambda: ray.init(address=address, logging_level="ERROR"))  # type: ignore[arg-type]
     try:
         task = ray.remote(num_cpus=0, resources={"node:__internal_head__": 0.001}, max_retries=0)(_run_on_head)
         return ray.get(task.remote(argv, text))
