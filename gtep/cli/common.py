@@ -47,6 +47,16 @@ WeightsOpt = typer.Option(None, "--weights",
 ResumeOpt = typer.Option(None, "--resume", help="continue the study in OUTPUT/STUDY after a crash, with its own config")
 ProtocolOpt = typer.Option("gtep", "--protocol", help="gtep, or conventional: also re-run H* on the tuning classes "
                            "(fresh orderings S..2S-1), the practice the paper criticises (section 3.1)")
+RunProtocolOpt = typer.Option("gtep", "--protocol", help="gtep; conventional: also re-run H* on the tuning classes "
+                              "(fresh orderings S..2S-1), the practice the paper criticises (section 3.1); "
+                              "first_task: compare sets on the first --protocol-tasks tasks only (Lee et al. 2024), "
+                              "then evaluate H* on the whole scenario")
+TuneProtocolOpt = typer.Option(None, "--protocol", help="gtep, or first_task: compare sets on the first "
+                               "--protocol-tasks tasks only (Lee et al. 2024) [sets search.protocol]")
+ProtocolTasksOpt = typer.Option(None, "--protocol-tasks", help="k, the tasks first_task compares sets on "
+                                "[sets search.protocol_tasks]")
+SchedulerOpt = typer.Option(None, "--scheduler", help="none, asha or hyperband: stop hopeless sets early on the "
+                            "orderings axis [sets search.scheduler]")
 
 
 def fail(message: str) -> NoReturn:
@@ -79,10 +89,17 @@ def run_guarded(fn: Callable[[], object]) -> None:
         raise typer.Exit(err.exit_code)
 
 
-def check_protocol(protocol: str) -> str:
-    if protocol not in ("gtep", "conventional"):
-        raise ConfigError("--protocol", f"{protocol!r} is not a protocol; choose gtep or conventional")
+def check_protocol(protocol: str | None, choices: tuple[str, ...] = ("gtep", "conventional")) -> str | None:
+    if protocol is not None and protocol not in choices:
+        raise ConfigError("--protocol", f"{protocol!r} is not a protocol here; choose {', '.join(choices)}")
     return protocol
+
+
+def search_protocol(protocol: str | None) -> str | None:
+    """The search.protocol a --protocol sets: only first_task and gtep change how sets are compared
+    (conventional is a phase `gtep run` adds, whatever the config's search.protocol; the default leaves the
+    config's own)."""
+    return protocol if protocol == "first_task" else None
 
 
 # The config field each option of tune | evaluate | run sets (build_config): an error about a field whose value
@@ -90,9 +107,10 @@ def check_protocol(protocol: str) -> str:
 OPTION_FIELDS = {"output": "tracking.output", "tracking_uri": "tracking.tracking_uri", "address": "compute.ray_address",
                  "trials": "search.trials", "orderings": "search.orderings", "seed": "seed", "algorithm": "algorithm",
                  "max_concurrent": "compute.max_concurrent", "study": "study", "backbone": "backbone",
-                 "weights": "weights"}
+                 "weights": "weights", "protocol": "search.protocol", "protocol_tasks": "search.protocol_tasks",
+                 "scheduler": "search.scheduler"}
 # counts an option must reach (the config says the same, but this way the message names the option)
-OPTION_MINIMUM = {"trials": 1, "orderings": 1, "max_concurrent": 1, "seed": 0}
+OPTION_MINIMUM = {"trials": 1, "orderings": 1, "max_concurrent": 1, "seed": 0, "protocol_tasks": 1}
 
 
 def option_name(key: str) -> str:

@@ -17,16 +17,21 @@ from gtep.cli.common import (
     OutputOpt,
     PresetOpt,
     ProtocolOpt,
+    ProtocolTasksOpt,
     ResumeOpt,
+    RunProtocolOpt,
+    SchedulerOpt,
     SeedOpt,
     StudyOpt,
     TrialsOpt,
+    TuneProtocolOpt,
     UriOpt,
     WeightsOpt,
     check_protocol,
     console,
     prepare,
     run_guarded,
+    search_protocol,
     through_ray_client,
 )
 from gtep.config import ConfigError, ResolvedExperiment, read_yaml
@@ -91,16 +96,19 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
          orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt,
          algorithm: Optional[str] = AlgorithmOpt, max_concurrent: Optional[int] = ConcurrentOpt,
          study: Optional[str] = StudyOpt, backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
-         resume: Optional[Path] = ResumeOpt) -> None:
+         resume: Optional[Path] = ResumeOpt, protocol: Optional[str] = TuneProtocolOpt,
+         protocol_tasks: Optional[int] = ProtocolTasksOpt, scheduler: Optional[str] = SchedulerOpt) -> None:
     """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml)."""
     def go():
         from gtep.orchestration.phases import ray_session, tune_phase
 
+        check_protocol(protocol, ("gtep", "first_task"))
         if through_ray_client(address, config):
             return
         resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
                            trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,
-                           max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights)
+                           max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights,
+                           protocol=protocol, protocol_tasks=protocol_tasks, scheduler=scheduler)
         resolved = with_pretrained_weights(resolved)  # the pretrain section, once, before any phase
         with ray_session(resolved.config.compute.ray_address):
             outcome = tune_phase(resolved, console, resume=resume is not None)
@@ -186,7 +194,8 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
         max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
         backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
-        resume: Optional[Path] = ResumeOpt, protocol: str = ProtocolOpt,
+        resume: Optional[Path] = ResumeOpt, protocol: str = RunProtocolOpt,
+        protocol_tasks: Optional[int] = ProtocolTasksOpt, scheduler: Optional[str] = SchedulerOpt,
         with_original: bool = typer.Option(False, "--with-original", help="also evaluate the algorithm's original "
                                            "preset on D^E beside H* (the paper's 'Original')")) -> None:
     """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side. No options: the embedded default."""
@@ -202,13 +211,14 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         from gtep.orchestration.study import read_best
         from gtep.report.tables import hparams_table, phase_comparison
 
-        check_protocol(protocol)
+        check_protocol(protocol, ("gtep", "conventional", "first_task"))
         if through_ray_client(address, config):
             return
         start = time.perf_counter()
         resolved = prepare(config, preset, resume, output=output, tracking_uri=tracking_uri, address=address,
                            trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,
-                           max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights)
+                           max_concurrent=max_concurrent, study=study, backbone=backbone, weights=weights,
+                           protocol=search_protocol(protocol), protocol_tasks=protocol_tasks, scheduler=scheduler)
         cfg = resolved.config
         console.print(f"[bold]gtep run[/] study={cfg.study} algorithm={cfg.algorithm} backbone={cfg.backbone} "
                       f"scenario={cfg.scenario.describe()} R={cfg.search.trials} S={cfg.search.orderings}")

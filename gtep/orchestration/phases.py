@@ -33,7 +33,7 @@ from gtep.data import resolve_dataset
 from gtep.errors import StudyStopped
 from gtep.orchestration.interrupt import Interruption, StopOnSignal, StudyInterrupted, interruptible
 from gtep.orchestration.journal import RUN_REF, TrackingJournal, quiet_http_client
-from gtep.orchestration.study import Manifest, StudyPaths, read_best, write_best
+from gtep.orchestration.study import Manifest, StudyPaths, full_units, read_best, write_best
 from gtep.orchestration.tracking import (
     UNITS_TAG,
     MlflowWriter,
@@ -48,6 +48,7 @@ from gtep.orchestration.tracking import (
 )
 from gtep.orchestration.trainable import train_set
 from gtep.protocol.families import ScenarioFamily
+from gtep.protocol.replay import spent_seconds
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
 from gtep.protocol.selection import SetScore, score_set, select_best
 from gtep.spaces import load_space
@@ -389,6 +390,21 @@ def phase_tags(resolved: ResolvedExperiment, phase: str) -> dict[str, str]:
             **scenario_tags(resolved.family, resolved.criterion)}
 
 
+def tuning_protocol_params(cfg) -> dict[str, Any]:
+    """How the study's H* was tuned, on every phase run (gtep report puts the protocols side by side): the
+    protocol, k for first_task, and the scheduler that stopped sets early."""
+    search = cfg.search
+    return {"gtep.protocol": search.protocol, "gtep.protocol_tasks": search.protocol_tasks if search.protocol ==
+            "first_task" else "", "gtep.scheduler": search.scheduler}
+
+
+def compute_metrics(paths: StudyPaths, phase: str, attempt: str, units: list[dict[str, Any]]) -> dict[str, float]:
+    """compute_seconds: the training seconds a phase spent, all its sets and orderings (a first task reused from
+    the store counted once, where it was trained: protocol.replay.spent_seconds, over the unit files' task
+    seconds); the same meaning on every phase run, so the tuning protocols' costs compare."""
+    return {"compute_seconds": float(spent_seconds(full_units(paths.root, phase, attempt, units)))}
+
+
 def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest: Manifest, phase: str,
                 tags: dict[str, str], resume: bool, hparams: dict[str, Any] | None = None) -> tuple[str, str]:
     """The phase's attempt id and its MLflow run: new for a fresh phase, the same ones for a resumed one.
@@ -409,7 +425,7 @@ def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest
         journal.reopen(key)
     # how H* is selected, on every phase run (the UI compares them); gtep.trials: the sets this phase trains
     search = {"gtep.trials": cfg.search.trials if phase == "tune" else 1, "gtep.searcher": cfg.search.searcher,
-              "gtep.selection": cfg.search.selection}
+              "gtep.selection": cfg.search.selection, **tuning_protocol_params(cfg)}
     journal.log(key, params={**common_params(resolved, phase), "gtep.orderings": cfg.search.orderings, **search,
                              **(hparams or {})})
     journal.log_text(key, "classes.json", json.dumps({"phase": phase, "dataset": spec.dataset,
@@ -597,7 +613,9 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     # the same metric names as every phase run (no metric only one phase has: MLflow's compare view would show
     # NaN); which set H* is stays a tag, gtep.best_set_index
     journal.log(phase_key, {**phase_metrics(best_units, summary), "diverged": summary["diverged"],
-                            "orderings": summary["orderings"], **counts}, step_points(summary),
+                            "orderings": summary["orderings"], **counts,
+                            **compute_metrics(paths, "tune", attempt, units)},
+                step_points(summary),
                 params=hparams,
                 tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished", "mlflow.note.content": note,
                       "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
@@ -739,7 +757,7 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
                                              label if label != "H*" else f"H* (set{set_index:03d} of the tuning run)",
                                              link)
     counts = {f"sets_{state}": int(score.status == state) for state in ("complete", "incomplete", "diverged")}
-    journal.log(phase_key, {**phase_metrics(units, summary), **counts,
+    journal.log(phase_key, {**phase_metrics(units, summary), **counts, **compute_metrics(paths, phase, attempt, units),
                             **{k: float(summary[k]) for k in ("diverged", "orderings") if pd.notna(summary[k])}},
                 step_points(summary), tags=tags)
     for path in (paths.manifest, paths.results(phase)) + ((paths.best,) if paths.best.exists() else ()):

@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from gtep.orchestration.study import full_units
 from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION, Criterion
 from gtep.protocol.replay import ReplayOutcome, replay
 from gtep.protocol.selection import SelectionRule
@@ -47,13 +48,8 @@ def load_study(root: Path) -> RecordedStudy:
     search = config.get("search", {})
     tune = manifest.get("phases", {}).get("tune", {})
     orderings = int(search.get("orderings", 5))
-    units = {(int(u["set_index"]), int(u["ordering"])): u for key, u in manifest.get("units", {}).items()
-             if key.startswith("tune/")}
-    unit_dir = root / "units" / f"tune-{tune.get('attempt', '')}"
-    for path in sorted(unit_dir.glob("set*-o*.json")) if unit_dir.is_dir() else []:
-        record = json.loads(path.read_text())
-        units[(int(record["set_index"]), int(record["ordering"]))] = {**units.get(
-            (int(record["set_index"]), int(record["ordering"])), {}), **record}
+    units = full_units(root, "tune", str(tune.get("attempt", "")),
+                       [u for key, u in manifest.get("units", {}).items() if key.startswith("tune/")])
     best_yaml = root / "best.yaml"
     best: dict[str, Any] = {}
     if best_yaml.exists():
@@ -65,7 +61,7 @@ def load_study(root: Path) -> RecordedStudy:
     if evaluate.get("status") == "finished" and evaluate.get("summary"):
         evaluated[int(evaluate.get("set_index", -1))] = evaluate["summary"]
     best_index = tune.get("best_set_index", best.get("set_index"))
-    return RecordedStudy(root, list(units.values()), orderings, [int(s["index"]) for s in manifest.get("sets", [])],
+    return RecordedStudy(root, units, orderings, [int(s["index"]) for s in manifest.get("sets", [])],
                          None if best_index is None else int(best_index), criterion,
                          best.get("selection") or search.get("selection", "hmean_of_means"), evaluated)
 

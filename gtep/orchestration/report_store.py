@@ -25,7 +25,7 @@ PREFIX = "gtep/"  # a study's experiment is gtep/<study> (gtep.orchestration.tra
 REPORTS_EXPERIMENT = "gtep/reports"
 PHASE_METRICS = ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "diverged", "best_hmean", "best_acc",
                  "best_avg_acc", "best_acc_std", "best_avg_acc_std", "best_set_index", "sets_complete",
-                 "sets_incomplete", "sets_diverged")
+                 "sets_incomplete", "sets_diverged", "sets_stopped", "compute_seconds")
 TRIAL_METRICS = ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "mean_of_hmeans", "diverged_orderings",
                  "orderings")
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc", "params_total",
@@ -243,7 +243,8 @@ def phase_row(run: Run, experiment: str) -> dict[str, Any]:
             value = metrics[best] if not math.isnan(metrics[best]) else metrics[plain]
             metrics[best] = metrics[plain] = value
     param = {name: params.get(f"gtep.{name}", "") for name in ("algorithm", "backbone", "dataset", "increments",
-                                                                 "selection")}
+                                                                 "selection", "protocol", "protocol_tasks",
+                                                                 "scheduler")}
     return {"run_id": run.info.run_id, "experiment": experiment,
             "study": tags.get("gtep.study", experiment[len(PREFIX):]), "phase": phase_label(run),
             "status": run.info.status, "start_time": run.info.start_time or 0, "percent": in_percent(run),

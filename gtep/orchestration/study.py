@@ -136,6 +136,19 @@ class Manifest:
         return [u for key, u in sorted(self.data["units"].items()) if key.startswith(f"{phase}/")]
 
 
+def full_units(root: Path, phase: str, attempt: str, recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A phase's units with everything their trials wrote: the manifest keeps a slim record of each (`recorded`),
+    the unit files of the attempt (units/<phase>-<attempt>/set*-o*.json) add the accuracy matrix and the task
+    seconds. A unit whose file is missing stays as the manifest has it."""
+    units = {(int(u["set_index"]), int(u["ordering"])): u for u in recorded}
+    folder = Path(root) / "units" / f"{phase}-{attempt}"
+    for path in sorted(folder.glob("set*-o*.json")) if folder.is_dir() else []:
+        record = json.loads(path.read_text())
+        key = (int(record["set_index"]), int(record["ordering"]))
+        units[key] = {**units.get(key, {}), **record}
+    return list(units.values())
+
+
 def write_best(path: Path, best: dict[str, Any]) -> None:
     write_atomic(path, yaml.safe_dump(best, sort_keys=False))
 

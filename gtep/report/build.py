@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
+from rich.markup import escape
 
 from gtep.config import ConfigError
 from gtep.orchestration.report_store import open_store
 from gtep.report import importance as search
 from gtep.report import plots, tables
+from gtep.report import protocols as tp
 from gtep.report import summary as sm
 from gtep.report.collect import StoreData, collect
 
@@ -36,7 +38,8 @@ class Report:
     both phases; `curves`: Acc_t mean/std per task and phase; `importance` and `convergence`: from the tuning trials;
     `sets`: complete / incomplete / diverged / interrupted sets per tuning phase; `left_out`: phase runs not
     reported and why; `gacc`: FSCIL's gAcc(alpha) per (scenario, pairing, label, phase), alpha = k/12 (empty when
-    no FSCIL phase is reported)."""
+    no FSCIL phase is reported); `protocols`: each tuning protocol's H*, compute and evaluation score per study
+    (gtep/report/protocols.py)."""
     phases: pd.DataFrame
     summary: pd.DataFrame
     tables: dict[tuple[str, str], pd.DataFrame]
@@ -48,6 +51,7 @@ class Report:
     sets: pd.DataFrame = field(default_factory=pd.DataFrame)
     left_out: pd.DataFrame = field(default_factory=pd.DataFrame)
     gacc: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=sm.GACC_CURVE_COLUMNS))
+    protocols: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=tp.PROTOCOL_COLUMNS))
     out: Path | None = None
     paths: list[Path] = field(default_factory=list)
     run_id: str | None = None
@@ -104,7 +108,8 @@ def build_frames(data: StoreData) -> Report:
     paper = {group: tables.paper_table(_part(summary, group), _part(gaps, group)) for group in sm.groups(summary)}
     return Report(phases=data.phases, summary=summary, tables=paper, gaps=gaps, ranking=sm.rankings(summary),
                   curves=sm.task_curves(data, summary), importance=importance, convergence=convergence,
-                  sets=sm.set_counts(data, labelled), left_out=data.left_out, gacc=sm.gacc_curves(data, summary))
+                  sets=sm.set_counts(data, labelled), left_out=data.left_out, gacc=sm.gacc_curves(data, summary),
+                  protocols=tp.protocol_rows(data, summary))
 
 
 def _part(frame: pd.DataFrame, group: tuple[str, str]) -> pd.DataFrame:
@@ -115,13 +120,13 @@ def _part(frame: pd.DataFrame, group: tuple[str, str]) -> pd.DataFrame:
 
 def trials_summary(convergence: pd.DataFrame, sets: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per algorithm: R, how many sets are complete, incomplete (fewer than S orderings finished: not eligible for
-    H*), diverged (and interrupted, when any), the best score and after how many trials it was reached (the
-    paper: within 20)."""
+    H*), diverged (and interrupted or stopped by a scheduler, when any), the best score and after how many trials
+    it was reached (the paper: within 20)."""
     counts = pd.DataFrame() if sets is None or sets.empty else sets.set_index("label")[list(sm.SET_STATES)]
     if convergence.empty and counts.empty:
         return pd.DataFrame()
-    if not counts.empty and not counts["interrupted"].any():
-        counts = counts.drop(columns="interrupted")
+    if not counts.empty:  # the rare states get a column only when some set is in them
+        counts = counts.drop(columns=[s for s in ("interrupted", "stopped") if not counts[s].any()])
     if convergence.empty:
         return counts.astype(int)
     rows = convergence.groupby("label").agg(trials=("trial", "max"), best=("best_so_far", "max"),
@@ -251,6 +256,9 @@ def group_sections(report: Report, group: tuple[str, str]) -> list[tuple[str, pd
         sections.append(("Tuning trials (hyperparameter sets)", trials.rename_axis("algorithm"),
                          ["incomplete: fewer than S orderings finished, so the set could not be H*."]
                          if "incomplete" in trials and trials["incomplete"].any() else []))
+    compared = tp.protocol_table(tp.compared(_part(report.protocols, group)))
+    if not compared.empty:
+        sections.append((tp.PROTOCOLS_HEADING, compared, [tp.PROTOCOLS_NOTE]))
     imp = importance_table(_part(report.importance, group))
     if not imp.empty:
         sections.append(("Hyperparameter importance (fANOVA, %)", imp,
@@ -323,7 +331,8 @@ def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Pat
     folders = {group: out / slug(*group) for group in report.tables}
     written = [p for group, folder in folders.items() for p in write_group(report, group, folder, formats)]
     if "csv" in formats:
-        for name in ("summary", "gaps", "ranking", "curves", "importance", "convergence", "sets", "left_out"):
+        for name in ("summary", "gaps", "ranking", "curves", "importance", "convergence", "sets", "left_out",
+                     "protocols"):
             path = out / f"{name}.csv"
             getattr(report, name).to_csv(path, index=False)
             written.append(path)
@@ -346,7 +355,7 @@ def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Pat
 
 def print_report(report: Report, console: Console) -> None:
     for note in left_out_notes(report, None):
-        console.print(f"[yellow]Left out: {note}.[/]", highlight=False)
+        console.print(f"[yellow]Left out: {escape(note)}.[/]", highlight=False)
     for group in report.tables:
         for heading, frame, notes in group_sections(report, group):
             if frame is not None:
@@ -356,7 +365,7 @@ def print_report(report: Report, console: Console) -> None:
                                                 "orderings; HM (%) of the phase to its left"))
             for line in notes:
                 style = "yellow" if line.startswith(("Warning", "Left out")) else ""
-                console.print(f"[{style}]{line}[/]" if style else line, highlight=False, markup=bool(style))
+                console.print(f"[{style}]{escape(line)}[/]" if style else line, highlight=False, markup=bool(style))
 
 
 def report_metrics(report: Report) -> dict[str, float]:

@@ -28,7 +28,7 @@ def few_trials_warning(trials: int) -> str:
 def trial_scores(trials: pd.DataFrame, selection: str) -> pd.Series:
     """The selection score of each trial (indexed by trial run id): the harmonic mean of the orderings' mean Acc
     and AvgAcc (the paper's), or the mean of per-ordering harmonic means; NaN for a set with a diverged ordering
-    and for one tagged incomplete or interrupted (fewer than S orderings: it cannot be H*)."""
+    and for one tagged incomplete, interrupted or stopped (fewer than S orderings: it cannot be H*)."""
     column = "mean_of_hmeans" if selection == "mean_of_hmeans" else "hmean"
     indexed = trials.set_index("run_id")
     scores = indexed[column].astype(float)
@@ -38,7 +38,7 @@ def trial_scores(trials: pd.DataFrame, selection: str) -> pd.Series:
         scores = scores.where(~other, indexed["score"].astype(float))
     left_out = indexed["diverged_orderings"].fillna(0) > 0
     if "set_status" in indexed:
-        left_out |= indexed["set_status"].isin(("diverged", "incomplete", "interrupted"))
+        left_out |= indexed["set_status"].isin(("diverged", "incomplete", "interrupted", "stopped"))
     return scores.where(~left_out)
 
 

@@ -193,12 +193,14 @@ def gacc_curves(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
     return frame[GACC_CURVE_COLUMNS].sort_values([*GROUP, "label", "phase", "k"], kind="stable").reset_index(drop=True)
 
 
-SET_STATES = ("complete", "incomplete", "diverged", "interrupted")
+# stopped: ended early by the study's scheduler (search.scheduler), never H*
+SET_STATES = ("complete", "incomplete", "diverged", "interrupted", "stopped")
 
 
 def set_status(trials: pd.DataFrame) -> pd.Series:
-    """complete | incomplete | diverged | interrupted per trial (a hyperparameter set): its gtep.status tag, or for
-    a store older than the tag, diverged when an ordering diverged and complete when the trial run finished."""
+    """complete | incomplete | diverged | interrupted | stopped per trial (a hyperparameter set): its gtep.status
+    tag, or for a store older than the tag, diverged when an ordering diverged and complete when the trial run
+    finished."""
     tag = trials["set_status"] if "set_status" in trials else pd.Series("", index=trials.index)
     derived = pd.Series(np.where(trials["diverged_orderings"].fillna(0) > 0, "diverged",
                                  np.where(trials["status"] == "FINISHED", "complete",

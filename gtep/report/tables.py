@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import pandas as pd
+from rich.markup import escape
 from rich.table import Table
 
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, METRIC_LABELS, RATIO_METRICS
@@ -202,12 +203,13 @@ def terminal_paper_table(table: pd.DataFrame) -> pd.DataFrame:
 
 def rich_frame(frame: pd.DataFrame, title: str, caption: str = "") -> Table:
     """A string frame as a terminal table, its index as the first column."""
-    table = Table(title=title, caption=caption or None)
-    table.add_column(frame.index.name or "", no_wrap=True)
+    # cells are text, not markup: a label such as "replay [asha]" (an algorithm's study) must print as it is
+    table = Table(title=escape(title), caption=escape(caption) if caption else None)
+    table.add_column(escape(frame.index.name or ""), no_wrap=True)
     for column in frame.columns:
-        table.add_column(str(column), justify="right")
+        table.add_column(escape(str(column)), justify="right")
     for label, row in frame.iterrows():
-        table.add_row(str(label), *[str(v) for v in row])
+        table.add_row(escape(str(label)), *[escape(str(v)) for v in row])
     return table
 
 

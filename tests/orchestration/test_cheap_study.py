@@ -78,3 +78,39 @@ def test_hyperband_runs_the_tuning_phase_and_h_star_is_a_complete_set(tmp_path):
     assert best not in manifest["phases"]["tune"]["stopped_sets"]
     rows = pd.read_csv(tmp_path / "out" / "hyperband" / "tune_results.csv")
     assert set(rows[rows["set_index"] == best].set_status) == {"complete"}
+
+
+def test_report_puts_each_protocols_h_star_evaluation_score_and_compute_side_by_side(tmp_path):
+    """Three studies of one algorithm and scenario: the full gtep search, the first-task protocol and gtep with
+    ASHA, each through both phases (`gtep run`), then `gtep report` over the three."""
+    protocols = {"full": [], "first": ["--protocol", "first_task", "--protocol-tasks", "2"],
+                 "asha": ["--scheduler", "asha"]}
+    for study, options in protocols.items():
+        # three tasks; the first task's fixed recipe is trained once per ordering and reused by every set, so
+        # k = 2 (sets differ from the second task on) and the later tasks carry most of the compute
+        doc = {**cheap_config(tmp_path, study, trials=4, orderings=2), "scenario": {"increments": "2x3"}}
+        doc["training"] = {**doc["training"], "epoch_scale": 0.5}
+        result = gtep(tmp_path, "run", doc, *options)
+        assert result.exit_code == 0, result.output + repr(result.exception)
+    out = tmp_path / "report"
+    shown = runner.invoke(app, ["report", *protocols, "--output", str(tmp_path / "out"), "--out", str(out),
+                                "--format", "table,csv", "--no-log"])
+    assert shown.exit_code == 0, shown.output + repr(shown.exception)
+    assert "Tuning protocols" in shown.output and "first_task (k=2)" in shown.output
+
+    rows = pd.read_csv(out / "protocols.csv").set_index("study")
+    assert dict(rows["protocol"]) == {"full": "gtep", "first": "first_task (k=2)", "asha": "gtep + asha"}
+    assert rows.at["full", "compute_ratio"] == 1.0
+    # every set trains the second task of three only (the first is shared): about 0.55 of the full study's
+    assert rows.at["first", "compute_ratio"] < 0.8, rows.to_dict()
+    client = store(tmp_path)
+    for study in protocols:
+        manifest = json.loads((tmp_path / "out" / study / "manifest.json").read_text())
+        assert rows.at[study, "best_set_index"] == manifest["phases"]["tune"]["best_set_index"]
+        units = [json.loads(p.read_text()) for p in (tmp_path / "out" / study / "units").glob("tune-*/*.json")]
+        spent = sum(sum(u["task_seconds"][u["first_task"] == "reused":]) for u in units)  # a reused task: once
+        assert rows.at[study, "compute_seconds"] == pytest.approx(spent)
+        evaluated = runs_of(client, study, level="phase", phase="evaluate")[0]
+        assert 100 * rows.at[study, "evaluation_score"] == pytest.approx(evaluated.data.metrics["hmean"], abs=1e-3)
+        assert 100 * rows.at[study, "reported_score"] == pytest.approx(evaluated.data.metrics["hmean"], abs=1e-3)
+        assert evaluated.data.params["gtep.protocol"] == ("first_task" if study == "first" else "gtep")
