@@ -299,6 +299,21 @@ class SchedulerOptions(_Strict):
     brackets: int = Field(1, ge=1, description="ASHA brackets (HyperBand ignores it)")
 
 
+PRUNERS = ("none", "median", "percentile", "successive_halving", "hyperband")
+
+
+class PrunerOptions(_Strict):
+    """search.pruner_options: Optuna's pruners on the orderings axis (a step is an ordering done)."""
+
+    n_startup_trials: int = Field(2, ge=0, description="median/percentile: sets that finish before any is pruned")
+    n_warmup_steps: int = Field(0, ge=0, description="median/percentile: orderings a set runs before it can be "
+                                "pruned (beyond the first)")
+    percentile: float = Field(25.0, gt=0, lt=100, description="percentile: prune below this percentile of the "
+                              "finished sets' scores at the same ordering")
+    min_resource: int = Field(1, ge=1, description="successive_halving/hyperband: orderings at the first rung")
+    reduction_factor: int = Field(2, ge=2, description="successive_halving/hyperband: keep the top 1/this at a rung")
+
+
 class SearchSpec(_Strict):
     trials: int = Field(30, ge=1, description="R: sampled hyperparameter sets")
     orderings: int = Field(5, ge=1, description="S: class orderings per set and in evaluation")
@@ -317,16 +332,33 @@ class SearchSpec(_Strict):
     # as --protocol conventional).
     protocol: Literal["gtep", "first_task", "conventional"] = "gtep"
     protocol_tasks: int = Field(1, ge=1, description="k: the tasks sets are compared on with protocol first_task")
+    # Optuna's pruners (with the Optuna searchers) on the same axis as search.scheduler: a set's running score after
+    # each ordering is an intermediate value; a pruned set is stopped as a scheduler stops it, and is never H*.
+    pruner: Literal[PRUNERS] = "none"  # type: ignore[valid-type]
+    pruner_options: PrunerOptions = Field(default_factory=lambda: PrunerOptions())
 
     @model_validator(mode="after")
     def _rungs_fit(self) -> "SearchSpec":
         if self.scheduler != "none" and self.scheduler_options.grace_period >= self.orderings:
             raise ValueError(f"scheduler_options.grace_period ({self.scheduler_options.grace_period}) must be below "
                              f"search.orderings ({self.orderings}): a rung at S stops nothing")
+        if self.pruner != "none" and self.scheduler != "none":
+            raise ValueError(f"give search.scheduler ({self.scheduler}) or search.pruner ({self.pruner}), not both: "
+                             "each stops sets on its own")
+        if self.pruner != "none" and not self.searcher.startswith("optuna"):
+            raise ValueError(f"search.pruner {self.pruner} is one of Optuna's pruners and runs with the Optuna "
+                             f"searchers: set search.searcher to optuna-tpe or optuna-random, or stop sets with "
+                             f"search.scheduler (asha, hyperband) under the {self.searcher} searcher")
         return self
 
+    @property
+    def stops_sets(self) -> bool:
+        """Whether a scheduler or a pruner may stop a set before its S orderings."""
+        return self.scheduler != "none" or self.pruner != "none"
 
-ADDED_SEARCH_FIELDS = ("scheduler", "scheduler_options", "protocol", "protocol_tasks")  # issue 24
+
+ADDED_SEARCH_FIELDS = ("scheduler", "scheduler_options", "protocol", "protocol_tasks",  # issue 24
+                       "pruner", "pruner_options")
 
 
 def with_added_defaults(stored: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import List
 
 import typer
 
@@ -10,6 +11,34 @@ from gtep.cli.common import console, run_guarded
 from gtep.config import ConfigError
 
 app = typer.Typer()
+
+
+def pruner_settings(pruner: str, options: List[str]):
+    """(--pruner, --pruner-option NAME=VALUE ...) as search.pruner_options, checked as the config checks them;
+    None without a pruner."""
+    from pydantic import ValidationError
+
+    from gtep.config import PRUNERS, PrunerOptions
+
+    if pruner not in PRUNERS:
+        raise ConfigError("--pruner", f"{pruner!r} is not one of Optuna's pruners here; choose from "
+                          f"{', '.join(PRUNERS)}")
+    if pruner == "none":
+        if options:
+            raise ConfigError("--pruner-option", "needs --pruner")
+        return None
+    values = {}
+    for item in options:
+        name, sep, value = item.partition("=")
+        if not sep or name not in PrunerOptions.model_fields:
+            raise ConfigError("--pruner-option", f"{item!r} is not NAME=VALUE with NAME one of "
+                              f"{', '.join(PrunerOptions.model_fields)}")
+        values[name] = value
+    try:
+        return PrunerOptions.model_validate(values)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ConfigError("--pruner-option", f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
 
 
 @app.command("replay")
@@ -20,14 +49,22 @@ def replay_command(
         grace_period: int = typer.Option(1, "--grace-period", help="ASHA: orderings before a set can be stopped"),
         reduction_factor: float = typer.Option(2.0, "--reduction-factor", help="ASHA: keep the top 1/this at a rung"),
         protocol_tasks: int = typer.Option(1, "--protocol-tasks", help="first_task: the tasks sets are compared on"),
+        pruner: str = typer.Option("none", "--pruner", help="one of Optuna's pruners instead of --scheduler: median, "
+                                   "percentile, successive_halving or hyperband (search.pruner)"),
+        pruner_option: List[str] = typer.Option([], "--pruner-option", help="NAME=VALUE of search.pruner_options "
+                                                "(n_startup_trials, n_warmup_steps, percentile, min_resource, "
+                                                "reduction_factor); repeat it"),
 ) -> None:
     """Which H* the rule would have chosen, the training time it would have spent relative to the full study,
     and that set's evaluation-phase score when the study evaluated it. Results are taken in the order the study
     finished them (ASHA's decisions depend on it)."""
     def go() -> None:
-        from gtep.orchestration.replay import load_study, replay_study
+        from gtep.orchestration.replay import load_study, replay_pruned, replay_study
         from gtep.protocol.replay import REPLAY_RULES
 
+        pruning = pruner_settings(pruner, pruner_option)
+        if pruning is not None and scheduler not in ("asha", "none"):
+            raise ConfigError("--pruner", f"replays Optuna's {pruner} pruner on its own; drop --scheduler {scheduler}")
         if scheduler not in REPLAY_RULES:
             raise ConfigError("--scheduler", f"{scheduler!r} cannot be replayed; choose from {', '.join(REPLAY_RULES)}"
                               " (hyperband's synchronous brackets are not replayed)")
@@ -43,13 +80,18 @@ def replay_command(
             raise ConfigError("STUDY_DIR", str(err)) from None
         if not study.units:
             raise ConfigError("STUDY_DIR", f"{study_dir} has no tuning results to replay")
-        if scheduler == "asha" and grace_period >= study.orderings:
-            raise ConfigError("--grace-period", f"must be below the study's {study.orderings} orderings")
-        outcome = replay_study(study, scheduler, grace_period=grace_period, reduction_factor=reduction_factor,
-                               protocol_tasks=protocol_tasks)
+        if pruning is not None:
+            rule = f"the {pruner} pruner"
+            outcome = replay_pruned(study, pruner, pruning)
+        else:
+            if scheduler == "asha" and grace_period >= study.orderings:
+                raise ConfigError("--grace-period", f"must be below the study's {study.orderings} orderings")
+            rule = scheduler
+            outcome = replay_study(study, scheduler, grace_period=grace_period, reduction_factor=reduction_factor,
+                                   protocol_tasks=protocol_tasks)
         label = "none" if outcome.best_index is None else f"set{outcome.best_index:03d}"
         full = "none" if study.best_index is None else f"set{study.best_index:03d}"
-        console.print(f"replay {scheduler} of {study.root.name}: H* = {label} (the full study's: {full})")
+        console.print(f"replay {rule} of {study.root.name}: H* = {label} (the full study's: {full})")
         console.print(f"training time: {outcome.seconds:.1f} s of {outcome.full_seconds:.1f} s "
                       f"({100 * outcome.fraction:.1f}% of the full study)")
         if outcome.stopped:

@@ -392,10 +392,11 @@ def phase_tags(resolved: ResolvedExperiment, phase: str) -> dict[str, str]:
 
 def tuning_protocol_params(cfg) -> dict[str, Any]:
     """How the study's H* was tuned, on every phase run (gtep report puts the protocols side by side): the
-    protocol, k for first_task, and the scheduler that stopped sets early."""
+    protocol, k for first_task, and the scheduler (or Optuna pruner, optuna-<name>) that stopped sets early."""
     search = cfg.search
+    stopper = search.scheduler if search.pruner == "none" else f"optuna-{search.pruner}"
     return {"gtep.protocol": search.protocol, "gtep.protocol_tasks": search.protocol_tasks if search.protocol ==
-            "first_task" else "", "gtep.scheduler": search.scheduler}
+            "first_task" else "", "gtep.scheduler": stopper}
 
 
 def compute_metrics(paths: StudyPaths, phase: str, attempt: str, units: list[dict[str, Any]]) -> dict[str, float]:
@@ -476,8 +477,14 @@ def _searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
 
 def trial_scheduler(resolved: ResolvedExperiment):
     """search.scheduler as a Ray Tune scheduler on the orderings axis (time_attr orderings_done, the running
-    score), or None. Its options were checked with the config (grace_period below S)."""
+    score), search.pruner as Optuna's pruner in one (gtep/orchestration/pruning.py), or None. Its options were
+    checked with the config (grace_period below S)."""
     search = resolved.config.search
+    if search.pruner != "none":
+        from gtep.orchestration.pruning import OptunaPruningScheduler, make_pruner
+
+        return OptunaPruningScheduler(make_pruner(search.pruner, search.pruner_options, search.orderings),
+                                      search.orderings)
     if search.scheduler == "none":
         return None
     from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
@@ -561,17 +568,18 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     results = [ordering_result(u) for u in units]
     # with a scheduler, a set whose trial ended without an error before its S orderings was stopped early
     finished = {i: sum(r.set_index == i for r in results) for i in set_indices}
-    stopped = sorted(i for i, n in finished.items() if cfg.search.scheduler != "none" and 0 < n < S
+    stopped = sorted(i for i, n in finished.items() if cfg.search.stops_sets and 0 < n < S
                      and i not in writer.errors)
     writer.close_unfinished(set_indices, interrupted=False, stopped=stopped)
     scores = [score_set(i, [r for r in results if r.set_index == i], S, resolved.criterion, i in stopped)
               for i in set_indices]
     write_results_csv(paths.results("tune"), units, manifest.hparams, scores, resolved.family)
-    states = ("complete", "incomplete", "diverged") + (("stopped",) if cfg.search.scheduler != "none" else ())
+    states = ("complete", "incomplete", "diverged") + (("stopped",) if cfg.search.stops_sets else ())
     counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in states}
     if stopped:
         cost = sum(float(u.get("train_seconds") or 0) for u in units if u["set_index"] in stopped)
-        console.print(f"{len(stopped)} of {len(set_indices)} sets stopped early by {cfg.search.scheduler} "
+        stopper = cfg.search.scheduler if cfg.search.scheduler != "none" else f"the {cfg.search.pruner} pruner"
+        console.print(f"{len(stopped)} of {len(set_indices)} sets stopped early by {stopper} "
                       f"(never H*; they cost {cost:.0f} s of training): "
                       + ", ".join(f"set{i:03d} {finished[i]}/{S}" for i in stopped))
     manifest.set_phase("tune", stopped_sets=stopped)

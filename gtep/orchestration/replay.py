@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from gtep.config import PrunerOptions
+from gtep.orchestration.pruning import PrunerBook, make_pruner
 from gtep.orchestration.study import full_units
 from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION, Criterion
 from gtep.protocol.replay import ReplayOutcome, replay
@@ -69,3 +71,10 @@ def load_study(root: Path) -> RecordedStudy:
 def replay_study(study: RecordedStudy, rule: str, **options: Any) -> ReplayOutcome:
     return replay(study.units, study.orderings, study.sets, rule, criterion=study.criterion,
                   selection=study.selection, **options)
+
+
+def replay_pruned(study: RecordedStudy, pruner: str, options: PrunerOptions) -> ReplayOutcome:
+    """The study's results in arrival order through Optuna's `pruner` (search.pruner), as a live run decides."""
+    book = PrunerBook(make_pruner(pruner, options, study.orderings), study.orderings)
+    return replay(study.units, study.orderings, study.sets, f"optuna-{pruner}", criterion=study.criterion,
+                  selection=study.selection, stop_rule=book.report)

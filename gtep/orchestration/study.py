@@ -138,14 +138,23 @@ class Manifest:
 
 def full_units(root: Path, phase: str, attempt: str, recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A phase's units with everything their trials wrote: the manifest keeps a slim record of each (`recorded`),
-    the unit files of the attempt (units/<phase>-<attempt>/set*-o*.json) add the accuracy matrix and the task
-    seconds. A unit whose file is missing stays as the manifest has it."""
-    units = {(int(u["set_index"]), int(u["ordering"])): u for u in recorded}
+    its unit file (units/<phase>-<attempt>/<unit_file>.json; set007-o2.json when older than that field) adds
+    the accuracy matrix and the task seconds. A unit whose file is missing stays as the manifest has it; a file
+    of a sampled set the manifest has not recorded yet (a study stopped before saving it) is added."""
     folder = Path(root) / "units" / f"{phase}-{attempt}"
+    units: dict[tuple[int, int], dict[str, Any]] = {}
+    for unit in recorded:
+        key = (int(unit["set_index"]), int(unit["ordering"]))
+        path = folder / f"{unit.get('unit_file') or f'set{key[0]:03d}-o{key[1]}'}.json"
+        record = json.loads(path.read_text()) if path.is_file() else {}
+        # the manifest's values win: it knows the set, and when the driver received the unit (a unit reused
+        # from another set's file keeps that set's finished_at in the file)
+        units[key] = {**record, **unit, "set_index": key[0], "ordering": key[1]}
     for path in sorted(folder.glob("set*-o*.json")) if folder.is_dir() else []:
         record = json.loads(path.read_text())
         key = (int(record["set_index"]), int(record["ordering"]))
-        units[key] = {**units.get(key, {}), **record}
+        if key[0] >= 0 and key not in units:
+            units[key] = record
     return list(units.values())
 
 

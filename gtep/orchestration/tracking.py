@@ -239,7 +239,7 @@ class MlflowWriter(tune.Callback):
         unit = {k: result.get(k) for k in ("status", "acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                                            "acc_t", "params_total", "params_trainable", "train_seconds", "message",
                                            "node", "device", "started_at", "finished_at", "first_task",
-                                           *self.extra_metrics, *STEP_METRICS)}
+                                           "unit_file", *self.extra_metrics, *STEP_METRICS)}
         unit.update(set_index=set_index, ordering=s, mlflow_key=key)
         self.manifest.record_unit(self.phase, set_index, s, unit, deferred=True)  # saved by on_step_end
         self._count(unit)

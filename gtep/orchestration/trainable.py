@@ -98,15 +98,17 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
 def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet,
              job: dict[str, Any]) -> dict[str, Any]:
     """Train one (set, ordering) unit, or return its record when an earlier attempt finished it."""
-    name = f"set{set_index:03d}-o{int(s)}"
+    name = unit_name(set_index, hparams, s)
     unit_file = Path(job["unit_dir"]) / f"{name}.json" if job.get("unit_dir") else None
     if unit_file is not None and unit_file.exists():
         log_event(job, "unit_reused", set_index=set_index, ordering=int(s), node=_node_id())
-        return json.loads(unit_file.read_text())
+        # it reaches the driver now (a scheduler's or a replay's arrival order); its training seconds are the
+        # file's, counted once per file however many sets share it (protocol.replay.spent_seconds)
+        return {**json.loads(unit_file.read_text()), "unit_file": name, "finished_at": int(time.time() * 1000)}
     checkpoint = Path(job["checkpoint_dir"]) / f"{name}.pt" if job.get("checkpoint_dir") else None
     log_event(job, "unit_started", set_index=set_index, ordering=int(s), node=_node_id(),
               checkpoint=bool(checkpoint and checkpoint.exists()))
-    record = _train_unit(set_index, hparams, int(s), phase_data, job, checkpoint)
+    record = {**_train_unit(set_index, hparams, int(s), phase_data, job, checkpoint), "unit_file": name}
     if unit_file is not None:
         write_atomic(unit_file, json.dumps(record))
     if checkpoint is not None and checkpoint.exists():
@@ -114,6 +116,15 @@ def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageS
     log_event(job, "unit_trained", set_index=set_index, ordering=int(s), node=record["node"],
               resumed_tasks=record["resumed_tasks"], status=record["status"], first_task=record["first_task"])
     return record
+
+
+def unit_name(set_index: int, hparams: dict[str, Any], s: int) -> str:
+    """The unit file's name: `set007-o2` for a set the study sampled up front; a set an adaptive searcher
+    suggests has no index inside the trial, so its values name it (`hp1a2b3c4d-o2`): two suggestions of the
+    same values share their units (same set, same ordering: the same result), two different sets never do."""
+    if set_index >= 0:
+        return f"set{set_index:03d}-o{int(s)}"
+    return f"hp{trial_start(set_index, hparams):08x}-o{int(s)}"
 
 
 def next_ordering(pending: list[int], hparams: dict[str, Any], job: dict[str, Any], start: int = 0) -> int:

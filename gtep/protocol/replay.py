@@ -15,6 +15,8 @@ back and put through a decision rule:
   matrix cut to k rows and columns, the metrics recomputed); its cost is those tasks' seconds. H* then runs the
   whole scenario in evaluation, as with gtep.
 - `none`: the full study's rule; it reproduces the study's H*.
+- a stop rule (`stopped_by`): any rule that decides from each set's running score after each ordering, in the
+  same arrival order; `gtep replay --pruner NAME` passes Optuna's pruner this way (gtep/orchestration/pruning.py).
 
 A study folder is read by gtep/orchestration/replay.py (the protocol layer stays pure).
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -54,11 +56,17 @@ def spent_seconds(units: list[dict[str, Any]]) -> float:
     """Training seconds of a group of units. A unit that reused its ordering's stored first task (`first_task`
     "reused") carries that task's seconds without having spent them, so task 1 counts only for the units that
     trained it, and once for an ordering whose units in the group all reused a first task trained by a unit
-    outside it (a replay that skips the unit that trained it would have trained it elsewhere)."""
+    outside it (a replay that skips the unit that trained it would have trained it elsewhere). A unit file
+    shared by several units (the same values suggested twice) counts once."""
     total = 0.0
     orphans: dict[int, float] = {}
     trained_orderings = set()
+    files: set[str] = set()
     for u in units:
+        if u.get("unit_file"):  # two sets with the same values (an adaptive searcher's repeat) share one unit
+            if u["unit_file"] in files:
+                continue
+            files.add(str(u["unit_file"]))
         per_task = list(u.get("task_seconds") or [])
         if not per_task:
             total += float(u.get("train_seconds") or 0.0)
@@ -127,6 +135,29 @@ def asha_stopped(units: list[dict[str, Any]], orderings: int, grace_period: int 
     return stopped, trained
 
 
+StopRule = Callable[[int, int, float], bool]  # (set index, orderings done, running score) -> stop the set now
+
+
+def stopped_by(units: list[dict[str, Any]], orderings: int, should_stop: StopRule,
+               criterion: Criterion = DEFAULT_CRITERION) -> tuple[set[int], list[dict[str, Any]]]:
+    """(stopped sets, units that would have been trained) under any rule that sees each set's running score after
+    each of its orderings, in arrival order (an Optuna pruner: gtep/orchestration/pruning.py). The rule also sees
+    the S-th result of a set, so it can record the set as finished; that result never stops it."""
+    done: dict[int, list[dict[str, Any]]] = {}
+    stopped: set[int] = set()
+    trained = []
+    for unit in arrival_order(units):
+        i = int(unit["set_index"])
+        if i in stopped:
+            continue
+        trained.append(unit)
+        so_far = done.setdefault(i, [])
+        so_far.append(unit)
+        if should_stop(i, len(so_far), running_score(so_far, criterion)) and len(so_far) < orderings:
+            stopped.add(i)
+    return stopped, trained
+
+
 def first_task_unit(unit: dict[str, Any], tasks: int) -> dict[str, Any]:
     """A unit as if its ordering had stopped after `tasks` tasks: the metrics of its matrix's first rows."""
     matrix = unit.get("acc_matrix")
@@ -141,16 +172,21 @@ def first_task_unit(unit: dict[str, Any], tasks: int) -> dict[str, Any]:
 
 def replay(units: list[dict[str, Any]], orderings: int, sets: Iterable[int], rule: str = "none", *,
            criterion: Criterion = DEFAULT_CRITERION, selection: SelectionRule = "hmean_of_means",
-           grace_period: int = 1, reduction_factor: float = 2.0, protocol_tasks: int = 1) -> ReplayOutcome:
-    """H* and the training seconds of `rule` (REPLAY_RULES) over a study's tuning units."""
-    if rule not in REPLAY_RULES:
+           grace_period: int = 1, reduction_factor: float = 2.0, protocol_tasks: int = 1,
+           stop_rule: StopRule | None = None) -> ReplayOutcome:
+    """H* and the training seconds of `rule` (REPLAY_RULES) over a study's tuning units; with `stop_rule`
+    (an Optuna pruner's decisions), the sets it stops under the name `rule`."""
+    if rule not in REPLAY_RULES and stop_rule is None:
         raise ValueError(f"unknown replay rule {rule!r}; choose from {REPLAY_RULES}")
     sets = list(sets)
     full = spent_seconds(units)
     stopped: set[int] = set()
     trained = units
     seconds = full
-    if rule == "asha":
+    if stop_rule is not None:
+        stopped, trained = stopped_by(units, orderings, stop_rule, criterion)
+        seconds = spent_seconds(trained)
+    elif rule == "asha":
         stopped, trained = asha_stopped(units, orderings, grace_period, reduction_factor, criterion)
         seconds = spent_seconds(trained)
     elif rule == "first_task":

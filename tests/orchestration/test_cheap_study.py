@@ -114,3 +114,29 @@ def test_report_puts_each_protocols_h_star_evaluation_score_and_compute_side_by_
         assert 100 * rows.at[study, "evaluation_score"] == pytest.approx(evaluated.data.metrics["hmean"], abs=1e-3)
         assert 100 * rows.at[study, "reported_score"] == pytest.approx(evaluated.data.metrics["hmean"], abs=1e-3)
         assert evaluated.data.params["gtep.protocol"] == ("first_task" if study == "first" else "gtep")
+
+
+def test_an_optuna_pruner_stops_sets_live_and_a_replay_with_it_makes_the_same_decisions(tmp_path):
+    """search.pruner median under the Optuna TPE searcher: pruned sets are stopped, shown as stopped and never
+    H*; one trial at a time, so `gtep replay --pruner median` sees the live arrival order and agrees."""
+    doc = cheap_config(tmp_path, "median", searcher="optuna-tpe", pruner="median",
+                       pruner_options={"n_startup_trials": 1})
+    result = gtep(tmp_path, "tune", doc)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    root = tmp_path / "out" / "median"
+    manifest = json.loads((root / "manifest.json").read_text())
+    stopped = manifest["phases"]["tune"]["stopped_sets"]
+    best = manifest["phases"]["tune"]["best_set_index"]
+    assert stopped, "lr 1e-4 or 0.2 against 0.05 should fall below the median after one ordering"
+    assert best not in stopped and "stopped early by the median pruner" in result.output
+    rows = pd.read_csv(root / "tune_results.csv")
+    assert set(rows[rows["set_index"].isin(stopped)].set_status) == {"stopped"}
+    phase = runs_of(store(tmp_path), "median", level="phase", phase="tune")[0]
+    assert phase.data.params["gtep.scheduler"] == "optuna-median"
+
+    replayed = runner.invoke(app, ["replay", str(root), "--pruner", "median", "--pruner-option",
+                                   "n_startup_trials=1"])
+    assert replayed.exit_code == 0, replayed.output
+    assert f"H* = set{best:03d} (the full study's: set{best:03d})" in replayed.output
+    assert "stopped early: " + f"{len(stopped)} of 6 sets (" + ", ".join(f"set{i:03d}" for i in sorted(stopped)) \
+        in replayed.output
