@@ -91,13 +91,16 @@ def main() -> None:
     parser.add_argument("--grace-period", type=int, default=1)
     parser.add_argument("--reduction-factor", type=float, default=3.0)
     parser.add_argument("--protocol-tasks", type=int, default=2)
+    parser.add_argument("--pruner", default="median", help="one of Optuna's pruners to replay too ('none': skip)")
+    parser.add_argument("--pruner-startup", type=int, default=2, help="the pruner's n_startup_trials")
     parser.add_argument("--no-evaluate", action="store_true", help="do not evaluate sets the study did not")
     parser.add_argument("--keep", type=Path, help="record the study here (kept) instead of a temporary folder")
     args = parser.parse_args()
     for key, value in (("RAY_AUTH_MODE", "disabled"), ("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"),
                        ("HF_HUB_OFFLINE", "1")):
         os.environ.setdefault(key, value)
-    from gtep.orchestration.replay import load_study, replay_study
+    from gtep.config import PrunerOptions
+    from gtep.orchestration.replay import load_study, replay_pruned, replay_study
 
     with tempfile.TemporaryDirectory(prefix="gtep-bench-") as tmp:
         work = args.keep or Path(tmp)
@@ -121,8 +124,14 @@ def main() -> None:
         rows = [("asha", {"grace_period": args.grace_period, "reduction_factor": args.reduction_factor},
                  f"asha (grace {args.grace_period}, rf {args.reduction_factor:g})"),
                 ("first_task", {"protocol_tasks": args.protocol_tasks}, f"first_task (k = {args.protocol_tasks})")]
+        if args.pruner != "none":
+            rows.append(("pruner", {"n_startup_trials": args.pruner_startup},
+                         f"optuna {args.pruner} (startup {args.pruner_startup})"))
         for rule, options, label in rows:
-            outcome = replay_study(study, rule, **options)
+            if rule == "pruner":
+                outcome = replay_pruned(study, args.pruner, PrunerOptions(**options))
+            else:
+                outcome = replay_study(study, rule, **options)
             score = evaluation_score(study, outcome.best_index, config, out)
             chosen = "none" if outcome.best_index is None else f"set{outcome.best_index:03d}"
             delta = (f"{100 * (score - full_score):+.2f} points" if score is not None and full_score is not None

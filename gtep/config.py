@@ -975,6 +975,24 @@ def _check_cfsl(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec)
                               "the phase more classes")
 
 
+def _check_first_task_sets_differ(cfg: ExperimentConfig, space: dict[str, tuple]) -> None:
+    """first_task at k = 1 compares sets on task 1 only; where the first task is trained with the fixed
+    first_task recipe and no hyperparameter of the space that reaches it varies, every set scores the same
+    and H* would be a tie broken by set order: refused, with the fix."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.engine.runner import names_reaching_first_task
+
+    if cfg.search.protocol != "first_task" or cfg.search.protocol_tasks != 1:
+        return
+    names = names_reaching_first_task(ALGORITHMS.get(cfg.algorithm), cfg.first_task.scheduler)
+    if names is None or any(len(set(map(repr, space.get(n, ())))) > 1 for n in names):
+        return
+    raise ConfigError("search.protocol_tasks", f"1 compares sets on task 1 only, which {cfg.algorithm} trains with "
+                      f"the fixed first_task recipe: none of the space's values reaches it (only "
+                      f"{', '.join(sorted(names))} would), so every set would score the same; set protocol_tasks "
+                      "to 2 or more (or first_task.scheduler: sampled with a sampled scheduler)")
+
+
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     """Check every name and constraint; touches only metadata, never trains or writes anything."""
     from gtep.algorithms import ALGORITHMS
@@ -1030,7 +1048,8 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
                               f"{len(increments)} tasks; first_task compares sets on fewer tasks than the whole")
     space_path = cfg.search.space or default_space_file(cfg.algorithm)
     try:
-        load_space(cfg.algorithm, space_path)
+        space = load_space(cfg.algorithm, space_path)
     except SearchSpaceError as err:
         raise ConfigError("search.space", str(err)) from None
+    _check_first_task_sets_differ(cfg, space.space.sets)
     return ResolvedExperiment(cfg, increments, tuning, evaluation, Path(space_path), pretraining)

@@ -57,6 +57,21 @@ def test_first_task_protocol_needs_fewer_tasks_than_the_scenario(tmp_path):
     assert resolve(validate_config(ok, "test")).config.search.protocol_tasks == 1
 
 
+def test_first_task_at_k_1_is_refused_when_nothing_sampled_reaches_task_1(tmp_path):
+    """With a fixed first-task scheduler, Replay's task 1 depends on no value of its space: all sets would tie."""
+    space = tmp_path / "space.yaml"
+    space.write_text("algorithm: replay\nspace: {lr: [0.01, 0.1], epochs: [2], scheduler: [steplr, cosine]}\n")
+    doc = config(search={"protocol": "first_task", "protocol_tasks": 1, "space": str(space)},
+                 first_task={"epochs": 2, "milestones": [1], "batch_size": 16, "scheduler": "steplr"},
+                 tracking={"output": str(tmp_path)})
+    with pytest.raises(ConfigError) as err:
+        resolve(validate_config(doc, "test"))
+    assert err.value.field == "search.protocol_tasks" and "every set would score the same" in str(err.value)
+    # the reference code's `sampled` first-task scheduler lets the set's scheduler (two values) reach task 1
+    doc["first_task"]["scheduler"] = "sampled"
+    assert resolve(validate_config(doc, "test")).config.search.protocol_tasks == 1
+
+
 def test_the_first_task_protocol_trains_only_the_first_k_tasks_in_tuning(tmp_path):
     from gtep.data import resolve_dataset
     from gtep.engine import run_ordering

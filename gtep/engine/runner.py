@@ -179,10 +179,15 @@ def evaluate(learner: IncrementalLearner, x: torch.Tensor, y: torch.Tensor, task
 
 def hparams_reaching_first_task(algorithm: type[IncrementalLearner], job: OrderingJob) -> set[str] | None:
     """The sampled names task 1 depends on; None (all of them) for methods that train task 1 with the set."""
+    return names_reaching_first_task(algorithm, job.first_task.scheduler)
+
+
+def names_reaching_first_task(algorithm: type[IncrementalLearner], first_task_scheduler: str) -> set[str] | None:
+    """hparams_reaching_first_task from the config's first_task.scheduler alone (the config checks with it)."""
     if not algorithm.fixed_first_task:
         return None
     names = {"optimizer", "momentum", *algorithm.first_task_hparams}
-    if job.first_task.scheduler == "sampled":  # the reference code lets the set's scheduler reach task 1
+    if first_task_scheduler == "sampled":  # the reference code lets the set's scheduler reach task 1
         names.add("scheduler")
     return names
 

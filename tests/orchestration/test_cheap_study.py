@@ -60,7 +60,12 @@ def test_asha_stops_sets_that_are_never_h_star_and_replay_reproduces_h_star(tmp_
 
 
 def test_first_task_protocol_trains_each_set_on_the_first_task_only(tmp_path):
-    result = gtep(tmp_path, "tune", cheap_config(tmp_path, "first", protocol="first_task", protocol_tasks=1))
+    doc = cheap_config(tmp_path, "first", protocol="first_task", protocol_tasks=1)
+    # task 1 must depend on something sampled (else every set ties and the config is refused): the scheduler,
+    # which the `sampled` first-task recipe lets reach it
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({**SPACE, "space": {**SPACE["space"],
+                                                                           "scheduler": ["constant", "cosine"]}}))
+    result = gtep(tmp_path, "tune", doc)
     assert result.exit_code == 0, result.output + repr(result.exception)
     units = list((tmp_path / "out" / "first" / "units").glob("tune-*/set*-o*.json"))
     assert len(units) == 6 * 3
