@@ -105,37 +105,33 @@ def asha_rungs(orderings: int, grace_period: int, reduction_factor: float) -> li
     return [grace_period * reduction_factor ** k for k in reversed(range(count))]
 
 
-def asha_stopped(units: list[dict[str, Any]], orderings: int, grace_period: int = 1, reduction_factor: float = 2.0,
-                 criterion: Criterion = DEFAULT_CRITERION) -> tuple[set[int], list[dict[str, Any]]]:
-    """(stopped sets, units that would have been trained) under ASHA, in arrival order."""
+StopRule = Callable[[int, int, float], bool]  # (set index, orderings done, running score) -> stop the set now
+
+
+def asha_rule(orderings: int, grace_period: int = 1, reduction_factor: float = 2.0) -> StopRule:
+    """Ray's single ASHA bracket (_Bracket.on_result) as a stop rule: at the first rung a set reaches, it is
+    stopped when its score is below the (1 - 1/reduction_factor) quantile of the scores recorded there so far."""
     rungs: list[tuple[float, dict[int, float]]] = [(m, {}) for m in asha_rungs(orderings, grace_period,
                                                                                  reduction_factor)]
-    done: dict[int, list[dict[str, Any]]] = {}
-    stopped: set[int] = set()
-    trained = []
-    for unit in arrival_order(units):
-        i = int(unit["set_index"])
-        if i in stopped:
-            continue  # never trained: its trial had been stopped
-        trained.append(unit)
-        so_far = done.setdefault(i, [])
-        so_far.append(unit)
-        k, score = len(so_far), running_score(so_far, criterion)
+
+    def should_stop(i: int, k: int, score: float) -> bool:
         if k >= orderings:
-            continue  # the set is complete; Ray stops it anyway (stop_last_trials)
-        for milestone, recorded in rungs:  # Ray's _Bracket.on_result
+            return False  # the set is complete; Ray stops it anyway (stop_last_trials)
+        for milestone, recorded in rungs:
             if k < milestone or i in recorded:
                 continue
             values = [v for v in recorded.values() if not math.isnan(v)]
             cutoff = float(np.percentile(values, (1 - 1 / reduction_factor) * 100)) if values else None
-            if cutoff is not None and score < cutoff:
-                stopped.add(i)
             recorded[i] = score
-            break
-    return stopped, trained
+            return cutoff is not None and score < cutoff
+        return False
+    return should_stop
 
 
-StopRule = Callable[[int, int, float], bool]  # (set index, orderings done, running score) -> stop the set now
+def asha_stopped(units: list[dict[str, Any]], orderings: int, grace_period: int = 1, reduction_factor: float = 2.0,
+                 criterion: Criterion = DEFAULT_CRITERION) -> tuple[set[int], list[dict[str, Any]]]:
+    """(stopped sets, units that would have been trained) under ASHA, in arrival order."""
+    return stopped_by(units, orderings, asha_rule(orderings, grace_period, reduction_factor), criterion)
 
 
 def stopped_by(units: list[dict[str, Any]], orderings: int, should_stop: StopRule,
