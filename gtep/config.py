@@ -294,7 +294,8 @@ class DatasetsSpec(_Strict):
 class SchedulerOptions(_Strict):
     """search.scheduler_options: rungs are counted in orderings (a set's running score after k of S)."""
 
-    grace_period: int = Field(1, ge=1, description="orderings every set runs before it can be stopped")
+    grace_period: float = Field(1, gt=0, description="orderings every set runs before it can be stopped (a "
+                                "fraction of one with search.fidelity: tasks)")
     reduction_factor: float = Field(2.0, gt=1, description="keep the top 1/reduction_factor at each rung")
     brackets: int = Field(1, ge=1, description="ASHA brackets (HyperBand ignores it)")
 
@@ -336,6 +337,10 @@ class SearchSpec(_Strict):
     # each ordering is an intermediate value; a pruned set is stopped as a scheduler stops it, and is never H*.
     pruner: Literal[PRUNERS] = "none"  # type: ignore[valid-type]
     pruner_options: PrunerOptions = Field(default_factory=lambda: PrunerOptions())
+    # When a trial reports its running score: after each ordering, or also after each task inside one (then a
+    # scheduler's time is orderings done + tasks done / T, and a pruner's step is tasks done), so a hopeless set
+    # can be stopped inside its first ordering. Class-incremental scenarios, one ordering at a time per trial.
+    fidelity: Literal["orderings", "tasks"] = "orderings"
 
     @model_validator(mode="after")
     def _rungs_fit(self) -> "SearchSpec":
@@ -358,7 +363,7 @@ class SearchSpec(_Strict):
 
 
 ADDED_SEARCH_FIELDS = ("scheduler", "scheduler_options", "protocol", "protocol_tasks",  # issue 24
-                       "pruner", "pruner_options")
+                       "pruner", "pruner_options", "fidelity")
 
 
 def with_added_defaults(stored: dict[str, Any]) -> dict[str, Any]:
@@ -1039,6 +1044,9 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
                               f"({'+'.join(map(str, increments))}) but the {phase.phase} phase has "
                               f"{len(phase.classes)} ({phase.dataset}); change base_classes, ways or sessions, or "
                               f"restrict the classes in {field}")
+    if cfg.search.fidelity == "tasks" and cfg.scenario.family != "class_incremental":
+        raise ConfigError("search.fidelity", f"tasks reports a score after each task of a class-incremental "
+                          f"ordering; the {cfg.scenario.family} family reports after each ordering: use orderings")
     if cfg.search.protocol == "first_task":
         if cfg.scenario.family != "class_incremental":
             raise ConfigError("search.protocol", f"first_task compares sets on the first tasks of a class-incremental "

@@ -209,6 +209,8 @@ def job_spec(resolved: ResolvedExperiment, phase: str, folders: dict[str, str] |
         "family_options": {k: v for k, v in cfg.scenario.family_options.items() if k != "increments"},
         # the first-task protocol (Lee et al. 2024): the tuning phase compares sets on the first k tasks only
         "max_tasks": cfg.search.protocol_tasks if phase == "tune" and cfg.search.protocol == "first_task" else None,
+        # a running score after each task too (search.fidelity: tasks), for the schedulers of the tuning phase
+        "fidelity": cfg.search.fidelity if phase == "tune" else "orderings",
     }
 
 
@@ -399,11 +401,14 @@ def tuning_protocol_params(cfg) -> dict[str, Any]:
             "first_task" else "", "gtep.scheduler": stopper}
 
 
-def compute_metrics(paths: StudyPaths, phase: str, attempt: str, units: list[dict[str, Any]]) -> dict[str, float]:
+def compute_metrics(paths: StudyPaths, phase: str, attempt: str, units: list[dict[str, Any]],
+                    partial_seconds: float = 0.0) -> dict[str, float]:
     """compute_seconds: the training seconds a phase spent, all its sets and orderings (a first task reused from
     the store counted once, where it was trained: protocol.replay.spent_seconds, over the unit files' task
-    seconds); the same meaning on every phase run, so the tuning protocols' costs compare."""
-    return {"compute_seconds": float(spent_seconds(full_units(paths.root, phase, attempt, units)))}
+    seconds; `partial_seconds`: orderings stopped before their last task); the same meaning on every phase run,
+    so the tuning protocols' costs compare."""
+    spent = spent_seconds(full_units(paths.root, phase, attempt, units))
+    return {"compute_seconds": float(spent + partial_seconds)}
 
 
 def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest: Manifest, phase: str,
@@ -480,22 +485,33 @@ def trial_scheduler(resolved: ResolvedExperiment):
     score), search.pruner as Optuna's pruner in one (gtep/orchestration/pruning.py), or None. Its options were
     checked with the config (grace_period below S)."""
     search = resolved.config.search
+    per_task = search.fidelity == "tasks"
     if search.pruner != "none":
         from gtep.orchestration.pruning import OptunaPruningScheduler, make_pruner
 
-        return OptunaPruningScheduler(make_pruner(search.pruner, search.pruner_options, search.orderings),
-                                      search.orderings)
+        # a pruner's steps are whole numbers: orderings done, or tasks done with fidelity tasks
+        steps = search.orderings * tasks_per_ordering(resolved) if per_task else search.orderings
+        return OptunaPruningScheduler(make_pruner(search.pruner, search.pruner_options, steps), steps,
+                                      "tasks_done" if per_task else "orderings_done")
     if search.scheduler == "none":
         return None
     from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
 
     options = search.scheduler_options
+    time_attr = "progress" if per_task else "orderings_done"  # progress: orderings done + tasks done / T
     if search.scheduler == "asha":
-        return ASHAScheduler(time_attr="orderings_done", metric="score", mode="max", max_t=search.orderings,
-                             grace_period=options.grace_period, reduction_factor=options.reduction_factor,
-                             brackets=options.brackets)
-    return HyperBandScheduler(time_attr="orderings_done", metric="score", mode="max", max_t=search.orderings,
+        # Ray annotates grace_period as int; its rungs are grace * rf^k compared with a float time (progress)
+        return ASHAScheduler(time_attr=time_attr, metric="score", mode="max", max_t=search.orderings,
+                             grace_period=options.grace_period,  # type: ignore[arg-type]
+                             reduction_factor=options.reduction_factor, brackets=options.brackets)
+    return HyperBandScheduler(time_attr=time_attr, metric="score", mode="max", max_t=search.orderings,
                               reduction_factor=options.reduction_factor)
+
+
+def tasks_per_ordering(resolved: ResolvedExperiment) -> int:
+    """T of a tuning ordering: the scenario's tasks, or k with the first-task protocol."""
+    search = resolved.config.search
+    return search.protocol_tasks if search.protocol == "first_task" else len(resolved.increments)
 
 
 def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, param_space: dict[str, Any],
@@ -568,16 +584,18 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     results = [ordering_result(u) for u in units]
     # with a scheduler, a set whose trial ended without an error before its S orderings was stopped early
     finished = {i: sum(r.set_index == i for r in results) for i in set_indices}
-    stopped = sorted(i for i, n in finished.items() if cfg.search.stops_sets and 0 < n < S
-                     and i not in writer.errors)
+    # (with fidelity tasks a set can be stopped inside its first ordering: it reported, but finished none)
+    stopped = sorted(i for i, n in finished.items() if cfg.search.stops_sets and n < S
+                     and (n > 0 or i in writer.partial_seconds) and i not in writer.errors)
     writer.close_unfinished(set_indices, interrupted=False, stopped=stopped)
     scores = [score_set(i, [r for r in results if r.set_index == i], S, resolved.criterion, i in stopped)
               for i in set_indices]
     write_results_csv(paths.results("tune"), units, manifest.hparams, scores, resolved.family)
     states = ("complete", "incomplete", "diverged") + (("stopped",) if cfg.search.stops_sets else ())
     counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in states}
+    partial = sum(writer.partial_seconds.get(i, 0.0) for i in stopped)  # their last, unfinished orderings
     if stopped:
-        cost = sum(float(u.get("train_seconds") or 0) for u in units if u["set_index"] in stopped)
+        cost = sum(float(u.get("train_seconds") or 0) for u in units if u["set_index"] in stopped) + partial
         stopper = cfg.search.scheduler if cfg.search.scheduler != "none" else f"the {cfg.search.pruner} pruner"
         console.print(f"{len(stopped)} of {len(set_indices)} sets stopped early by {stopper} "
                       f"(never H*; they cost {cost:.0f} s of training): "
@@ -622,7 +640,7 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
     # NaN); which set H* is stays a tag, gtep.best_set_index
     journal.log(phase_key, {**phase_metrics(best_units, summary), "diverged": summary["diverged"],
                             "orderings": summary["orderings"], **counts,
-                            **compute_metrics(paths, "tune", attempt, units)},
+                            **compute_metrics(paths, "tune", attempt, units, partial)},
                 step_points(summary),
                 params=hparams,
                 tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished", "mlflow.note.content": note,

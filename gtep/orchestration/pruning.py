@@ -69,14 +69,16 @@ class PrunerBook:
 class OptunaPruningScheduler(FIFOScheduler):
     """A Ray Tune scheduler that asks a PrunerBook after every result (time_attr orderings_done, metric score)."""
 
-    def __init__(self, pruner: optuna.pruners.BasePruner, orderings: int) -> None:
+    def __init__(self, pruner: optuna.pruners.BasePruner, steps: int, step_key: str = "orderings_done") -> None:
+        """`steps`: a complete set's last step (S, or S x T with step_key tasks_done)."""
         super().__init__()
-        self.book = PrunerBook(pruner, orderings)
+        self.book = PrunerBook(pruner, steps)
+        self.step_key = step_key
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
-        if "orderings_done" not in result or "score" not in result:
+        if self.step_key not in result or "score" not in result:
             return TrialScheduler.CONTINUE
-        stop = self.book.report(trial.trial_id, int(result["orderings_done"]), float(result["score"]))
+        stop = self.book.report(trial.trial_id, int(result[self.step_key]), float(result["score"]))
         return TrialScheduler.STOP if stop else TrialScheduler.CONTINUE
 
     def debug_string(self) -> str:

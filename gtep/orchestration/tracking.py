@@ -178,6 +178,8 @@ class MlflowWriter(tune.Callback):
         self.finished: set[int] = set()
         self.errors: dict[int, str] = {}  # set index -> the error file of its last failed trial
         self.stopped: set[int] = set()  # sets the scheduler stopped early
+        # training seconds of each set's unfinished ordering (its tasks so far), from its interim reports
+        self.partial_seconds: dict[int, float] = {}
         self.results: dict[int, dict[int, OrderingResult]] = {}
         for unit in manifest.units(phase):
             self._count(unit)
@@ -308,6 +310,9 @@ class MlflowWriter(tune.Callback):
         if "ordering" in result:
             with self.journal.batch():  # a unit's writes reach the store in one flush
                 self.log_ordering(self.set_index_of(trial), result)
+            self.partial_seconds.pop(self.set_index_of(trial), None)
+        elif result.get("interim"):  # a score inside an ordering (search.fidelity: tasks): what it cost so far
+            self.partial_seconds[self.set_index_of(trial)] = float(result.get("partial_seconds") or 0.0)
 
     def on_step_end(self, iteration, trials, **info) -> None:
         self.manifest.save_units()

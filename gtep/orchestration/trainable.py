@@ -12,7 +12,7 @@ import os
 import time
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import ray
 import torch
@@ -22,10 +22,13 @@ from gtep.algorithms import ALGORITHMS
 from gtep.data import ImageSet
 from gtep.engine import FirstTaskSpec, OrderingJob, run_ordering
 from gtep.engine.first_task import FirstTaskStore, first_task_key
-from gtep.engine.runner import hparams_reaching_first_task
+from gtep.engine.runner import OrderingOutcome, hparams_reaching_first_task
 from gtep.orchestration.study import write_atomic
 from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION
 from gtep.protocol.families import CLASS_INCREMENTAL
+from gtep.protocol.replay import first_task_unit
+
+TaskHook = Callable[[int, OrderingOutcome], None]  # run_ordering's on_task_end
 
 
 def _running_score(done: list[dict[str, Any]], criterion: str | None = None) -> float:
@@ -74,11 +77,11 @@ def first_task_store(job: dict[str, Any]) -> FirstTaskStore | None:
 
 
 def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet, job: dict[str, Any],
-                checkpoint: Path | None) -> dict[str, Any]:
+                checkpoint: Path | None, on_task_end: TaskHook | None = None) -> dict[str, Any]:
     torch.set_num_threads(max(1, int(job.get("threads", 1))))
     started_at = int(time.time() * 1000)  # the ordering run's start in MLflow (it is written after training)
-    outcome = run_ordering(ordering_job(hparams, s, job), phase_data, checkpoint=checkpoint,
-                           first_tasks=first_task_store(job))
+    outcome = run_ordering(ordering_job(hparams, s, job), phase_data, on_task_end=on_task_end,
+                           checkpoint=checkpoint, first_tasks=first_task_store(job))
     record = {"status": outcome.status, **outcome.metrics}
     record.setdefault("acc", float("nan"))
     record.setdefault("avg_acc", float("nan"))
@@ -96,7 +99,7 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
 
 
 def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet,
-             job: dict[str, Any]) -> dict[str, Any]:
+             job: dict[str, Any], on_task_end: TaskHook | None = None) -> dict[str, Any]:
     """Train one (set, ordering) unit, or return its record when an earlier attempt finished it."""
     name = unit_name(set_index, hparams, s)
     unit_file = Path(job["unit_dir"]) / f"{name}.json" if job.get("unit_dir") else None
@@ -108,7 +111,7 @@ def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageS
     checkpoint = Path(job["checkpoint_dir"]) / f"{name}.pt" if job.get("checkpoint_dir") else None
     log_event(job, "unit_started", set_index=set_index, ordering=int(s), node=_node_id(),
               checkpoint=bool(checkpoint and checkpoint.exists()))
-    record = {**_train_unit(set_index, hparams, int(s), phase_data, job, checkpoint), "unit_file": name}
+    record = {**_train_unit(set_index, hparams, int(s), phase_data, job, checkpoint, on_task_end), "unit_file": name}
     if unit_file is not None:
         write_atomic(unit_file, json.dumps(record))
     if checkpoint is not None and checkpoint.exists():
@@ -157,6 +160,31 @@ def trial_start(set_index: int, hparams: dict[str, Any]) -> int:
     return zlib.crc32(json.dumps(hparams, sort_keys=True, default=str).encode())
 
 
+def partial_unit(outcome: OrderingOutcome, tasks_done: int) -> dict[str, Any]:
+    """An unfinished ordering as a unit for the running score: Acc and AvgAcc of its first tasks (the accuracy
+    matrix cut as the first-task protocol cuts it)."""
+    if outcome.diverged:
+        return {"status": "diverged", "acc": 0.0, "avg_acc": 0.0}
+    unit = {"status": "finished", "acc_matrix": outcome.acc_matrix, "test_counts": outcome.test_counts,
+            "task_seconds": outcome.task_seconds}
+    return first_task_unit(unit, tasks_done)
+
+
+def interim_reporter(done: list[dict[str, Any]], tasks: int, job: dict[str, Any]) -> TaskHook:
+    """search.fidelity tasks: after each task of an ordering but its last (whose unit is reported whole), the
+    running score over the finished orderings and this one so far, at progress k + t/T (the schedulers' time) and
+    tasks_done k*T + t (a pruner's step), with the training seconds of the unfinished ordering."""
+    def on_task_end(task_index: int, outcome: OrderingOutcome) -> None:
+        t = task_index + 1
+        if t >= tasks:
+            return
+        partial = partial_unit(outcome, t)
+        tune.report({"interim": True, "orderings_done": len(done), "tasks_done": len(done) * tasks + t,
+                     "progress": len(done) + t / tasks, "score": _running_score([*done, partial], job.get("criterion")),
+                     "partial_seconds": float(sum(outcome.task_seconds))})
+    return on_task_end
+
+
 def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any]) -> None:
     """config: {"trial": {"set_index": i, "hparams": {...}} or "hparams": {...}, "orderings": [s, ...]};
     job: everything fixed for the phase (algorithm, backbone, scenario, classes, seed, first task, and the
@@ -169,16 +197,20 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any])
     start = trial_start(set_index, hparams)
     done: list[dict[str, Any]] = []
 
+    tasks = int(job.get("max_tasks") or len(job["increments"]))
+
     def report(record: dict[str, Any]) -> None:
         done.append(record)
-        tune.report({**record, "orderings_done": len(done), "score": _running_score(done, job.get("criterion"))})
+        tune.report({**record, "orderings_done": len(done), "tasks_done": len(done) * tasks,
+                     "progress": float(len(done)), "score": _running_score(done, job.get("criterion"))})
 
     parallel = int(job.get("parallel", 1))
     if parallel <= 1:
+        per_task = interim_reporter(done, tasks, job) if job.get("fidelity") == "tasks" else None
         while pending:
             s = next_ordering(pending, hparams, job, start)
             pending.remove(s)
-            report(run_unit(set_index, hparams, s, phase_data, job))
+            report(run_unit(set_index, hparams, s, phase_data, job, per_task))
         return
     remote = ray.remote(run_unit).options(num_cpus=job["cpus_per_ordering"], num_gpus=job["gpus_per_ordering"],
                                           max_retries=0)

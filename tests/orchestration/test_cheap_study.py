@@ -145,3 +145,30 @@ def test_an_optuna_pruner_stops_sets_live_and_a_replay_with_it_makes_the_same_de
     assert f"H* = set{best:03d} (the full study's: set{best:03d})" in replayed.output
     assert "stopped early: " + f"{len(stopped)} of 6 sets (" + ", ".join(f"set{i:03d}" for i in sorted(stopped)) \
         in replayed.output
+
+
+def test_with_task_fidelity_asha_stops_sets_inside_their_first_ordering(tmp_path):
+    """search.fidelity tasks, ASHA's first rung after two tasks of three (task 1 follows the fixed first-task
+    recipe, the same for every set): hopeless sets stop inside their first ordering, are shown as stopped (0 of 2
+    orderings) and never H*, and what they trained counts in the phase's compute."""
+    doc = {**cheap_config(tmp_path, "pertask", trials=6, orderings=2, scheduler="asha", fidelity="tasks",
+                          scheduler_options={"grace_period": 0.6, "reduction_factor": 2}),
+           "scenario": {"increments": "2x3"}}
+    doc["training"] = {**doc["training"], "reuse_first_task": False, "epoch_scale": 0.5}
+    # a set that cannot learn (lr 1e-5) against one that does (0.05), long enough for the difference to show
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({**SPACE, "space": {**SPACE["space"], "lr": [0.00001, 0.05]}}))
+    result = gtep(tmp_path, "tune", doc)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    root = tmp_path / "out" / "pertask"
+    tune_phase = json.loads((root / "manifest.json").read_text())["phases"]["tune"]
+    stopped, best = tune_phase["stopped_sets"], tune_phase["best_set_index"]
+    units = json.loads((root / "manifest.json").read_text())["units"]
+    inside_first = [i for i in stopped if not any(k.startswith(f"tune/{i}/") for k in units)]
+    assert inside_first, (stopped, sorted(units))  # stopped before any ordering finished
+    assert best not in stopped and f"set{inside_first[0]:03d} 0/2" in result.output
+    statuses = {int(r.data.tags["gtep.set_index"]): r.data.tags.get("gtep.status")
+                for r in runs_of(store(tmp_path), "pertask", level="trial")}
+    assert all(statuses[i] == "stopped" for i in stopped), statuses
+    phase = runs_of(store(tmp_path), "pertask", level="phase", phase="tune")[0]
+    trained = sum(sum(json.loads(p.read_text())["task_seconds"]) for p in (root / "units").glob("tune-*/*.json"))
+    assert phase.data.metrics["compute_seconds"] > trained  # plus the stopped sets' unfinished orderings
