@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,7 +47,9 @@ class FscilSpec(_Strict):
     shots: int = Field(ge=1, description="K: training images per class in a few-shot session")
     sessions: int = Field(ge=1, description="few-shot sessions after the base session")
     fixed_order: bool = False  # the benchmarks' split: classes in index order in every ordering (shots still drawn)
-    shot_index: Path | None = None  # JSON {"<class id>": [training image indices]}: a benchmark's own shots
+    # JSON {"<class id>": [indices into the dataset's training arrays]}: a benchmark's own shots
+    shot_index: Path | None = None
+    draw_missing_shots: bool = False  # classes shot_index omits draw their shots (else the file is refused)
 
     @field_validator("shot_index")
     @classmethod
@@ -63,6 +66,17 @@ class FscilSpec(_Strict):
         except (ValueError, TypeError, AttributeError) as err:
             raise ValueError(f"{value} is not a shot index ({err}); write {{\"<class id>\": [indices], ...}}") from None
         return path
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The family's options: these fields, and the shot index file's content as `shots_given` (workers and
+        the pre-flight checks need no file)."""
+        from gtep.data.shot_index import read_shot_index
+
+        options = self.model_dump(mode="json")
+        if self.shot_index is not None:
+            options["shots_given"] = {str(c): v for c, v in read_shot_index(self.shot_index).items()}
+        return options
 
 
 class IircSpec(_Strict):
@@ -213,7 +227,7 @@ class ScenarioSpec(_Strict):
     def family_options(self) -> dict[str, Any]:
         """The family's options as the generator takes them (plain values, paths as strings)."""
         if self.family == "fscil" and self.fscil is not None:
-            return self.fscil.model_dump(mode="json")
+            return self.fscil.options
         if self.family == "iirc" and self.iirc is not None:
             return self.iirc.options
         if self.family == "fluid" and self.fluid is not None:
@@ -396,6 +410,16 @@ class TrainingSpec(_Strict):
     # The data pipeline (gtep/data/pipelines.py): true = the dataset's own (32 px arrays: pycil-cifar; ImageFolder
     # trees: pycil-imagenet; a ViT backbone: pilot), false = none (train on the test view), or a name.
     augment: bool | PipelineName = True
+
+    @field_validator("augment", mode="before")
+    @classmethod
+    def _pipeline_name(cls, value: Any) -> Any:
+        """A word that names no pipeline gets the list of names (not pydantic's 'should be a valid boolean')."""
+        names = PipelineName.__args__  # type: ignore[attr-defined]
+        if isinstance(value, bool) or value in names:
+            return value
+        raise ValueError(f"{value!r} is not a data pipeline; use true (the dataset's own), false, or one of "
+                         f"{', '.join(names)} (README: Data pipelines)")
     # The side the network sees with a resizing pipeline (ImageNet-like data, ViTs): None = the paper's (224 px,
     # or the ViT's own input); smaller for CPU smoke runs. ImageFolder images are stored at 256/224 of it.
     image_size: int | None = Field(None, ge=8, le=1024)
@@ -627,6 +651,8 @@ class ResolvedExperiment:
     space_path: Path
     pretraining: PretrainPlan | None = None
     pretrained: Path | None = None  # the file the pretrain step wrote or found (gtep.orchestration.pretraining)
+    # phase -> what its loader converted to reach uint8 pixels (gtep.preflight; recorded as gtep.data_conversion)
+    data_conversions: dict[str, str] = dataclass_field(default_factory=dict)
 
     @property
     def weights(self) -> Path | None:

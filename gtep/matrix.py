@@ -42,9 +42,9 @@ from gtep.config import (
     _expand_env,
     _phase_classes,
     read_yaml,
-    resolve,
     with_added_defaults,
 )
+from gtep.preflight import preflight
 from gtep.protocol.scenarios import parse_increments
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -362,7 +362,7 @@ def resolve_cells(m: MatrixConfig, output: Path | None = None,
     resolved = []
     for cell in expand_cells(m, output, overrides):
         try:
-            r = resolve(cell.config)
+            r = preflight(cell.config).resolved
         except ConfigError as err:
             # the experiment's field names in the message become the matrix file's
             message = str(err).removeprefix(f"{err.field}: ")

@@ -70,6 +70,26 @@ def test_shot_index_files_are_read_and_checked(tmp_path):
     assert "class 3: training images [5]" in check_shot_index(given, labels, [2, 3], 2)
     assert "fewer than 3" in check_shot_index({2: [40, 41]}, labels, [2], 3)
     assert check_shot_index({2: [40, 41, 42]}, labels, [2], 3) is None
+    assert "classes [3]" in check_shot_index({2: [40, 41, 42]}, labels, [2, 3], 3)  # a class the file omits
+    assert "draw_missing_shots" in check_shot_index({2: [40, 41, 42]}, labels, [2, 3], 3)
+    assert check_shot_index({2: [40, 41, 42]}, labels, [2, 3], 3, draw_missing=True) is None
+    assert "twice" in check_shot_index({2: [40, 40, 41]}, labels, [2], 2)
+    assert "outside" in check_shot_index({2: [400]}, labels, [2], 1)
+
+
+def test_shot_index_positions_are_the_datasets_not_the_phases():
+    """A benchmark's index file indexes the dataset's training arrays; a phase keeps a subset of them, so the
+    runner maps the file's positions onto the subset's (the old code used them as subset positions: the image
+    at dataset position 45 is the phase's 5th image of class 2 when the phase keeps classes 2 and 3 only)."""
+    from gtep.data import ImageSet
+    from gtep.protocol.families import shots_at_phase_positions
+
+    labels = np.repeat(np.arange(4), 20)
+    x = np.arange(80, dtype=np.uint8).reshape(80, 1, 1, 1).repeat(3, axis=-1)
+    phase = ImageSet("t", x, labels, x[:4], np.arange(4), ["a", "b", "c", "d"]).subset([2, 3])
+    positions = shots_at_phase_positions({2: [45, 47], 3: [60]}, phase.dataset_train_index())
+    assert positions == {2: [5, 7], 3: [20]}
+    assert [int(phase.x_train[i, 0, 0, 0]) for i in positions[2]] == [45, 47]  # the very images the file names
 
 
 # ---------------------------------------------------------------- criteria and selection

@@ -2,6 +2,7 @@
 
 gtep run | tune | evaluate           the protocol's phases on Ray Tune, tracked in MLflow    (cli/study.py)
 gtep pretrain                        backbone weights from held-out classes                  (cli/pretrain.py)
+gtep check                           the pre-flight checks alone, and the plan            (cli/check.py)
 gtep ui | server | sync              the MLflow side                                         (cli/tracking.py)
 gtep submit | jobs ...               studies as Ray Jobs on a cluster                        (cli/cluster.py)
 gtep algorithms | spaces | presets   what is registered                                      (cli/info.py)
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 import typer
 
-from gtep.cli import cluster, info, matrix, pretrain, replay, report, study, tracking
+from gtep.cli import check, cluster, info, matrix, pretrain, replay, report, study, tracking
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="GTEP: tune continual-learning hyperparameters on one scenario, "
                        "evaluate them on a disjoint one.")
-for commands in (study.app, pretrain.app, tracking.app, cluster.app, info.app, report.app, replay.app, matrix.app):
+for commands in (study.app, check.app, pretrain.app, tracking.app, cluster.app, info.app, report.app, replay.app,
+                 matrix.app):
     app.add_typer(commands)
 app.add_typer(cluster.jobs_app, name="jobs")
 

@@ -19,7 +19,6 @@ from gtep.config import (
     ResolvedExperiment,
     load_config,
     load_preset,
-    resolve,
     validate_config,
 )
 
@@ -178,15 +177,23 @@ def prepare(config: Optional[Path], preset: Optional[str], resume: Optional[Path
             **overrides: Any) -> ResolvedExperiment:
     """All validation that needs no compute: the file, the names, the data, the search space, the address."""
     from gtep.orchestration.phases import check_address, check_tracking
+    from gtep.preflight import preflight
 
     cfg = resumed_config(resume, config, preset, overrides) if resume else build_config(config, preset, **overrides)
     try:
-        resolved = resolve(cfg)
+        resolved = preflight(cfg).resolved
     except ConfigError as err:
         raise as_option(err, overrides) from None
     check_address(resolved.config.compute.ray_address)
     check_tracking(resolved.config.tracking_uri)
+    say_conversions(resolved.data_conversions)
     return resolved
+
+
+def say_conversions(conversions: dict[str, str]) -> None:
+    """A dataset whose pixels were converted to uint8 says so before the study starts (and in its runs' params)."""
+    for phase, note in conversions.items():
+        console.print(f"[yellow]note:[/] {escape(phase)} phase data converted: {escape(note)}", highlight=False)
 
 
 def through_ray_client(address: Optional[str], config: Optional[Path]) -> bool:

@@ -34,17 +34,93 @@ class ImageSet:
     y_test: np.ndarray
     class_names: list[str]
     class_groups: list[str] | None = None
+    # what the loader converted to reach uint8 pixels ("" when the file held them): logged and recorded per run
+    conversion: str = ""
+    # each training image's position in the dataset's own training arrays (None: these are those arrays); a
+    # benchmark's index files (FSCIL's shot_index) are in that index space, whatever subset a phase keeps
+    train_index: np.ndarray | None = None
 
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    def dataset_train_index(self) -> np.ndarray:
+        """Positions of these training images in the dataset's training arrays."""
+        return np.arange(len(self.y_train)) if self.train_index is None else self.train_index
 
     def subset(self, classes: list[int]) -> "ImageSet":
         """Only the images of the given classes; labels stay the dataset's own class ids."""
         keep = np.asarray(sorted(classes))
         train, test = np.isin(self.y_train, keep), np.isin(self.y_test, keep)
         return ImageSet(self.name, self.x_train[train], self.y_train[train], self.x_test[test],
-                        self.y_test[test], self.class_names, self.class_groups)
+                        self.y_test[test], self.class_names, self.class_groups, self.conversion,
+                        self.dataset_train_index()[train])
+
+
+def to_uint8_pixels(x: np.ndarray, where: str) -> tuple[np.ndarray, str]:
+    """Images as uint8 pixels, and what was done to get there ("" when nothing).
+
+    uint8 is taken as it is. Floats in [0, 1] are scaled by 255 and floats in [0, 255] (or integers in 0..255) are
+    rounded, each said in the returned note: a silent cast would turn [0, 1] pixels into a black dataset. NaN or
+    infinity, negative values (normalised images) and values above 255 are refused with the fix."""
+    fix = "store uint8 pixels (0..255) or floats in [0, 1]"
+    if x.dtype == np.uint8:
+        return x, ""
+    if x.dtype == np.bool_ or not (np.issubdtype(x.dtype, np.integer) or np.issubdtype(x.dtype, np.floating)):
+        raise DatasetError(f"{where} holds {x.dtype} values, not image pixels; {fix}")
+    if x.size == 0:
+        return x.astype(np.uint8), ""
+    if np.issubdtype(x.dtype, np.floating):
+        finite = np.isfinite(x)
+        if not finite.all():
+            bad = int(x.size - finite.sum())
+            raise DatasetError(f"{where} holds {bad} NaN or infinite values; {fix} (without NaN)")
+    low, high = float(x.min()), float(x.max())
+    if low < 0 or high > 255:
+        hint = " (it looks normalised by a mean and std)" if low < 0 else ""
+        raise DatasetError(f"{where} ranges over [{low:g}, {high:g}]{hint}; {fix}")
+    if np.issubdtype(x.dtype, np.floating) and high <= 1.0:
+        return np.rint(x * 255.0).astype(np.uint8), f"{where}: {x.dtype} in [0, 1] scaled by 255 to uint8"
+    return np.rint(x).astype(np.uint8), f"{where}: {x.dtype} in [0, 255] rounded to uint8"
+
+
+def check_image_set(images: ImageSet, where: str) -> None:
+    """What every loader hands on: uint8 images N x H x W x 3, one integer label per image, labels in
+    0..classes-1, train and test images of one size. A DatasetError names the array and the fix."""
+    for split in ("train", "test"):
+        x, y = getattr(images, f"x_{split}"), getattr(images, f"y_{split}")
+        if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3 or 0 in x.shape[1:]:
+            raise DatasetError(f"{where}: x_{split} is {x.dtype} {tuple(x.shape)}; it must be uint8 images "
+                               "N x H x W x 3 (RGB)")
+        if y.ndim != 1 or len(y) != len(x):
+            raise DatasetError(f"{where}: y_{split} has {len(y)} labels for {len(x)} images in x_{split}; "
+                               "give one integer class id per image")
+        if not np.issubdtype(y.dtype, np.integer):
+            raise DatasetError(f"{where}: y_{split} is {y.dtype}; give integer class ids")
+        if len(y) and (y.min() < 0 or y.max() >= images.num_classes):
+            raise DatasetError(f"{where}: y_{split} has class ids in [{y.min()}, {y.max()}] but the dataset "
+                               f"names {images.num_classes} classes; give ids 0..{images.num_classes - 1}")
+    if images.x_train.shape[1:] != images.x_test.shape[1:]:
+        raise DatasetError(f"{where}: training images are {images.x_train.shape[1:3]} but test images "
+                           f"{images.x_test.shape[1:3]}; store both splits at one size")
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What the pre-flight checks need of a dataset without its pixels: images per class id in each split, the
+    stored image shape (H, W, 3) and what the loader converts (see to_uint8_pixels)."""
+
+    train_counts: np.ndarray
+    test_counts: np.ndarray
+    image_shape: tuple[int, ...]
+    conversion: str = ""
+    train_labels: np.ndarray | None = None  # the training labels, for index files into the training arrays
+
+    @classmethod
+    def of(cls, images: ImageSet) -> "DataFacts":
+        n = images.num_classes
+        return cls(np.bincount(images.y_train, minlength=n), np.bincount(images.y_test, minlength=n),
+                   tuple(images.x_train.shape[1:]), images.conversion, images.y_train)
 
 
 @dataclass
@@ -56,6 +132,7 @@ class DatasetSource:
     loader: Callable[["DatasetSource"], ImageSet]
     metadata: Callable[["DatasetSource"], tuple[list[str], list[str] | None]]
     options: dict = field(default_factory=dict)
+    inspect: Callable[["DatasetSource"], "DataFacts"] | None = None  # cheaper than load() where it can be
 
     @property
     def root(self) -> Path:
@@ -86,7 +163,18 @@ class DatasetSource:
 
     def load(self) -> ImageSet:
         self.check()
-        return self.loader(self)
+        images = self.loader(self)
+        check_image_set(images, f"dataset {self.name!r}")
+        return images
+
+    @cached_property
+    def facts(self) -> "DataFacts":
+        """Images per class and split, the image shape and any conversion, as cheaply as the source allows (an
+        npz file: its labels and array headers; a float array is read to check its range)."""
+        self.check()
+        if self.inspect is not None:
+            return self.inspect(self)
+        return DataFacts.of(self.load())
 
 
 DATASETS: Registry[Callable[[str], DatasetSource]] = Registry("dataset")
@@ -104,23 +192,26 @@ def resolve_dataset(name: str) -> DatasetSource:
 
 # ---------------------------------------------------------------- npz files (and the bundled Omniglot)
 
-def _to_rgb(x: np.ndarray, invert: bool) -> np.ndarray:
+def _to_rgb(x: np.ndarray, invert: bool, where: str) -> tuple[np.ndarray, str]:
+    """uint8 RGB pixels (greyscale repeated), and the conversion note of to_uint8_pixels."""
+    x, note = to_uint8_pixels(x, where)
     if invert:  # Omniglot is dark strokes on white; bright strokes on black suits zero padding and crops
         x = 255 - x
     if x.ndim == 3:
         x = np.repeat(x[..., None], 3, axis=-1)
-    return np.ascontiguousarray(x, dtype=np.uint8)
+    return np.ascontiguousarray(x), note
 
 
 NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def _npz_shape(archive, key: str) -> tuple[int, ...]:
-    """An array's shape from its .npy header inside the archive, without reading the array."""
+def _npz_header(archive, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """An array's shape and dtype from its .npy header inside the archive, without reading the array."""
     with archive.zip.open(f"{key}.npy") as fh:
         version = np.lib.format.read_magic(fh)
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-        return tuple(read(fh)[0])
+        shape, _, dtype = read(fh)
+        return tuple(shape), dtype
 
 
 def check_npz(source: DatasetSource) -> None:
@@ -143,17 +234,23 @@ def check_npz(source: DatasetSource) -> None:
         if missing:
             raise DatasetError(f"{where}: {path} lacks the arrays {missing} (it has {sorted(archive.files)}); {fix}")
         try:
-            shapes = {k: _npz_shape(archive, k) for k in NPZ_ARRAYS}
+            headers = {k: _npz_header(archive, k) for k in NPZ_ARRAYS}
         except (ValueError, KeyError, OSError, zipfile.BadZipFile) as err:
             raise DatasetError(f"{where}: {path} has an unreadable array ({err}); {fix}") from None
     for split in ("train", "test"):
-        x, y = shapes[f"x_{split}"], shapes[f"y_{split}"]
+        (x, x_dtype), (y, _) = headers[f"x_{split}"], headers[f"y_{split}"]
+        if x_dtype.kind not in "uif":
+            raise DatasetError(f"{where}: x_{split} holds {x_dtype} values, not image pixels; store uint8 pixels "
+                               "(0..255) or floats in [0, 1]")
         if not (len(x) == 3 or (len(x) == 4 and x[3] == 3)) or 0 in x:
             raise DatasetError(f"{where}: x_{split} has shape {x}; it must be images N x H x W x 3 (RGB) or "
                                "N x H x W (greyscale), uint8")
         if len(y) != 1 or y[0] != x[0]:
             raise DatasetError(f"{where}: y_{split} has shape {y} for {x[0]} images in x_{split}; "
                                "give one integer class id per image")
+    if headers["x_train"][0][1:3] != headers["x_test"][0][1:3]:
+        raise DatasetError(f"{where}: x_train images are {headers['x_train'][0][1:3]} but x_test images "
+                           f"{headers['x_test'][0][1:3]}; store both splits at one size")
     with np.load(path, allow_pickle=False) as archive:
         try:
             labels = {k: archive[k] for k in ("y_train", "y_test")}
@@ -173,6 +270,9 @@ def check_npz(source: DatasetSource) -> None:
         if named is not None and y.max() >= named:
             raise DatasetError(f"{where}: {key} has class id {y.max()} but class_names lists {named} classes; "
                                "give ids 0..len(class_names)-1")
+    if named is None and labels["y_test"].max() > labels["y_train"].max():
+        raise DatasetError(f"{where}: y_test has class id {labels['y_test'].max()}, which y_train never has; "
+                           "give every class training images (or store class_names)")
 
 
 def _npz_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
@@ -196,8 +296,28 @@ def _load_npz(source: DatasetSource) -> ImageSet:
         if missing:
             raise DatasetError(f"dataset {source.name!r}: {source.path} lacks arrays {sorted(missing)}")
         invert = bool(source.options.get("invert", False))
-        return ImageSet(source.name, _to_rgb(data["x_train"], invert), data["y_train"].astype(np.int64),
-                        _to_rgb(data["x_test"], invert), data["y_test"].astype(np.int64), names, groups)
+        x_train, train_note = _to_rgb(data["x_train"], invert, f"{source.path}: x_train")
+        x_test, test_note = _to_rgb(data["x_test"], invert, f"{source.path}: x_test")
+        conversion = "; ".join(filter(None, (train_note, test_note)))
+        return ImageSet(source.name, x_train, data["y_train"].astype(np.int64), x_test,
+                        data["y_test"].astype(np.int64), names, groups, conversion)
+
+
+def _npz_facts(source: DatasetSource) -> "DataFacts":
+    """Labels and array headers; a non-uint8 image array is read once to check (and describe) its conversion."""
+    names, _ = _npz_metadata(source)
+    notes: list[str] = []
+    shape: tuple[int, ...] = ()
+    with np.load(source.root) as data:
+        labels = {k: data[k].astype(np.int64) for k in ("y_train", "y_test")}
+        for key in ("x_train", "x_test"):
+            key_shape, dtype = _npz_header(data, key)
+            if dtype != np.uint8:
+                notes.append(to_uint8_pixels(data[key], f"{source.path}: {key}")[1])
+            shape = shape or (*key_shape[1:3], 3)
+    n = len(names)
+    return DataFacts(np.bincount(labels["y_train"], minlength=n), np.bincount(labels["y_test"], minlength=n),
+                     tuple(shape), "; ".join(filter(None, notes)), labels["y_train"])
 
 
 @DATASETS.register("npz")
@@ -206,14 +326,14 @@ def npz_dataset(path: str) -> DatasetSource:
         raise DatasetError("dataset 'npz:' needs a path, e.g. 'npz:../shared/data/tinyimagenet200_32.npz'")
     p = Path(os.path.expanduser(path))
     # Greyscale files shaped like omniglot_small_32.npz have white backgrounds; invert them like the bundled set.
-    return DatasetSource(f"npz:{path}", p, _load_npz, _npz_metadata, {"invert": "omniglot" in p.name})
+    return DatasetSource(f"npz:{path}", p, _load_npz, _npz_metadata, {"invert": "omniglot" in p.name}, _npz_facts)
 
 
 @DATASETS.register("omniglot-small")
 def omniglot_small(_: str = "") -> DatasetSource:
     """Bundled: 242 Omniglot characters of 8 alphabets, 15 train / 5 test each, 32x32 (MIT, Lake et al.)."""
     return DatasetSource("omniglot-small", BUNDLED / "omniglot_small_32.npz", _load_npz, _npz_metadata,
-                         {"invert": True})
+                         {"invert": True}, _npz_facts)
 
 
 # ---------------------------------------------------------------- synthetic (unit tests)
@@ -393,9 +513,15 @@ def _decode_split(source: DatasetSource, split_dir: Path, names: list[str], side
     files = _image_files(split_dir, names)
     if not files:
         raise DatasetError(f"dataset {source.name!r}: no images under {split_dir}")
+    from PIL import UnidentifiedImageError
+
     x = np.lib.format.open_memmap(out, mode="w+", dtype=np.uint8, shape=(len(files), side, side, 3))
     for i, (f, _) in enumerate(files):
-        x[i] = decode_square(f, side, resample)
+        try:
+            x[i] = decode_square(f, side, resample)
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            raise DatasetError(f"dataset {source.name!r}: {f} is not a readable image ({err.__class__.__name__}); "
+                               "remove or replace it") from None
     x.flush()
     return np.asarray([label for _, label in files], dtype=np.int64)
 
@@ -433,6 +559,16 @@ def _load_imagefolder(source: DatasetSource) -> ImageSet:
     return ImageSet(source.name, x_train, y_train, x_test, y_test, names)
 
 
+def _imagefolder_facts(source: DatasetSource) -> DataFacts:
+    """Images per class from the listing of each split's folders (decoding waits for the study)."""
+    names, _ = _imagefolder_metadata(source)
+    labels = [np.asarray([label for _, label in _image_files(_imagefolder_split_dir(source.root, dirs), names)],
+                         dtype=np.int64) for dirs in (("train",), ("val", "test"))]
+    side = int(source.options.get("size", 256))
+    return DataFacts(np.bincount(labels[0], minlength=len(names)), np.bincount(labels[1], minlength=len(names)),
+                     (side, side, 3), train_labels=labels[0])
+
+
 IMAGEFOLDER_OPTIONS = ("classes", "size", "resample")
 
 
@@ -459,7 +595,7 @@ def imagefolder(spec: str) -> DatasetSource:
     if "classes" in options and not Path(options["classes"]).exists():
         raise DatasetError(f"dataset 'imagefolder:{spec}': class-list file {options['classes']} does not exist")
     return DatasetSource(f"imagefolder:{spec}", Path(os.path.expanduser(root)), _load_imagefolder,
-                         _imagefolder_metadata, options)
+                         _imagefolder_metadata, options, _imagefolder_facts)
 
 
 def with_storage(name: str, side: int, resample: str = "bilinear") -> str:

@@ -20,13 +20,19 @@ from gtep.algorithms import ALGORITHMS, CommonParams, FitRecipe, IncrementalLear
 from gtep.algorithms.base import Scheduler
 from gtep.data import ImageSet
 from gtep.data.pipelines import Pipeline, PipelineSpec, choose_pipeline, normalisation, pretrained_normalisation
-from gtep.data.shot_index import read_shot_index
 from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, load_checkpoint, restore_rng, rng_state, save_checkpoint
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import RESUMED, REUSED, TRAINED, FirstTaskStore, first_task_key
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
-from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, few_shot_indices
+from gtep.protocol.families import (
+    CLASS_INCREMENTAL,
+    FAMILIES,
+    FewShotOptions,
+    ScenarioFamily,
+    few_shot_indices,
+    shots_at_phase_positions,
+)
 from gtep.protocol.sampling import steplr_milestones
 from gtep.protocol.scenarios import TaskSpec, ordering_seed
 
@@ -200,8 +206,9 @@ class OrderingRun:
         self.device = resolve_device(job.device)
         self.seed = ordering_seed(job.seed, job.ordering)
         self.tasks: list[TaskSpec] = job.tasks()
-        options = dict(job.family_options)
-        self.given_shots = read_shot_index(options["shot_index"]) if options.get("shot_index") else None
+        # a shot index file's positions are the dataset's training arrays'; the run holds the phase's subset
+        given = FewShotOptions.of(dict(job.family_options)).given if job.family == "fscil" else None
+        self.given_shots = shots_at_phase_positions(given, data.dataset_train_index()) if given else None
         order = list(self.tasks[-1].seen_classes)
         self.outcome = OrderingOutcome(job.ordering, "finished", order, device=describe_device(self.device))
         self.algorithm = ALGORITHMS.get(job.algorithm)

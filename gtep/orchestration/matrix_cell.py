@@ -42,13 +42,15 @@ def write_result(path: Path, result: dict[str, Any]) -> None:
 def run_job(job: dict[str, Any]) -> dict[str, float]:
     from rich.console import Console
 
-    from gtep.config import ExperimentConfig, resolve
+    from gtep.config import ExperimentConfig
     from gtep.matrix import MatrixCell, ResolvedCell
     from gtep.orchestration.matrix import run_cell
     from gtep.orchestration.phases import ray_session
 
     cell = MatrixCell(**job["cell"], config=ExperimentConfig.model_validate(job["config"]))
-    rc = ResolvedCell(cell, resolve(cell.config))
+    from gtep.preflight import preflight
+
+    rc = ResolvedCell(cell, preflight(cell.config).resolved)
     console = Console(file=sys.stdout, width=160, highlight=False)  # stdout is the cell's log file
     with ray_session(job["address"]):
         return run_cell(rc, job["phases"], console, resume=job["resume"])

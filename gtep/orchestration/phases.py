@@ -232,7 +232,9 @@ def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
             "gtep.increments": "+".join(map(str, resolved.increments)), "gtep.seed": cfg.seed,
             "gtep.memory_size": cfg.training.memory_size, "gtep.epoch_scale": cfg.training.epoch_scale,
             "gtep.weights": str(resolved.weights) if resolved.weights else "",
-            "gtep.augment": resolved.pipeline(phase).describe(), "gtep.scenario": cfg.scenario.describe()}
+            "gtep.augment": resolved.pipeline(phase).describe(), "gtep.scenario": cfg.scenario.describe(),
+            "gtep.data_conversion": resolved.data_conversions.get("tune" if phase == "conventional" else
+                                                                  "evaluate" if phase == "original" else phase, "")}
 
 
 def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str) -> dict[str, str]:

@@ -26,7 +26,14 @@ import numpy as np
 
 from gtep.protocol import cfsl_metrics
 from gtep.protocol.cfsl import CfslOptions
-from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, add_aliases, register_family
+from gtep.protocol.families import (
+    METRIC_LABELS,
+    PhaseData,
+    Problem,
+    ScenarioFamily,
+    add_aliases,
+    register_family,
+)
 from gtep.protocol.scenarios import TaskSpec
 
 CFSL = "cfsl"
@@ -56,6 +63,28 @@ class ContinualFewShot(ScenarioFamily):
         """The classes of a task's class blocks: NC per block, NSS / CCI blocks."""
         spec = CfslOptions.of(options)
         return [spec.ways] * spec.blocks
+
+    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+        """A task takes CCI x (K_S + K_T) distinct images of each of its classes from the phase's pooled training
+        and test images; any class of the phase can be drawn, so each needs them (a short class would otherwise
+        fail inside a Ray trial, where resuming cannot help)."""
+        spec = CfslOptions.of(options)
+        need = spec.samples_per_class
+        pooled = {c: phase.train_counts.get(c, 0) + phase.test_counts.get(c, 0) for c in phase.classes}
+        short = [(c, n) for c, n in pooled.items() if n < need]
+        if not short:
+            return []
+        listed = ", ".join(f"class {c} has {n}" for c, n in short[:5])
+        return [Problem("scenario.cfsl", f"a task takes {need} images of each class (class_change_interval "
+                        f"{spec.class_change_interval} x (shots {spec.shots} + target_shots {spec.target_shots})), "
+                        f"but in the {phase.phase} phase {listed} ({len(short)} classes short, {phase.dataset}); "
+                        "lower shots or target_shots, or leave those classes out")]
+
+    def describe_tasks(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
+        spec = CfslOptions.of(options)
+        task = (f"{spec.support_sets} support sets of {spec.ways} ways x {spec.shots} shots, then a target set of "
+                f"{spec.target_shots} per class and support set")
+        return [(task, spec.support_sets * spec.ways * spec.shots)] * spec.tasks_per_ordering
 
     def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
         raise NotImplementedError("CFSL tasks are drawn from the phase's images, not its classes alone: "

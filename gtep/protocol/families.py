@@ -36,6 +36,27 @@ METRIC_LABELS = {"acc": "Acc", "avg_acc": "AvgAcc", "hmean": "HM", "gacc_auc": "
                  "old_acc": "old", "new_acc": "new"}
 
 
+@dataclass(frozen=True)
+class PhaseData:
+    """What a family's pre-flight check sees of one phase's data: its classes and their image counts, not
+    the pixels. `train_labels` are the dataset's training labels (the index space of a benchmark's index files)."""
+
+    phase: str
+    dataset: str
+    classes: tuple[int, ...]
+    train_counts: Mapping[int, int]
+    test_counts: Mapping[int, int]
+    train_labels: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the data cannot satisfy: the config field at fault and the message with the fix."""
+
+    field: str
+    message: str
+
+
 class ScenarioFamily:
     """One setting: its generator, metrics and default criterion. Subclasses set the class variables and
     override what differs; `options` are the family's section of the experiment file, as a mapping."""
@@ -65,6 +86,32 @@ class ScenarioFamily:
     def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
                   tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
         return metrics.summarize(matrix, test_counts)
+
+    def describe_tasks(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
+        """(what a task holds, its training images) in ordering 0, for `gtep check`; [] where the family's work
+        is not tasks of classes."""
+        out = []
+        for t in self.tasks(phase.classes, options, seed, 0):
+            counts = [phase.train_counts.get(c, 0) for c in t.new_classes]
+            images = sum(min(n, t.shots) if t.shots else n for n in counts)
+            out.append((f"{len(t.new_classes)} classes" + (f", {t.shots} shots each" if t.shots else ""), images))
+        return out
+
+    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+        """What a phase's data cannot give this family, before any compute. By default every class needs
+        training images (to learn it) and test images (else its accuracy is 0/0)."""
+        return [Problem(field, message) for field, message in empty_classes(phase)]
+
+
+def empty_classes(phase: PhaseData) -> list[tuple[str, str]]:
+    """A phase's classes with no training or no test images, as (field, message) with the fix."""
+    out = []
+    for split, counts in (("training", phase.train_counts), ("test", phase.test_counts)):
+        empty = [c for c in phase.classes if counts.get(c, 0) == 0]
+        if empty:
+            out.append(("datasets", f"the {phase.phase} phase's classes {empty[:5]} have no {split} images in "
+                        f"{phase.dataset}; leave them out (datasets.*.classes) or add their images"))
+    return out
 
 
 FAMILIES: Registry[ScenarioFamily] = Registry("scenario family")
@@ -112,6 +159,17 @@ class FewShotOptions:
     # same in every ordering; only the shots are drawn per ordering. Off: classes shuffled per ordering.
     fixed_order: bool = False
     shot_index: str | None = None  # JSON {class id: [training image indices]}: a benchmark's own shots
+    draw_missing_shots: bool = False  # classes the index file omits draw their shots (else refused)
+    # the index file's content, read by the config ({"<class id>": [positions in the dataset's training arrays]}),
+    # so workers and checks need no file
+    shots_given: Mapping[str, Sequence[int]] | None = None
+
+    @property
+    def given(self) -> dict[int, list[int]] | None:
+        """The benchmark's own shots: class id -> positions in the dataset's training arrays."""
+        if self.shots_given is None:
+            return None
+        return {int(c): [int(i) for i in v] for c, v in self.shots_given.items()}
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> "FewShotOptions":
@@ -142,6 +200,27 @@ class FewShotClassIncremental(ScenarioFamily):
         return [TaskSpec(t.index, t.new_classes, t.seen_classes, None if t.index == 0 else spec.shots)
                 for t in split_tasks(ordered, spec.increments)]
 
+    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+        """Every class that can come in a few-shot session has K training images (a class with fewer would
+        make an N-way "K-shot" session silently hold fewer shots), and a shot index file fits the data."""
+        spec = FewShotOptions.of(options)
+        problems = super().check_data(phase, options)
+        # with fixed_order the base classes are the first ones; otherwise any class can land in a session
+        few_shot = sorted(phase.classes)[spec.base_classes:] if spec.fixed_order else list(phase.classes)
+        short = [(c, phase.train_counts.get(c, 0)) for c in few_shot if phase.train_counts.get(c, 0) < spec.shots]
+        if short:
+            listed = ", ".join(f"class {c} has {n}" for c, n in short[:5])
+            problems.append(Problem("scenario.fscil.shots", f"{spec.shots} shots per class, but in the {phase.phase} "
+                                    f"phase {listed} training images ({len(short)} classes short); lower shots "
+                                    "or leave those classes out"))
+        given = spec.given
+        if given is not None and phase.train_labels is not None:
+            problem = check_shot_index(given, phase.train_labels, few_shot, spec.shots, spec.draw_missing_shots)
+            if problem:
+                problems.append(Problem("scenario.fscil.shot_index", f"{problem} ({phase.phase} phase, "
+                                        f"{phase.dataset}; indices are positions in the dataset's training arrays)"))
+        return problems
+
     def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
                   tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
         base, ways = len(tasks[0].new_classes), len(tasks[1].new_classes) if len(tasks) > 1 else 1
@@ -168,18 +247,37 @@ def few_shot_indices(train_labels: np.ndarray, task: TaskSpec, seed: int, orderi
     return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
 
 
+def shots_at_phase_positions(given: Mapping[int, Sequence[int]], train_index: np.ndarray) -> dict[int, list[int]]:
+    """An index file's dataset positions as positions in a phase's training arrays (`train_index`: each phase
+    image's dataset position, ascending). The pre-flight check has made sure every listed image is there."""
+    out = {}
+    for c, indices in given.items():
+        wanted = np.asarray(indices, dtype=np.int64)
+        at = np.searchsorted(train_index, wanted)
+        kept = at < len(train_index)
+        kept[kept] = train_index[at[kept]] == wanted[kept]
+        out[c] = [int(i) for i in at[kept]]
+    return out
+
+
 def check_shot_index(given: Mapping[int, Sequence[int]], train_labels: np.ndarray, classes: Sequence[int],
-                     shots: int) -> str | None:
-    """What is wrong with an index file for a phase's classes (None: nothing): every listed image must be of
-    its class, and every class of the phase needs `shots` of them (base classes use all images; listing them
-    is harmless)."""
+                     shots: int, draw_missing: bool = False) -> str | None:
+    """What is wrong with an index file for the classes that can be in a few-shot session (None: nothing): every
+    listed image must be a training image of its class (indices into the dataset's training arrays), listed once;
+    each of those classes needs `shots` of them, and a class the file omits is an error unless `draw_missing`."""
     for c, indices in given.items():
         bad = [i for i in indices if not 0 <= i < len(train_labels) or train_labels[i] != c]
         if bad:
-            return f"class {c}: training images {bad[:5]} are not of that class"
+            return f"class {c}: training images {bad[:5]} are not of that class (or outside the training arrays)"
+        if len(set(indices)) != len(indices):
+            return f"class {c}: lists an image twice; list {shots} distinct training images"
     short = [c for c in classes if c in given and len(given[c]) < shots]
     if short:
         return f"classes {short[:5]} list fewer than {shots} images"
+    missing = [c for c in classes if c not in given]
+    if missing and not draw_missing:
+        return (f"classes {missing[:5]} ({len(missing)} in all) are not in the file; list them, or set "
+                "scenario.fscil.draw_missing_shots: true to draw their shots")
     return None
 
 
