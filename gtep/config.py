@@ -867,8 +867,11 @@ def check_device(device: str, field: str) -> None:
 def _blocking_file(path: Path) -> Path | None:
     """The file (not folder) that `path` or one of its parents is, so that the folder cannot be made there."""
     for candidate in (path, *path.parents):
-        if candidate.exists():
-            return None if candidate.is_dir() else candidate
+        try:
+            if candidate.exists():
+                return None if candidate.is_dir() else candidate
+        except OSError:  # a name longer than the filesystem takes: it does not exist (gtep.preflight refuses it)
+            continue
     return None
 
 

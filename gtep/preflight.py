@@ -127,8 +127,11 @@ def check_weights_fit(weights: Path, backbone: str) -> None:
 
 def _existing_ancestor(path: Path) -> Path:
     for candidate in (path, *path.parents):
-        if candidate.exists():
-            return candidate
+        try:
+            if candidate.exists():
+                return candidate
+        except OSError:  # a name too long for the filesystem: check_study_path says so
+            continue
     return Path("/")
 
 

@@ -559,12 +559,29 @@ def _load_imagefolder(source: DatasetSource) -> ImageSet:
     return ImageSet(source.name, x_train, y_train, x_test, y_test, names)
 
 
+def _check_image_headers(source: DatasetSource, files: list[Path]) -> None:
+    """Every file opens as an image (PIL reads its header only), so a damaged file is refused before compute,
+    not half-way through decoding inside a study."""
+    from PIL import Image, UnidentifiedImageError
+
+    for f in files:
+        try:
+            with Image.open(f) as image:
+                image.size  # noqa: B018 - the header is parsed on open; size proves it was
+        except (UnidentifiedImageError, OSError, ValueError) as err:
+            raise DatasetError(f"dataset {source.name!r}: {f} is not a readable image ({err.__class__.__name__}); "
+                               "remove or replace it") from None
+
+
 def _imagefolder_facts(source: DatasetSource) -> DataFacts:
     """Images per class from the listing of each split's folders (decoding waits for the study)."""
     names, _ = _imagefolder_metadata(source)
-    labels = [np.asarray([label for _, label in _image_files(_imagefolder_split_dir(source.root, dirs), names)],
-                         dtype=np.int64) for dirs in (("train",), ("val", "test"))]
+    files = [_image_files(_imagefolder_split_dir(source.root, dirs), names) for dirs in (("train",), ("val", "test"))]
     side = int(source.options.get("size", 256))
+    resample = source.options.get("resample", "bilinear")
+    if not (cache_root() / "imagefolder" / _listing_key(source, names, side, resample) / "done").exists():
+        _check_image_headers(source, [f for split in files for f, _ in split])  # decoding comes later, in the study
+    labels = [np.asarray([label for _, label in split], dtype=np.int64) for split in files]
     return DataFacts(np.bincount(labels[0], minlength=len(names)), np.bincount(labels[1], minlength=len(names)),
                      (side, side, 3), train_labels=labels[0])
 
