@@ -235,3 +235,25 @@ def test_every_registered_algorithm_declares_its_data_flows():
     assert flows == {"class_incremental", "multi_label", "continual_few_shot", "stream"}
     assert all(ALGORITHMS.get(name).data_flows & flows for name in ALGORITHMS.names())
     assert load("synthetic:classes=10,train=40,test=20").num_classes == 10
+
+
+def test_a_shot_index_reaches_the_learner_as_the_dataset_images_it_names():
+    """The run holds the phase's subset of the dataset (here classes 2-11 of 12); the index file names positions
+    in the dataset's own training arrays, and those very images are the session's shots."""
+    from dataclasses import replace
+
+    from gtep.data import resolve_dataset
+
+    full = resolve_dataset("synthetic:classes=12,train=40,test=20").load()
+    phase = full.subset(list(range(2, 12)))
+    job, _ = small_job("replay", dataset="synthetic:classes=12,train=40,test=20", increments=(6, 2, 2), epochs=1)
+    given = {str(c): [int(i) for i in np.flatnonzero(full.y_train == c)[-3:]] for c in range(2, 12)}
+    options = {**FSCIL, "shots": 3, "fixed_order": True, "shots_given": given}
+    job = replace(job, classes=tuple(range(2, 12)), family="fscil", family_options=tuple(sorted(options.items())))
+    run = OrderingRun(job, phase)
+    session = run.tasks[1]
+    mask = np.zeros(len(phase.y_train), bool)
+    mask[few_shot_indices(phase.y_train, session, job.seed, job.ordering, run.given_shots)] = True
+    used = sorted(phase.dataset_train_index()[mask].tolist())
+    assert used == sorted(i for c in session.new_classes for i in given[str(c)])
+    assert np.array_equal(phase.x_train[mask], full.x_train[used])  # the pixels the file names, not others
