@@ -92,7 +92,7 @@ def check_phase(resolved: ResolvedExperiment, spec: PhaseSpec) -> PhasePlan:
         raise ConfigError(field, problem.message)
     try:
         tasks = tuple(resolved.family.describe_tasks(data, options, cfg.seed))
-    except NotImplementedError:  # a family whose work is not tasks of classes (a stream, hierarchies)
+    except (NotImplementedError, ValueError):  # work that is not tasks of classes alone (a stream, a hierarchy)
         tasks = ()
     return PhasePlan(spec, facts, tasks)
 

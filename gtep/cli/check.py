@@ -36,6 +36,18 @@ def _duration(seconds: float) -> str:
     return f"{hours} h {rest // 60:02d} min" if hours else f"{rest // 60} min {rest % 60:02d} s"
 
 
+def _runs(tasks: tuple[tuple[str, int], ...]) -> str:
+    """Tasks as text, identical neighbours counted once: '10 x (5 ways ...: 50 images)'."""
+    parts: list[list] = []
+    for task in tasks:
+        if parts and parts[-1][0] == task:
+            parts[-1][1] += 1
+        else:
+            parts.append([task, 1])
+    text = [f"{label}: {images} images" for (label, images), _ in parts]
+    return "; ".join(t if n == 1 else f"{n} x ({t})" for t, (_, n) in zip(text, parts))
+
+
 def print_plan(plan, calibrate: bool) -> None:
     from gtep.preflight import compute_estimate, image_epochs, plan_summary
 
@@ -58,8 +70,10 @@ def print_plan(plan, calibrate: bool) -> None:
     console.print(table)
     for phase in (plan.tuning, plan.evaluation):
         if phase.tasks:
-            steps = "; ".join(f"{label}: {images} images" for label, images in phase.tasks)
-            console.print(f"{phase.spec.phase} tasks (ordering 0): {steps}", highlight=False)
+            console.print(f"{phase.spec.phase} tasks (ordering 0): {_runs(phase.tasks)}", highlight=False)
+        elif resolved.increments and phase is plan.tuning:
+            console.print(f"{phase.spec.phase}: labels per task {'+'.join(map(str, resolved.increments))} "
+                          f"({family.description})", highlight=False)
         else:
             console.print(f"{phase.spec.phase}: {family.description}", highlight=False)
     trials, orderings = cfg.search.trials, cfg.search.orderings
