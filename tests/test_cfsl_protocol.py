@@ -156,21 +156,26 @@ def test_accuracy_and_cross_entropy_by_hand():
     assert cfsl_metrics.cross_entropy(np.array([[1000.0, 0.0]]), np.array([1])) == pytest.approx(1000.0)
 
 
-def test_atm_is_the_most_bytes_held_over_the_support_bytes_seen():
-    # a prototype learner: 5 labels x 64 float32 + 5 float32 counts, after 10 support sets of 5 uint8 3x32x32 images
+def test_atm_is_the_most_held_over_all_seen_in_one_unit():
+    # a prototype learner: 5 labels x 64 float32 + 5 float32 counts, after 10 support sets of 5 float32 3x32x32
+    # images (the unit the learner receives them in)
     state = [5 * 64 * 4 + 5 * 4] * 10
-    assert cfsl_metrics.across_task_memory(state, 10 * 5 * 3 * 32 * 32) == pytest.approx(1300 / 153600)
-    assert cfsl_metrics.across_task_memory([10, 40, 20], 40) == 1.0  # storing every input as stored gives 1
+    assert cfsl_metrics.across_task_memory(state, 10 * 5 * 3 * 32 * 32 * 4) == pytest.approx(1300 / 614400)
+    assert cfsl_metrics.across_task_memory([10, 40, 20], 40) == 1.0  # storing every input as received gives 1
+    # counted as Eq. 1 writes it: 5 prototypes over 50 support samples (notes 002.3: #classes / #support samples)
+    assert cfsl_metrics.across_task_memory([5] * 10, 50) == pytest.approx(0.1)
     with pytest.raises(ValueError):
         cfsl_metrics.across_task_memory([1], 0)
 
 
 def test_summary_mean_std_and_95_interval_over_tasks():
-    out = cfsl_metrics.summarize([0.5, 0.7, 0.9, 0.7], [1.0, 2.0, 3.0, 2.0], [0.1, 0.3, 0.2, 0.2], [10, 20, 30, 40])
+    out = cfsl_metrics.summarize([0.5, 0.7, 0.9, 0.7], [1.0, 2.0, 3.0, 2.0], [0.1, 0.3, 0.2, 0.2], [1.0, 0.5, 0.5, 0.0],
+                                 [10, 20, 30, 40])
     std = math.sqrt(((0.2 ** 2) * 2) / 4)
     assert out["target_acc"] == pytest.approx(0.7) and out["target_acc_task_std"] == pytest.approx(std)
     assert out["target_acc_ci95"] == pytest.approx(1.959963984540054 * std / 2)
     assert out["target_ce"] == pytest.approx(2.0) and out["atm"] == pytest.approx(0.2) and out["macs"] == 25
+    assert out["atm_count"] == pytest.approx(0.5)
     aliased = with_aliases(out)
     assert aliased["acc"] == aliased["avg_acc"] == out["target_acc"] and aliased["acc_t"] == [0.5, 0.7, 0.9, 0.7]
 
@@ -179,6 +184,8 @@ def test_the_family_is_registered_with_its_criterion():
     family = FAMILIES.get("cfsl")
     assert isinstance(family, ContinualFewShot) and family.data_flow == "continual_few_shot"
     assert family.default_criterion == "mean_target_acc"
+    # both readings of ATM are per-ordering metrics, logged as they are (not as percent)
+    assert {"atm", "atm_count"} <= set(family.metric_names) and {"atm", "atm_count"} <= family.plain_metrics
     assert CRITERIA.get("mean_target_acc").of({"target_acc": 0.42}) == 0.42
     assert family.increments({"support_sets": 10, "ways": 5, "shots": 1, "target_shots": 5,
                               "class_change_interval": 2}) == [5] * 5

@@ -9,8 +9,9 @@ learners have their own steps, which gtep/engine/cfsl.py drives:
                              the list of them. It may keep state only as tensors it declares in task_state()
                              (prototypes, a head, fast weights): what persists from one support set to the next
     scores(x)                (n, num_labels) scores of target images, asked only after the last support set
-    task_state()             the tensors that persist between support sets: the engine sums their bytes after
-                             every support set for ATM (gtep/protocol/cfsl_metrics.py)
+    task_state()             the tensors that persist between support sets: after every support set the engine
+                             sums their bytes (state_bytes, for `atm`) and counts their vectors (stored_vectors, for
+                             `atm_count`; gtep/protocol/cfsl_metrics.py)
 
 The backbone is the run's (pretrained on classes kept out of both phases: the study's `pretrain:` section or
 `weights:`), frozen in eval mode unless a method tunes part of it per task, in which case it restores the
@@ -62,6 +63,13 @@ class FewShotLearner(IncrementalLearner[P]):
 
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.task_state())
+
+    def stored_vectors(self) -> int:
+        """|M_x^| of the paper's Eq. 1 now: the representation vectors held (embeddings, fast weights). A stored
+        tensor of shape (n, ...) holds n (a prototype, a head row, a stored image, a filter); a 1-d tensor (a
+        bias, per-label counts) holds scalars that annotate those rows, as the paper leaves the targets y out.
+        A learner whose state does not fit this reading overrides it."""
+        return sum(t.shape[0] for t in self.task_state() if t.dim() >= 2)
 
     # ---- shared helpers -------------------------------------------------------------------------------
     @torch.no_grad()

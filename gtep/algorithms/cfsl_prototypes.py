@@ -9,7 +9,8 @@ phases); each support set updates one prototype per label it holds, by the rule 
 With overwrite (O = true) a label is reused by every class block, so `mean` pools the classes that shared it
 and `replace` keeps the latest block's; which fits the target set (which holds every block's classes under
 the shared labels) is what tuning finds out. Scores: -squared Euclidean distance or cosine similarity, over
-`temperature`. Across-task memory: the prototypes and counts (num_labels x (feature dim + 1) float32)."""
+`temperature`. Across-task memory: the prototypes and counts (num_labels x (feature dim + 1) float32;
+atm_count: num_labels vectors, the counts annotate them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

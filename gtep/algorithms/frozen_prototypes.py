@@ -5,15 +5,25 @@ CEC, FACT, ALICE and others:
 1. on the base session (task.index == 0) train the backbone and a cosine classifier with cross-entropy: the
    logits are scale * <x/|x|, w_c/|w_c|> for every class vector w_c, the scale fixed or learnt;
 2. freeze the backbone (and the classifier) once the base session ends;
-3. for every class of every later (few-shot) session append its prototype, the mean L2-normalised feature of
-   its training images (its K shots), to the classifier, with no gradient training.
+3. for every class of every later (few-shot) session append its prototype, computed from its training images
+   (its K shots) as `prototype` says, to the classifier, with no gradient training.
 
 Prediction is the cosine similarity of the image's feature to every seen class's vector (Phi(X) = P^T X with
 P and X L2-normalised): nearest class mean with cosine similarity. No exemplar memory is kept.
 
+Prototype (`prototype`):
+    mean             the mean feature (the default and the paper's: "the classifier is extended by mean features
+                     (i.e. prototypes) extracted by the frozen backbone"; CEC's update_fc_avg and replace_base_fc
+                     average the raw embeddings too); the cosine classifier normalises it, so P holds the direction
+                     of the class's mean feature
+    normalised_mean  the mean of the L2-normalised features (the mean direction: every image weighs the same
+                     whatever its feature norm); not the paper's, offered for comparison
+Both give unit-free directions to the cosine classifier; they differ when a class's feature norms vary, since
+`mean` lets images with larger features pull the prototype further.
+
 Base-class vectors: by default (`base_prototypes`, the `original` preset) the trained base weights are
 replaced by the base classes' prototypes when the base session ends, so every class, base or novel, is
-represented the same way, by a mean normalised feature of the same frozen backbone. This is the reference
+represented the same way, by a prototype of the same frozen backbone. This is the reference
 implementations' scheme (CEC's `replace_base_fc`, kept by FACT, LIMIT and ALICE: "replace fc.weight with the
 embedding average of train data") and the paper's "P^T X" classifier read as NCM. It matters because trained
 cosine weights are pushed by the cross-entropy margin away from the other base classes (and, with a large
@@ -23,12 +33,13 @@ weights instead (the paper's wording: the base classifier "if available" is kept
 
 The method trains only the base session, under the fixed first-task recipe (fixed_first_task). The sampled
 general hyperparameters (lr, epochs, ...) reach nothing: later sessions do not train. What shapes results is
-the cosine scale, whether it is learnt, and the base-vector choice, all of which act in task 1 and so key the
-study's shared first-task results (first_task_hparams).
+the cosine scale, whether it is learnt, and the base-vector and prototype choices, all of which act in task 1
+(the base prototypes are set when it ends) and so key the study's shared first-task results (first_task_hparams).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +59,7 @@ class FrozenPrototypesParams(CommonParams):
     scale: float = 16.0  # cosine-classifier scale (inverse temperature) of the base session; CEC's 16
     learn_scale: bool = False  # learn the scale during the base session (starting at `scale`)
     base_prototypes: bool = True  # replace the trained base weights by the base classes' prototypes
+    prototype: Literal["mean", "normalised_mean"] = "mean"  # the paper's mean features (module docstring)
 
 
 class CosinePrototypeNet(nn.Module):
@@ -85,11 +97,11 @@ class CosinePrototypeNet(nn.Module):
 @ALGORITHMS.register("frozen_prototypes")
 class FrozenPrototypes(IncrementalLearner[FrozenPrototypesParams]):
     """Training-frozen prototypes (the FSCIL baseline): a cosine classifier trained on the base session, then
-    a frozen backbone and one mean-feature prototype per novel class, no exemplars."""
+    a frozen backbone and one prototype (by default the paper's mean feature) per novel class, no exemplars."""
 
     uses_memory = False
     fixed_first_task = True
-    first_task_hparams = ("scale", "learn_scale", "base_prototypes")
+    first_task_hparams = ("scale", "learn_scale", "base_prototypes", "prototype")
     net: CosinePrototypeNet
 
     def build_network(self) -> nn.Module:
@@ -115,11 +127,14 @@ class FrozenPrototypes(IncrementalLearner[FrozenPrototypesParams]):
 
     @torch.no_grad()
     def set_prototypes(self, task: TaskData, classes: list[int]) -> None:
-        """Each class's vector becomes the mean L2-normalised feature of its training images (in eval mode,
-        the test view of the images, no augmentation)."""
+        """Each class's vector becomes its prototype (`prototype`: the mean feature, the paper's, or the mean
+        L2-normalised feature) of its training images (in eval mode, the test view of the images, no
+        augmentation)."""
         self.net.eval()
         features = self.batched(self.features, PROTOTYPE_BATCH)(task.x)
-        prototypes = class_means(F.normalize(features, dim=1), task.y, classes)
+        if self.params.prototype == "normalised_mean":
+            features = F.normalize(features, dim=1)
+        prototypes = class_means(features, task.y, classes)
         index = torch.as_tensor(classes, device=self.net.weight.device)
         self.net.weight.data[index] = prototypes.to(self.net.weight.dtype)
 

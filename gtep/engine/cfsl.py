@@ -8,10 +8,12 @@
                 yielded once, a second pass raises: the learner never holds the list), learner.learn_support
                 once per set; only then learner.scores on the target set (the test view of the images, no
                 augmentation: a support set is a handful of images)
-    metrics     per task: target accuracy and cross-entropy, ATM (the most bytes of learner.task_state() after any
-                support set / the stored bytes of the support images), MACs (FlopCounterMode's FLOPs / 2, of
-                learning and scoring); per ordering gtep.protocol.cfsl_metrics.summarize + the aliases
-                acc/avg_acc/acc_t (cfsl_family.with_aliases)
+    metrics     per task: target accuracy and cross-entropy; `atm`, the most bytes of learner.task_state() after
+                any support set / the bytes of the support tensors as the learner received them (float32, the
+                unit its state is measured in: storing every image gives the paper's anchor 1); `atm_count`, the
+                most learner.stored_vectors() / the support samples (the paper's Eq. 1 as written); MACs
+                (FlopCounterMode's FLOPs / 2, of learning and scoring); per ordering
+                gtep.protocol.cfsl_metrics.summarize + the aliases acc/avg_acc/acc_t (cfsl_family.with_aliases)
     outcome     acc_matrix: one row per task holding its target accuracy; test_counts: target set sizes;
                 class_order: the classes of the tasks, task after task; "diverged" on a non-finite loss or score
 
@@ -72,7 +74,6 @@ class Pool:
         # images of other classes can never be drawn: their label is outside every phase
         self.labels = np.where(np.isin(labels, np.asarray(classes)), labels, -1)
         self.images = images
-        self.bytes_per_image = int(np.prod(data.x_train.shape[1:])) * data.x_train.itemsize
 
     def view(self, indices: Sequence[int], labels: Sequence[int]) -> tuple[Tensor, Tensor]:
         """The images at `indices` (float test views) and their labels, in ascending pool order."""
@@ -111,6 +112,7 @@ class CfslRun:
         self.accuracies: list[float] = []
         self.cross_entropies: list[float] = []
         self.atms: list[float] = []
+        self.atm_counts: list[float] = []
         self.macs: list[float] = []
 
     def support_stream(self, task: CfslTask) -> SupportStream:
@@ -120,11 +122,17 @@ class CfslRun:
         tic = time.perf_counter()
         learner = self.learner
         state_bytes: list[int] = []
+        state_vectors: list[int] = []
+        support_bytes = support_samples = 0
         learner.start_task(task.num_labels)
         with FlopCounterMode(display=False) as counter:
             for x, y in self.support_stream(task):
+                # the input as the learner gets it (float32 after the pipeline), the unit its state is counted in
+                support_bytes += x.numel() * x.element_size()
+                support_samples += len(x)
                 learner.learn_support(x, y)
                 state_bytes.append(learner.state_bytes())
+                state_vectors.append(learner.stored_vectors())
             xt, yt = self.pool.view(task.target_samples, task.target_labels)
             scores = learner.scores(xt).float()
         if not bool(torch.isfinite(scores).any(1).all()):
@@ -132,8 +140,8 @@ class CfslRun:
         s, labels = scores.cpu().numpy(), yt.cpu().numpy()
         self.accuracies.append(cfsl_metrics.accuracy(s, labels))
         self.cross_entropies.append(cfsl_metrics.cross_entropy(s, labels))
-        support_images = sum(len(set_.samples) for set_ in task.support)
-        self.atms.append(cfsl_metrics.across_task_memory(state_bytes, support_images * self.pool.bytes_per_image))
+        self.atms.append(cfsl_metrics.across_task_memory(state_bytes, support_bytes))
+        self.atm_counts.append(cfsl_metrics.across_task_memory(state_vectors, support_samples))
         self.macs.append(counter.get_total_flops() / 2)
         self.outcome.acc_matrix.append([self.accuracies[-1]])
         self.outcome.test_counts.append(len(labels))
@@ -145,7 +153,7 @@ class CfslRun:
         outcome.params_total, outcome.params_trainable = self.learner.parameter_counts()
         if self.accuracies and not outcome.diverged:
             outcome.metrics = with_aliases(cfsl_metrics.summarize(self.accuracies, self.cross_entropies, self.atms,
-                                                                  self.macs))
+                                                                  self.atm_counts, self.macs))
         return outcome
 
 

@@ -41,9 +41,9 @@ CLASS_INCREMENTAL, FSCIL, CFSL = "class_incremental", "fscil", "cfsl"
 DEFAULT_CRITERION = {CLASS_INCREMENTAL: "hmean_acc_avgacc", FSCIL: "gacc_auc", CFSL: "mean_target_acc"}
 FAMILY_METRICS = {FSCIL: ("aacc", "aacc_sample", "lacc", "tacc", "gacc_auc", "gacc_auc_exact", "hacc", "pd",
                           "novel_acc", "rpd", "kr"),
-                  CFSL: ("target_acc", "target_ce", "atm", "macs")}
-RATIO_METRICS = frozenset({"rpd", "kr", "rpd_std", "kr_std", "target_ce", "target_ce_std", "atm", "atm_std", "macs",
-                           "macs_std"})
+                  CFSL: ("target_acc", "target_ce", "atm", "atm_count", "macs")}
+RATIO_METRICS = frozenset({"rpd", "kr", "rpd_std", "kr_std", "target_ce", "target_ce_std", "atm", "atm_std",
+                           "atm_count", "atm_count_std", "macs", "macs_std"})
 ALL_FAMILY_METRICS = tuple(dict.fromkeys(n for names in FAMILY_METRICS.values() for n in names))
 SCORED_METRICS = (*ALL_FAMILY_METRICS, *(f"{n}_std" for n in ALL_FAMILY_METRICS), "score")
 GACC_COLUMNS = ["run_id", "k", "alpha", "gacc"]

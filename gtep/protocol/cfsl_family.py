@@ -10,7 +10,8 @@ each once, and only then scores the target set.
 
 Metrics (gtep/protocol/cfsl_metrics.py): target_acc (mean over the ordering's tasks; H*'s default criterion
 mean_target_acc), its std and 95% interval over tasks (target_acc_task_std, target_acc_ci95), target_ce
-likewise, atm and macs (means over tasks).
+likewise, atm (bytes held / bytes of the support inputs as the learner receives them), atm_count (the paper's
+Eq. 1 as written: stored vectors / support samples) and macs (means over tasks).
 Aliases for the parts of gtep that read the class-incremental names (tables' Acc/AvgAcc/HM columns, the
 trainable's running score, MLflow's per-task `acc_t` steps):
 
@@ -43,7 +44,7 @@ ALIASES = {"acc": "target_acc", "avg_acc": "target_acc", "acc_t": "target_acc_t"
 METRIC_LABELS.update({"target_acc": "target acc", "target_acc_task_std": "target acc std (tasks)",
                       "target_acc_ci95": "target acc 95% CI", "target_ce": "target CE",
                       "target_ce_task_std": "target CE std (tasks)", "target_ce_ci95": "target CE 95% CI",
-                      "atm": "ATM", "macs": "MACs"})
+                      "atm": "ATM (bytes)", "atm_count": "ATM (count)", "macs": "MACs"})
 
 
 @register_family
@@ -57,7 +58,7 @@ class ContinualFewShot(ScenarioFamily):
     plain_metrics = cfsl_metrics.PLAIN_METRICS
     default_criterion = cfsl_metrics.DEFAULT_CRITERION_METRIC
     headline: ClassVar[tuple[str, ...]] = ("target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "atm",
-                                           "macs")
+                                           "atm_count", "macs")
 
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         """The classes of a task's class blocks: NC per block, NSS / CCI blocks."""

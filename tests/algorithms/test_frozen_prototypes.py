@@ -116,13 +116,13 @@ def test_novel_classes_are_recognised_from_five_shots(fscil):
     x, y = images("test", novel)
     accuracy = (predict(learner, x).argmax(1) == y).float().mean().item()
     assert accuracy > 0.7, accuracy  # chance over the 10 seen classes is 0.1
-    # each novel vector is its class's prototype: the mean L2-normalised feature of its 5 shots
+    # each novel vector is its class's prototype: by default the paper's mean feature of its 5 shots
     shots_x, shots_y = images("train", SESSIONS[0], per_class=SHOTS)
     learner.net.eval()
     with torch.no_grad():
-        feats = F.normalize(learner.net.backbone(shots_x)["features"], dim=1)
+        feats = learner.net.backbone(shots_x)["features"]
     for c in SESSIONS[0]:
-        assert torch.allclose(learner.net.weight[c], feats[shots_y == c].mean(0), atol=1e-6)
+        assert torch.allclose(learner.net.weight[c], feats[shots_y == c].mean(0), atol=1e-5)
 
 
 def test_base_vectors_are_the_prototypes_or_the_trained_weights():
@@ -140,13 +140,62 @@ def test_base_vectors_are_the_prototypes_or_the_trained_weights():
         rows[replace] = (trained, learner.net.weight.detach().clone())
         learner.net.eval()
         with torch.no_grad():
-            feats = F.normalize(learner.net.backbone(base.x)["features"], dim=1)
+            feats = learner.net.backbone(base.x)["features"]
         prototypes = torch.stack([feats[base.y == c].mean(0) for c in (0, 1)])
         if replace:
-            assert torch.allclose(rows[replace][1], prototypes, atol=1e-6)
+            assert torch.allclose(rows[replace][1], prototypes, atol=1e-5)
         else:
             assert torch.equal(rows[replace][1], trained)
     assert torch.equal(rows[True][0], rows[False][0])  # the same training, only the choice differs
+
+
+def test_prototype_is_the_papers_mean_feature_by_default_or_the_mean_normalised_feature():
+    """The paper's baseline extends the classifier "by mean features (i.e. prototypes)" (fscil-gacc.txt,
+    Baseline), as CEC's update_fc_avg does: the default `prototype: mean` stores the mean of the raw features,
+    which the cosine classifier then normalises. `normalised_mean` averages unit vectors instead (every shot
+    weighs the same whatever its feature norm). The base session is the same; only the vectors differ."""
+    base = task(0, 0, [0, 1], per_class=12, recipe=RECIPE.replace(epochs=1))
+    session = task(1, 2, [2, 3], per_class=SHOTS)
+    assert make_learner().params.prototype == "mean"
+    rows = {}
+    for prototype in ("mean", "normalised_mean"):
+        learner, trainer = make_learner(prototype=prototype), Trainer(CPU, 0)
+        learn(learner, base, trainer)
+        learn(learner, session, trainer)
+        learner.net.eval()
+        with torch.no_grad():
+            feats = learner.net.backbone(torch.cat([base.x, session.x]))["features"]
+        labels = torch.cat([base.y, session.y])
+        if prototype == "normalised_mean":
+            feats = F.normalize(feats, dim=1)
+        expected = torch.stack([feats[labels == c].mean(0) for c in range(4)])
+        assert torch.allclose(learner.net.weight, expected, atol=1e-5)
+        rows[prototype] = learner.net.weight.detach().clone()
+    assert (rows["mean"].norm(dim=1) > 1.01).all()  # raw features are not unit vectors: mean keeps their scale
+    assert (rows["normalised_mean"].norm(dim=1) <= 1 + 1e-6).all()  # a mean of unit vectors
+
+
+def test_the_two_prototypes_by_hand():
+    """Two shots of one class with features (1, 0) and (0, 10): the paper's mean feature (0.5, 5) leans to the
+    larger shot, the mean normalised feature (0.5, 0.5) weighs both alike. A query (1, 1.5) is nearer a rival
+    class at (1, 0.6) (cosine 0.90) than the mean feature (0.88), but nearer the mean normalised feature (0.98)
+    than the rival: the two readings predict differently."""
+    shots = torch.zeros(2, 64)
+    shots[0, 0], shots[1, 1] = 1.0, 10.0
+    rival = torch.zeros(1, 64)
+    rival[0, :2] = torch.tensor([1.0, 0.6])
+    query = torch.zeros(1, 64)
+    query[0, :2] = torch.tensor([1.0, 1.5])
+    predicted = {}
+    for prototype, expected in (("mean", (0.5, 5.0)), ("normalised_mean", (0.5, 0.5))):
+        learner = make_learner(prototype=prototype)
+        learner.net.expand(2)
+        learner.features = lambda x: x  # the features are the inputs, so the rows can be computed by hand
+        session = TaskData(1, 0, 2, torch.cat([shots, rival]), torch.tensor([0, 0, 1]), RECIPE)
+        learner.set_prototypes(session, [0, 1])
+        assert learner.net.weight[0, :2].tolist() == pytest.approx(expected)
+        predicted[prototype] = learner.net.cosine(query).argmax(1).item()
+    assert predicted == {"mean": 1, "normalised_mean": 0}
 
 
 def test_sessions_smaller_than_a_batch():
@@ -163,7 +212,6 @@ def test_sessions_smaller_than_a_batch():
     scores = predict(learner, images("test", [0, 1, 2, 3])[0])
     assert scores.shape == (80, 4) and torch.isfinite(scores).all()
     assert torch.isfinite(learner.net.weight).all()
-    assert (learner.net.weight[2:].norm(dim=1) <= 1 + 1e-6).all()  # means of unit vectors
 
 
 def test_learnt_scale_trains_in_the_base_session_only():
@@ -182,6 +230,8 @@ def test_search_space_and_original_preset():
     assert set(space.space.sets) >= {"scale", "learn_scale", "base_prototypes", "epochs", "lr"}
     algorithm = ALGORITHMS.get("frozen_prototypes")
     params = algorithm.Params.from_mapping(space.presets["original"])
-    assert (params.scale, params.learn_scale, params.base_prototypes) == (16, False, True)
+    assert (params.scale, params.learn_scale, params.base_prototypes, params.prototype) == (16, False, True, "mean")
+    assert set(space.space.sets["prototype"]) == {"mean", "normalised_mean"}
     assert not algorithm.uses_memory and algorithm.fixed_first_task
-    assert set(algorithm.first_task_hparams) == {"scale", "learn_scale", "base_prototypes"}
+    # the prototype reading acts in task 1 too (the base prototypes), so it keys the shared first-task store
+    assert set(algorithm.first_task_hparams) == {"scale", "learn_scale", "base_prototypes", "prototype"}

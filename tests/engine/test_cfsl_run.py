@@ -5,6 +5,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gtep.algorithms import ALGORITHMS
+from gtep.algorithms._cfsl import FewShotLearner
+from gtep.algorithms.base import CommonParams
 from gtep.algorithms.cfsl_finetune import CfslFinetune, FinetuneParams
 from gtep.algorithms.cfsl_proto_tune import CfslProtoTune, ProtoTuneParams
 from gtep.algorithms.cfsl_prototypes import CfslPrototypes, PrototypeParams
@@ -75,7 +77,7 @@ def test_same_seed_same_metrics_and_orderings_draw_other_tasks():
     other = run_ordering(job("cfsl_proto_tune", {"steps": 2, "lr": 0.01}, ordering=1), load(DATA))
     assert other.class_order != first.class_order
     assert set(first.metrics) >= {"target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "atm",
-                                  "macs", "acc", "avg_acc", "acc_t"}
+                                  "atm_count", "macs", "acc", "avg_acc", "acc_t"}
     assert len(first.acc_matrix) == 2 and first.test_counts == [16, 16]
 
 
@@ -86,15 +88,53 @@ def test_prototype_atm_and_macs_by_hand():
     labels, dim = 4, 64
     stored = labels * dim * 4 + labels * 4  # float32 prototypes and counts
     side = data.x_train.shape[1]
-    assert data.x_train.itemsize == 1  # stored as uint8
-    support_bytes = 4 * 2 * 3 * side * side  # 4 support sets x 2 uint8 images of 3 x side x side
+    assert data.x_train.itemsize == 1  # stored as uint8, but the learner receives float32
+    support_bytes = 4 * 2 * 3 * side * side * 4  # 4 support sets x 2 float32 images of 3 x side x side
     assert run.atms[0] == pytest.approx(stored / support_bytes)
+    assert run.atm_counts[0] == pytest.approx(labels / 8)  # 4 prototypes over 8 support images
     backbone = create_backbone("resnet8").eval()
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         backbone(torch.zeros(1, 3, side, side))
     per_image = counter.get_total_flops() / 2
     # every support and target image through the backbone once, and the target-prototype products
     assert run.macs[0] == pytest.approx((8 + 16) * per_image + 16 * labels * dim)
+
+
+class StoreEverything(FewShotLearner[CommonParams]):
+    """Keeps every support image as it receives it, one tensor per label (the labels are the keys: the paper's
+    ATM leaves the targets out), and scores a target by its nearest stored image: the paper's ATM anchor 1."""
+
+    Params = CommonParams
+
+    def start_task(self, num_labels: int) -> None:
+        self.num_labels, self.kept = num_labels, {}
+
+    def learn_support(self, x, y):
+        for label in y.unique().tolist():
+            mine = x[y == label].clone()
+            self.kept[label] = torch.cat([self.kept[label], mine]) if label in self.kept else mine
+
+    def scores(self, x):
+        out = torch.full((len(x), self.num_labels), float("-inf"))
+        for label, images in self.kept.items():
+            out[:, label] = -torch.cdist(x.flatten(1), images.flatten(1)).min(1).values
+        return out
+
+    def task_state(self):
+        return list(self.kept.values())
+
+
+def test_a_learner_that_stores_every_support_image_scores_atm_one_in_bytes_and_in_count():
+    """The paper's rule 5: storing the whole observed data gives ATM = 1. Both sides are measured in the unit
+    the learner receives the images in, so the float32 copies it keeps weigh what the support inputs did."""
+    run = CfslRun(job("cfsl_prototypes"), load(DATA))
+    run.learner = StoreEverything(CommonParams(), "resnet8", 0, torch.device("cpu"))
+    for task in run.tasks:
+        run.run_task(task)
+    assert run.atms == [1.0, 1.0] and run.atm_counts == [1.0, 1.0]
+    metrics = run.finish().metrics
+    assert metrics["atm"] == 1.0 and metrics["atm_count"] == 1.0
+    assert metrics["target_acc"] > 0.25  # a real learner: nearest stored image beats chance over 4 labels
 
 
 def embedder(monkeypatch, cls):

@@ -69,7 +69,7 @@ def test_h_star_is_the_set_with_the_best_mean_target_accuracy(study):
     best = yaml.safe_load((study["folder"] / "best.yaml").read_text())
     assert best["criterion"] == "mean_target_acc" and best["family"] == "cfsl"
     units = pd.read_csv(study["folder"] / "tune_results.csv")
-    assert {"target_acc", "target_ce", "atm", "macs", "set_score"} <= set(units.columns)
+    assert {"target_acc", "target_ce", "atm", "atm_count", "macs", "set_score"} <= set(units.columns)
     means = units.groupby("set_index")["target_acc"].mean()
     assert best["set_index"] == int(means.idxmax()) and best["score"] == pytest.approx(means.max())
 
@@ -81,12 +81,15 @@ def test_every_run_is_tagged_cfsl_and_logs_the_cfsl_metrics(study):
         assert run.data.tags["gtep.family"] == "cfsl" and run.data.tags["gtep.criterion"] == "mean_target_acc"
     for run in (r for r in runs if r.data.tags["gtep.level"] == "phase"):
         # the std over orderings (tracking's <name>_std) beside the mean over orderings of the std over tasks
-        assert {"target_acc", "target_acc_std", "target_acc_task_std", "target_ce", "atm", "macs"} <= set(
-            run.data.metrics)
+        assert {"target_acc", "target_acc_std", "target_acc_task_std", "target_ce", "atm", "atm_count",
+                "macs"} <= set(run.data.metrics)
     for run in (r for r in runs if r.data.tags["gtep.level"] == "ordering"):
         metrics = run.data.metrics
-        assert {"target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "atm", "macs"} <= set(metrics)
+        assert {"target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "atm", "atm_count",
+                "macs"} <= set(metrics)
         assert 0 <= metrics["target_acc"] <= 100 and 0 < metrics["atm"] < 1 and metrics["macs"] > 1e6
+        # logged as it is, not in percent: 4 prototypes over 8 support images (2 ways x 1 shot x 4 sets)
+        assert metrics["atm_count"] == pytest.approx(0.5)
         accuracy = json.loads(Path(run.info.artifact_uri[len("file://"):], "accuracy.json").read_text())
         assert len(accuracy["acc_matrix"]) == TASKS and accuracy["test_counts"] == [16] * TASKS
         steps = run.info.run_id
