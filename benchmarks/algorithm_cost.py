@@ -13,7 +13,6 @@ import argparse
 import numpy as np
 import torch
 
-from gtep.algorithms import ALGORITHMS
 from gtep.data import resolve_dataset
 from gtep.engine import FirstTaskSpec, OrderingJob, run_ordering
 from gtep.spaces import load_space

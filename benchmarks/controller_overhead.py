@@ -46,7 +46,7 @@ import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from gtep.config import ExperimentConfig, resolve  # noqa: E402
-from gtep.orchestration import phases  # noqa: E402
+from gtep.orchestration import phases, ray_search  # noqa: E402
 from gtep.orchestration.journal import TrackingJournal  # noqa: E402
 from gtep.orchestration.study import Manifest  # noqa: E402
 from gtep.orchestration.tracking import MlflowWriter  # noqa: E402
@@ -85,7 +85,7 @@ class DriverClock:
     def instrument(self) -> None:
         self.wrap(MlflowWriter, "on_trial_result", "callbacks")
         self.wrap(MlflowWriter, "on_trial_start", "callbacks")
-        self.wrap(phases.ProgressCallback, "on_trial_result", "callbacks")
+        self.wrap(ray_search.ProgressCallback, "on_trial_result", "callbacks")
         self.wrap(TrackingJournal, "_apply", lambda op: f"mlflow {op['op']}")
         self.wrap(TrackingJournal, "_existing", "mlflow search (in create_run)")
         self.wrap(TrackingJournal, "_save_state", "journal state.json")
@@ -144,7 +144,7 @@ def main() -> None:
         console = Console(quiet=True)
         rss_before = rss_mib()
         tic = time.perf_counter()
-        with phases.ray_session(None):
+        with ray_search.ray_session(None):
             ray_started = time.perf_counter()
             if args.profile:
                 import cProfile

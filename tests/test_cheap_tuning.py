@@ -75,17 +75,16 @@ def test_first_task_at_k_1_is_refused_when_nothing_sampled_reaches_task_1(tmp_pa
 def test_the_first_task_protocol_trains_only_the_first_k_tasks_in_tuning(tmp_path):
     from gtep.data import resolve_dataset
     from gtep.engine import run_ordering
-    from gtep.orchestration.phases import job_spec
-    from gtep.orchestration.trainable import ordering_job
+    from gtep.orchestration.trial_job import trial_job
 
     doc = config(search={"protocol": "first_task", "protocol_tasks": 1}, tracking={"output": str(tmp_path)})
     resolved = resolve(validate_config(doc, "test"))
-    tune_job, evaluate_job = job_spec(resolved, "tune"), job_spec(resolved, "evaluate")
-    assert tune_job["max_tasks"] == 1 and evaluate_job["max_tasks"] is None  # H* runs the whole scenario
+    tune_job, evaluate_job = trial_job(resolved, "tune"), trial_job(resolved, "evaluate")
+    assert tune_job.scenario.max_tasks == 1 and evaluate_job.scenario.max_tasks is None  # H* runs the whole scenario
     hparams = {"epochs": 1, "lr": 0.01, "batch_size": 16, "scheduler": "constant"}
-    spec = ordering_job(hparams, 0, tune_job)
-    assert len(spec.tasks()) == 1 and len(ordering_job(hparams, 0, evaluate_job).tasks()) == 2
-    data = resolve_dataset(tune_job["dataset"]).load().subset(sorted(tune_job["classes"]))
+    spec = tune_job.ordering(hparams, 0)
+    assert len(spec.tasks()) == 1 and len(evaluate_job.ordering(hparams, 0).tasks()) == 2
+    data = resolve_dataset(tune_job.scenario.dataset).load().subset(sorted(tune_job.scenario.classes))
     outcome = run_ordering(spec, data)
     assert outcome.status == "finished"
     assert len(outcome.acc_matrix) == 1 and len(outcome.task_seconds) == 1  # the learner saw one task

@@ -176,7 +176,8 @@ def resumed_config(study_dir: Path, config: Optional[Path], preset: Optional[str
 def prepare(config: Optional[Path], preset: Optional[str], resume: Optional[Path] = None,
             **overrides: Any) -> ResolvedExperiment:
     """All validation that needs no compute: the file, the names, the data, the search space, the address."""
-    from gtep.orchestration.phases import check_address, check_tracking
+    from gtep.orchestration.ray_search import check_address
+    from gtep.orchestration.tracking_store import check_tracking
     from gtep.preflight import preflight
 
     cfg = resumed_config(resume, config, preset, overrides) if resume else build_config(config, preset, **overrides)
@@ -201,7 +202,7 @@ def through_ray_client(address: Optional[str], config: Optional[Path]) -> bool:
     if not address or not address.startswith("ray://"):
         return False
     from gtep.orchestration import jobs
-    from gtep.orchestration.phases import check_address
+    from gtep.orchestration.ray_search import check_address
 
     check_address(address)
     argv, skip = [], False

@@ -68,8 +68,9 @@ def run_matrix_cells(matrix: MatrixConfig, cells: list[ResolvedCell], root: Path
                      address: Optional[str], *, check: bool, retry_failed: bool, report: bool,
                      parallel_cells: int = 1) -> None:
     from gtep.orchestration.matrix import STATE_FILE, cells_table, run_matrix
-    from gtep.orchestration.phases import check_address, check_tracking
+    from gtep.orchestration.ray_search import check_address
     from gtep.orchestration.report_store import create_store
+    from gtep.orchestration.tracking_store import check_tracking
 
     check_address(address)
     check_tracking(tracking_uri)

@@ -100,7 +100,8 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
          protocol_tasks: Optional[int] = ProtocolTasksOpt, scheduler: Optional[str] = SchedulerOpt) -> None:
     """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml)."""
     def go():
-        from gtep.orchestration.phases import ray_session, tune_phase
+        from gtep.orchestration.phases import tune_phase
+        from gtep.orchestration.ray_search import ray_session
 
         check_protocol(protocol, ("gtep", "first_task"))
         if through_ray_client(address, config):
@@ -148,7 +149,9 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
     (--protocol conventional: over S fresh orderings of the tuning classes D^HT instead).
     --resume OUTPUT/STUDY runs the orderings an interrupted or incomplete evaluation is missing."""
     def go():
-        from gtep.orchestration.phases import best_from_run, conventional_phase, evaluate_phase, ray_session
+        from gtep.orchestration.phases import conventional_phase, evaluate_phase
+        from gtep.orchestration.ray_search import ray_session
+        from gtep.orchestration.tracking_store import best_from_run
         from gtep.report.tables import phase_summary
 
         check_protocol(protocol)
@@ -205,9 +208,9 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
             evaluate_phase,
             original_best,
             original_phase,
-            ray_session,
             tune_phase,
         )
+        from gtep.orchestration.ray_search import ray_session
         from gtep.orchestration.study import read_best
         from gtep.report.tables import hparams_table, phase_comparison
 

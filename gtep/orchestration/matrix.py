@@ -32,14 +32,8 @@ from rich.table import Table
 
 from gtep.config import ConfigError
 from gtep.matrix import MatrixConfig, ResolvedCell, changed_field
-from gtep.orchestration.phases import (
-    check_resources,
-    conventional_phase,
-    evaluate_phase,
-    original_phase,
-    ray_session,
-    tune_phase,
-)
+from gtep.orchestration.phases import conventional_phase, evaluate_phase, original_phase, tune_phase
+from gtep.orchestration.ray_search import check_resources, ray_session
 from gtep.orchestration.study import json_by_entry, read_best, write_atomic
 
 STATE_FILE = "matrix.json"

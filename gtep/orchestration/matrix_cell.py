@@ -45,7 +45,7 @@ def run_job(job: dict[str, Any]) -> dict[str, float]:
     from gtep.config import ExperimentConfig
     from gtep.matrix import MatrixCell, ResolvedCell
     from gtep.orchestration.matrix import run_cell
-    from gtep.orchestration.phases import ray_session
+    from gtep.orchestration.ray_search import ray_session
 
     cell = MatrixCell(**job["cell"], config=ExperimentConfig.model_validate(job["config"]))
     from gtep.preflight import preflight

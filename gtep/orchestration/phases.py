@@ -8,36 +8,31 @@ original_phase, conventional_phase: the same machinery for the authors' values o
 from __future__ import annotations
 
 import json
-import logging
-import os
 import shutil
-import socket
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
-from urllib.parse import urlparse
+from typing import Any
 
 import pandas as pd
-import ray
-from mlflow.tracking import MlflowClient
 from ray import tune
-from ray.tune.search.basic_variant import BasicVariantGenerator
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gtep.config import ConfigError, ResolvedExperiment, check_tracking_uri, with_added_defaults
-from gtep.data import resolve_dataset
+from gtep.config import ConfigError, ResolvedExperiment, with_added_defaults
 from gtep.errors import StudyStopped
-from gtep.orchestration.interrupt import Interruption, StopOnSignal, StudyInterrupted, interruptible
-from gtep.orchestration.journal import RUN_REF, TrackingJournal, quiet_http_client
+from gtep.orchestration.interrupt import Interruption, StudyInterrupted
+from gtep.orchestration.journal import RUN_REF, TrackingJournal
+from gtep.orchestration.ray_search import (
+    ProgressCallback,
+    check_resources,
+    progress_bar,
+    run_trials,
+    searcher,
+)
 from gtep.orchestration.study import Manifest, StudyPaths, full_units, read_best, write_best
 from gtep.orchestration.tracking import (
     UNITS_TAG,
     MlflowWriter,
-    ensure_experiment,
     family_extra_metrics,
     ordering_result,
     phase_metrics,
@@ -46,7 +41,9 @@ from gtep.orchestration.tracking import (
     step_points,
     summarize_units,
 )
-from gtep.orchestration.trainable import train_set
+from gtep.orchestration.tracking_store import finish_journal, open_journal
+from gtep.orchestration.trainable import trainable_for
+from gtep.orchestration.trial_job import study_folders
 from gtep.protocol.families import ScenarioFamily
 from gtep.protocol.replay import spent_seconds
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
@@ -65,164 +62,7 @@ class PhaseOutcome:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------- Ray and MLflow sessions
-
-def check_address(address: str | None) -> None:
-    """An address that answers nothing is a clear error before Ray tries for minutes."""
-    if not address or address == "auto":
-        return
-    parsed = urlparse(address if "://" in address else f"ray://{address}")
-    host, port = parsed.hostname, parsed.port
-    if not host or not port:
-        raise ConfigError("--address", f"{address!r} is not host:port, ray://host:port or 'auto'")
-    try:
-        with socket.create_connection((host, port), timeout=3):
-            pass
-    except OSError as err:
-        raise ConfigError("--address", f"no Ray cluster answers at {address} ({err.strerror or err}); "
-                          "start one (ray start --head) or leave --address out to run locally") from None
-
-
-def check_tracking(uri: str) -> None:
-    """A store MLflow cannot open, or a tracking server that does not answer, is refused before Ray starts (an
-    outage later is journaled)."""
-    check_tracking_uri(uri, "--tracking-uri")
-    if not uri.startswith(("http://", "https://")):
-        return
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=5):
-            pass
-    except OSError as err:
-        reason = getattr(err, "reason", None) or err
-        raise ConfigError("--tracking-uri", f"no MLflow server answers at {uri} ({reason}); start one "
-                          "(gtep server) or leave --tracking-uri out for the local sqlite store") from None
-
-
-@contextmanager
-def ray_session(address: str | None) -> Iterator[None]:
-    """Join the given cluster, or start Ray on this machine; always shut down what we started.
-
-    A local Ray keeps its default token authentication (Ray >= 2.5x), which guards its ports; tests and CI
-    set RAY_AUTH_MODE=disabled as ../shared/INSTALL.md advises."""
-    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # trials keep the driver's working directory
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # JSON/CSV are added explicitly, no TensorBoard
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the terminal shows only gtep's progress
-    started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                                      configure_logging=True)
-        ray.init(address=address, **kwargs)
-        started = True
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def check_resources(resolved: ResolvedExperiment) -> None:
-    """A trial that can never be placed is an error, not a hang (ray-project/ray#18332): some node must hold
-    one trial's CPUs and GPUs. Checked against the nodes alive now (with an autoscaler, keep one worker up)."""
-    compute = resolved.config.compute
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    asked = {"CPU": compute.cpus_per_trial, "GPU": compute.gpus_per_trial}
-    if any(all(node.get(key, 0) >= value for key, value in asked.items() if value) for node in nodes):
-        return
-    for key, value in asked.items():
-        largest = max((node.get(key, 0) for node in nodes), default=0)
-        if value > largest:
-            field = "compute.cpus_per_trial" if key == "CPU" else "compute.gpus_per_trial"
-            raise ConfigError(field, f"asks {value:g} {key} per trial but the largest of the cluster's {len(nodes)} "
-                              f"node(s) has {largest:g}; lower it or add larger nodes")
-    raise ConfigError("compute.cpus_per_trial", f"no node of the cluster has {asked['CPU']:g} CPU and "
-                      f"{asked['GPU']:g} GPU at once; lower compute.cpus_per_trial or compute.gpus_per_trial")
-
-
-def sqlite_write_ahead_log(path: Path) -> None:
-    """Put a local sqlite store in WAL mode (it stays so in the file): a commit costs one sync instead of
-    several (a unit's four MLflow writes 53 -> 34 ms here), and the MLflow UI or a parallel cell's driver reads
-    while a study writes. WAL needs a local disk; on a network filesystem set GTEP_SQLITE_WAL=0 (or, better,
-    run an MLflow server)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if os.environ.get("GTEP_SQLITE_WAL", "1") == "0":
-        return
-    import sqlite3
-
-    connection = sqlite3.connect(path, timeout=30)
-    try:
-        connection.execute("PRAGMA journal_mode=WAL")
-    finally:
-        connection.close()
-
-
-def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
-    """The store and the study's experiment; a tracking server that does not answer is an error here,
-    before any compute (once a study runs, an outage is journaled instead)."""
-    cfg = resolved.config
-    uri = cfg.tracking_uri
-    artifact_root = None
-    if uri.startswith("sqlite:///"):
-        sqlite_write_ahead_log(Path(uri[len("sqlite:///"):]))
-        artifact_root = cfg.tracking.output.resolve() / "mlartifacts"
-    client = quiet_http_client(uri)
-    try:
-        return client, ensure_experiment(client, cfg.study, artifact_root)
-    except Exception as err:  # noqa: BLE001 - connection errors surface as several MLflow/requests types
-        raise ConfigError("--tracking-uri", f"the MLflow store at {uri} does not answer ({err.__class__.__name__}); "
-                          "start it (gtep server) or give another --tracking-uri") from None
-
-
-def open_journal(resolved: ResolvedExperiment, paths: StudyPaths) -> TrackingJournal:
-    client, experiment_id = mlflow_client(resolved)
-    journal = TrackingJournal.open(paths.root, resolved.config.tracking_uri, experiment_id)
-    journal.client = client
-    return journal
-
-
-def finish_journal(journal: TrackingJournal, paths: StudyPaths, console: Console) -> None:
-    if journal.flush(force=True):
-        reason = escape(str(journal.last_error))
-        console.print(f"[yellow]MLflow at {journal.state.tracking_uri} is not answering ({reason}): "
-                      f"{len(journal.pending)} writes wait in {journal.journal_path}; "
-                      f"run [bold]gtep sync {paths.root}[/] when it is back.[/]")
-
-
 # ---------------------------------------------------------------- shared pieces
-
-def job_spec(resolved: ResolvedExperiment, phase: str, folders: dict[str, str] | None = None) -> dict[str, Any]:
-    """What every trial of the phase shares; `folders` are the study's unit, checkpoint and event paths."""
-    cfg = resolved.config
-    device = cfg.training.device
-    if device == "auto":
-        device = "cuda" if cfg.compute.gpus_per_trial > 0 else "cpu"
-    return {
-        "algorithm": cfg.algorithm, "backbone": cfg.backbone, "increments": list(resolved.increments),
-        "classes": list(resolved.phase(phase).classes), "seed": cfg.seed, "memory_size": cfg.training.memory_size,
-        "first_task": {**cfg.first_task.model_dump(), "milestones": tuple(cfg.first_task.milestones)},
-        "epoch_scale": cfg.training.epoch_scale, "augment": resolved.pipeline(phase).describe(), "device": device,
-        "weights": str(Path(resolved.weights).resolve()) if resolved.weights else None,
-        "dataset": resolved.phase(phase).dataset, "mixed_precision": cfg.training.mixed_precision,
-        "compile": cfg.training.compile, "phase": phase, **ordering_resources(resolved), **(folders or {}),
-        "family": cfg.scenario.family, "criterion": resolved.criterion.name,
-        "family_options": {k: v for k, v in cfg.scenario.family_options.items() if k != "increments"},
-        # the first-task protocol (Lee et al. 2024): the tuning phase compares sets on the first k tasks only
-        "max_tasks": cfg.search.protocol_tasks if phase == "tune" and cfg.search.protocol == "first_task" else None,
-        # a running score after each task too (search.fidelity: tasks), for the schedulers of the tuning phase
-        "fidelity": cfg.search.fidelity if phase == "tune" else "orderings",
-    }
-
-
-def ordering_resources(resolved: ResolvedExperiment) -> dict[str, Any]:
-    """How many orderings of a trial run at once, and what each of them takes (threads included)."""
-    compute = resolved.config.compute
-    parallel = compute.parallel_orderings(resolved.config.search.orderings)
-    cpus = compute.cpus_per_ordering or compute.cpus_per_trial
-    gpus = compute.gpus_per_ordering if compute.gpus_per_ordering is not None else compute.gpus_per_trial
-    if parallel == 1:
-        cpus, gpus = compute.cpus_per_trial, compute.gpus_per_trial
-    return {"parallel": parallel, "cpus_per_ordering": cpus, "gpus_per_ordering": gpus, "threads": max(1, int(cpus))}
 
 
 def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
@@ -235,63 +75,6 @@ def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
             "gtep.augment": resolved.pipeline(phase).describe(), "gtep.scenario": cfg.scenario.describe(),
             "gtep.data_conversion": resolved.data_conversions.get("tune" if phase == "conventional" else
                                                                   "evaluate" if phase == "original" else phase, "")}
-
-
-def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str) -> dict[str, str]:
-    """Where trials leave finished units, checkpoints and events: the study folder, shared by all nodes."""
-    tag = f"{phase}-{attempt}"
-    folders = {"unit_dir": str(paths.root / "units" / tag), "events": str(paths.root / "events.jsonl"),
-               "attempt": attempt}
-    if resolved.config.compute.checkpoints:
-        folders["checkpoint_dir"] = str(paths.root / "checkpoints" / tag)
-    if resolved.config.training.reuse_first_task:
-        folders["first_task_dir"] = str(paths.first_tasks)
-    return folders
-
-
-def trainable_for(resolved: ResolvedExperiment, phase: str, folders: dict[str, str]):
-    spec = resolved.phase(phase)
-    # the phase's classes, and those its family's scenario shows besides them (FLUID's pretrain classes)
-    extra = resolved.family.data_classes(resolved.config.scenario.family_options)
-    data = resolve_dataset(spec.dataset).load().subset(sorted({*spec.classes, *extra}))
-    compute = resolved.config.compute
-    # with_parameters puts the decoded arrays in Ray's object store once; trials on a node share them
-    job = job_spec(resolved, phase, folders)
-    trainable = tune.with_parameters(train_set, phase_data=data, job=job)
-    if job["parallel"] > 1:
-        # The trial itself only waits; its orderings run as Ray tasks in bundles of the trial's placement group.
-        ordering = {"CPU": job["cpus_per_ordering"], "GPU": job["gpus_per_ordering"]}
-        bundles = [{"CPU": 0}] + [{k: v for k, v in ordering.items() if v}] * job["parallel"]
-        return tune.with_resources(trainable, tune.PlacementGroupFactory(bundles))
-    return tune.with_resources(trainable, {"cpu": compute.cpus_per_trial, "gpu": compute.gpus_per_trial})
-
-
-def ray_loggers() -> list[tune.Callback]:
-    """Ray's own per-trial result files (result.json, progress.csv); MLflow remains the record."""
-    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
-
-    return [JsonLoggerCallback(), CSVLoggerCallback()]
-
-
-def progress_bar(console: Console) -> Progress:
-    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(), console=console, transient=False)
-
-
-class ProgressCallback(tune.Callback):
-    """Advances with the manifest's units, so reused units of a resumed study are not counted twice.
-    Runs after the MLflow writer, which records the units."""
-
-    def __init__(self, progress: Progress, task_id: Any, manifest: Manifest, phase: str) -> None:
-        self.progress, self.task_id, self.manifest, self.phase = progress, task_id, manifest, phase
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {}  # the live progress bar stays on the driver when Ray pickles its run config
-
-    def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        if "ordering" in result:
-            status = f"last: acc {result.get('acc', float('nan')):.3f} ({result['status']})"
-            self.progress.update(self.task_id, completed=len(self.manifest.units(self.phase)), status=status)
 
 
 def open_study(resolved: ResolvedExperiment, fresh: bool) -> tuple[StudyPaths, Manifest]:
@@ -347,15 +130,6 @@ def set_columns(score: SetScore | None) -> dict[str, Any]:
         return {}
     return {"set_status": score.status, "set_orderings": f"{score.finished_orderings}/{score.expected_orderings}",
             "set_score": score.hmean_of_means, "criterion": score.criterion}
-
-
-def run_trials(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, param_space: dict[str, Any],
-               search_alg, num_samples: int, callbacks: list[tune.Callback], console: Console) -> Interruption:
-    """The phase's trials on Ray Tune, stopped early by SIGINT/SIGTERM (gtep.orchestration.interrupt)."""
-    with interruptible(console.print) as interruption:
-        run_tuner(resolved, paths, phase, attempt, param_space, search_alg, num_samples, callbacks,
-                  StopOnSignal(interruption))
-    return interruption
 
 
 def stop_interrupted_phase(phase: str, phase_key: str, writer: MlflowWriter, journal: TrackingJournal,
@@ -460,83 +234,6 @@ def check_resumable(resolved: ResolvedExperiment, manifest: Manifest) -> None:
                               "resume it with its own config (leave --config out) or start a new --study")
 
 
-def _searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
-    """(param_space, search_alg, num_samples) for the configured searcher."""
-    cfg = resolved.config
-    if cfg.search.searcher == "random":
-        param_space = {"trial": tune.grid_search([{"set_index": s["index"], "hparams": s["hparams"]}
-                                                  for s in manifest.data["sets"]]),
-                       "orderings": list(range(S))}
-        # the generator takes the concurrency limit itself (the Tuner's limit applies to Searchers only)
-        generator = BasicVariantGenerator(random_state=cfg.seed, max_concurrent=cfg.compute.max_concurrent or 0)
-        return param_space, generator, 1
-    import optuna
-    from ray.tune.search.optuna import OptunaSearch
-
-    sampler = (optuna.samplers.TPESampler(seed=cfg.seed) if cfg.search.searcher == "optuna-tpe"
-               else optuna.samplers.RandomSampler(seed=cfg.seed))
-    # a resumed search first replays the sets it had suggested (their finished units are reused)
-    replay = [{"hparams": s["hparams"], "orderings": list(range(S))} for s in manifest.data["sets"]]
-    param_space = {"hparams": {k: tune.choice(list(v)) for k, v in space.sets.items()}, "orderings": list(range(S))}
-    return param_space, OptunaSearch(metric="score", mode="max", sampler=sampler,
-                                     points_to_evaluate=replay or None), cfg.search.trials
-
-
-def trial_scheduler(resolved: ResolvedExperiment):
-    """search.scheduler as a Ray Tune scheduler on the orderings axis (time_attr orderings_done, the running
-    score), search.pruner as Optuna's pruner in one (gtep/orchestration/pruning.py), or None. Its options were
-    checked with the config (grace_period below S)."""
-    search = resolved.config.search
-    per_task = search.fidelity == "tasks"
-    if search.pruner != "none":
-        from gtep.orchestration.pruning import OptunaPruningScheduler, make_pruner
-
-        # a pruner's steps are whole numbers: orderings done, or tasks done with fidelity tasks
-        steps = search.orderings * tasks_per_ordering(resolved) if per_task else search.orderings
-        return OptunaPruningScheduler(make_pruner(search.pruner, search.pruner_options, steps), steps,
-                                      "tasks_done" if per_task else "orderings_done")
-    if search.scheduler == "none":
-        return None
-    from ray.tune.schedulers import ASHAScheduler, HyperBandScheduler
-
-    options = search.scheduler_options
-    time_attr = "progress" if per_task else "orderings_done"  # progress: orderings done + tasks done / T
-    if search.scheduler == "asha":
-        # Ray annotates grace_period as int; its rungs are grace * rf^k compared with a float time (progress)
-        return ASHAScheduler(time_attr=time_attr, metric="score", mode="max", max_t=search.orderings,
-                             grace_period=options.grace_period,  # type: ignore[arg-type]
-                             reduction_factor=options.reduction_factor, brackets=options.brackets)
-    return HyperBandScheduler(time_attr=time_attr, metric="score", mode="max", max_t=search.orderings,
-                              reduction_factor=options.reduction_factor)
-
-
-def tasks_per_ordering(resolved: ResolvedExperiment) -> int:
-    """T of a tuning ordering: the scenario's tasks, or k with the first-task protocol."""
-    search = resolved.config.search
-    return search.protocol_tasks if search.protocol == "first_task" else len(resolved.increments)
-
-
-def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, param_space: dict[str, Any],
-              search_alg, num_samples: int, callbacks: list[tune.Callback],
-              stopper: tune.Stopper | None = None) -> None:
-    cfg = resolved.config
-    scheduler = trial_scheduler(resolved) if phase == "tune" else None
-    tuner = tune.Tuner(
-        trainable_for(resolved, phase, study_folders(resolved, paths, phase, attempt)),
-        param_space=param_space,
-        # reuse_actors: the next trial runs in the worker process of a finished one (same resources), instead
-        # of a new process importing torch and gtep again (~3 s per trial on a 2-core machine). A trial keeps
-        # no state between runs: every ordering seeds its own RNGs and sets its threads.
-        tune_config=tune.TuneConfig(num_samples=num_samples, search_alg=search_alg,
-                                    max_concurrent_trials=cfg.compute.max_concurrent, reuse_actors=True,
-                                    scheduler=scheduler),
-        run_config=tune.RunConfig(name=f"{phase}-{attempt}", storage_path=str(paths.ray_storage), verbose=0,
-                                  callbacks=[*callbacks, *ray_loggers()], stop=stopper,
-                                  failure_config=tune.FailureConfig(max_failures=cfg.compute.max_failures)),
-    )
-    tuner.fit()
-
-
 def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = False,
                tags: dict[str, str] | None = None) -> PhaseOutcome:
     """Algorithm 2 and SelectBestHyperparameter of Algorithm 1. `tags` go on the phase run (a matrix cell's)."""
@@ -572,11 +269,12 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
 
     writer = MlflowWriter(journal, phase_key, "tune", S, manifest, set_index_of, manifest.hparams,
                           common_params(resolved, "tune"), family=resolved.family, criterion=resolved.criterion)
-    param_space, search_alg, num_samples = _searcher(resolved, manifest, space, S)
+    param_space, search_alg, num_samples = searcher(resolved, manifest, space, S)
     with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(f"tune {cfg.algorithm}", total=R * S, status="",
                                 completed=len(manifest.units("tune")))
-        interruption = run_trials(resolved, paths, "tune", attempt, param_space, search_alg, num_samples,
+        trainable = trainable_for(resolved, "tune", study_folders(resolved, paths, "tune", attempt))
+        interruption = run_trials(resolved, paths, "tune", attempt, trainable, param_space, search_alg, num_samples,
                                   [writer, ProgressCallback(progress, bar, manifest, "tune")], console)
     set_indices = [s["index"] for s in manifest.data["sets"]]
     if interruption.requested:
@@ -667,24 +365,6 @@ def finished_tune_outcome(resolved: ResolvedExperiment, paths: StudyPaths, manif
 
 # ---------------------------------------------------------------- phase 2: evaluation
 
-def best_from_run(resolved: ResolvedExperiment, tuning_run_id: str) -> dict[str, Any]:
-    """H* from the best.yaml artifact of a tuning phase run in the tracking store (nothing is written)."""
-    import tempfile
-
-    uri = resolved.config.tracking_uri
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
-        raise ConfigError("--tuning-run", f"there is no MLflow store at {uri}; pass --output or --tracking-uri "
-                          "of the study that ran gtep tune")
-    client = MlflowClient(tracking_uri=uri)
-    with tempfile.TemporaryDirectory() as scratch:
-        try:
-            client.get_run(tuning_run_id)
-            local = client.download_artifacts(tuning_run_id, "best.yaml", scratch)
-        except Exception as err:  # noqa: BLE001 - MLflow raises several types for a missing run or artifact
-            raise ConfigError("--tuning-run", f"cannot read best.yaml of run {tuning_run_id} in {uri} "
-                              f"({err.__class__.__name__}); give the run id of a tuning phase run") from None
-        return read_best(Path(local))
-
 
 # The phases that train one fixed set over S orderings (Algorithm 3's shape), each with its own manifest entry,
 # units folder and phase run. evaluate: H* on D^E (the protocol). original: the authors' reported values on D^E,
@@ -761,6 +441,7 @@ def fixed_set_phase(resolved: ResolvedExperiment, best: dict[str, Any], console:
     with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(f"{phase} {cfg.algorithm}", total=S, status="", completed=len(manifest.units(phase)))
         interruption = run_trials(resolved, paths, phase, attempt,
+                                  trainable_for(resolved, phase, study_folders(resolved, paths, phase, attempt)),
                                   {"trial": {"set_index": set_index, "hparams": hparams},
                                    "orderings": tune.grid_search([[s] for s in orderings])},
                                   None, 1, [writer, ProgressCallback(progress, bar, manifest, phase)], console)

@@ -19,13 +19,14 @@ import torch
 from ray import tune
 
 from gtep.algorithms import ALGORITHMS
-from gtep.data import ImageSet
-from gtep.engine import FirstTaskSpec, OrderingJob, run_ordering
+from gtep.config import ResolvedExperiment
+from gtep.data import ImageSet, resolve_dataset
+from gtep.engine import OrderingJob, run_ordering
 from gtep.engine.first_task import FirstTaskStore, first_task_key
 from gtep.engine.runner import OrderingOutcome, hparams_reaching_first_task
 from gtep.orchestration.study import write_atomic
+from gtep.orchestration.trial_job import StudyFolders, TrialJob, trial_job
 from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION
-from gtep.protocol.families import CLASS_INCREMENTAL
 from gtep.protocol.replay import first_task_unit
 
 TaskHook = Callable[[int, OrderingOutcome], None]  # run_ordering's on_task_end
@@ -42,13 +43,13 @@ def _running_score(done: list[dict[str, Any]], criterion: str | None = None) -> 
     return chosen.combine(means)
 
 
-def log_event(job: dict[str, Any], event: str, **fields: Any) -> None:
+def log_event(job: TrialJob, event: str, **fields: Any) -> None:
     """One line per unit event in <study>/events.jsonl: what ran where, what was reused or resumed."""
-    if not job.get("events"):
+    if job.folders is None:
         return
-    line = json.dumps({"time": time.time(), "event": event, "phase": job.get("phase"), "attempt": job.get("attempt"),
+    line = json.dumps({"time": time.time(), "event": event, "phase": job.phase, "attempt": job.folders.attempt,
                        "pid": os.getpid(), **fields})
-    with open(job["events"], "a") as fh:  # O_APPEND: short lines from many workers do not interleave
+    with open(job.folders.events, "a") as fh:  # O_APPEND: short lines from many workers do not interleave
         fh.write(line + "\n")
 
 
@@ -59,26 +60,18 @@ def _node_id() -> str:
         return ""
 
 
-def ordering_job(hparams: dict[str, Any], s: int, job: dict[str, Any]) -> OrderingJob:
-    return OrderingJob(
-        algorithm=job["algorithm"], hparams=dict(hparams), backbone=job["backbone"],
-        increments=tuple(job["increments"]), classes=tuple(job["classes"]), seed=job["seed"], ordering=int(s),
-        memory_size=job["memory_size"], first_task=FirstTaskSpec(**job["first_task"]),
-        epoch_scale=job["epoch_scale"], augment=job["augment"], device=job["device"], weights=job.get("weights"),
-        dataset=job.get("dataset", ""), mixed_precision=job.get("mixed_precision", True),
-        compile=job.get("compile", False), family=job.get("family", CLASS_INCREMENTAL),
-        family_options=tuple(sorted((job.get("family_options") or {}).items())),
-        max_tasks=job.get("max_tasks"),
-    )
+def ordering_job(hparams: dict[str, Any], s: int, job: TrialJob) -> OrderingJob:
+    return job.ordering(hparams, s)
 
 
-def first_task_store(job: dict[str, Any]) -> FirstTaskStore | None:
-    return FirstTaskStore(Path(job["first_task_dir"])) if job.get("first_task_dir") else None
+def first_task_store(job: TrialJob) -> FirstTaskStore | None:
+    folders = job.folders
+    return FirstTaskStore(folders.first_task_dir) if folders and folders.first_task_dir else None
 
 
-def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet, job: dict[str, Any],
+def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet, job: TrialJob,
                 checkpoint: Path | None, on_task_end: TaskHook | None = None) -> dict[str, Any]:
-    torch.set_num_threads(max(1, int(job.get("threads", 1))))
+    torch.set_num_threads(job.resources.threads)
     started_at = int(time.time() * 1000)  # the ordering run's start in MLflow (it is written after training)
     outcome = run_ordering(ordering_job(hparams, s, job), phase_data, on_task_end=on_task_end,
                            checkpoint=checkpoint, first_tasks=first_task_store(job))
@@ -99,16 +92,17 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
 
 
 def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet,
-             job: dict[str, Any], on_task_end: TaskHook | None = None) -> dict[str, Any]:
+             job: TrialJob, on_task_end: TaskHook | None = None) -> dict[str, Any]:
     """Train one (set, ordering) unit, or return its record when an earlier attempt finished it."""
     name = unit_name(set_index, hparams, s)
-    unit_file = Path(job["unit_dir"]) / f"{name}.json" if job.get("unit_dir") else None
+    folders = job.folders
+    unit_file = folders.unit_dir / f"{name}.json" if folders else None
     if unit_file is not None and unit_file.exists():
         log_event(job, "unit_reused", set_index=set_index, ordering=int(s), node=_node_id())
         # it reaches the driver now (a scheduler's or a replay's arrival order); its training seconds are the
         # file's, counted once per file however many sets share it (protocol.replay.spent_seconds)
         return {**json.loads(unit_file.read_text()), "unit_file": name, "finished_at": int(time.time() * 1000)}
-    checkpoint = Path(job["checkpoint_dir"]) / f"{name}.pt" if job.get("checkpoint_dir") else None
+    checkpoint = folders.checkpoint_dir / f"{name}.pt" if folders and folders.checkpoint_dir else None
     log_event(job, "unit_started", set_index=set_index, ordering=int(s), node=_node_id(),
               checkpoint=bool(checkpoint and checkpoint.exists()))
     record = {**_train_unit(set_index, hparams, int(s), phase_data, job, checkpoint, on_task_end), "unit_file": name}
@@ -130,13 +124,13 @@ def unit_name(set_index: int, hparams: dict[str, Any], s: int) -> str:
     return f"hp{trial_start(set_index, hparams):08x}-o{int(s)}"
 
 
-def next_ordering(pending: list[int], hparams: dict[str, Any], job: dict[str, Any], start: int = 0) -> int:
+def next_ordering(pending: list[int], hparams: dict[str, Any], job: TrialJob, start: int = 0) -> int:
     """The pending ordering to run next: one whose first task is stored, else one nobody trains, else wait on
     one. Concurrent trials so train different first tasks instead of queueing on one; each trial looks from
     its own `start` on, since trials starting together all see every first task free (a trial that looked
     from ordering 0 too would wait for the other's task 1 instead of training the next one)."""
     store = first_task_store(job)
-    algorithm = ALGORITHMS.get(job["algorithm"])
+    algorithm = ALGORITHMS.get(job.scenario.algorithm)
     if store is None or len(pending) == 1 or not algorithm.fixed_first_task:
         return pending[0]
     span = max(pending) + 1
@@ -170,7 +164,7 @@ def partial_unit(outcome: OrderingOutcome, tasks_done: int) -> dict[str, Any]:
     return first_task_unit(unit, tasks_done)
 
 
-def interim_reporter(done: list[dict[str, Any]], tasks: int, job: dict[str, Any]) -> TaskHook:
+def interim_reporter(done: list[dict[str, Any]], tasks: int, job: TrialJob) -> TaskHook:
     """search.fidelity tasks: after each task of an ordering but its last (whose unit is reported whole), the
     running score over the finished orderings and this one so far, at progress k + t/T (the schedulers' time) and
     tasks_done k*T + t (a pruner's step), with the training seconds of the unfinished ordering."""
@@ -180,15 +174,14 @@ def interim_reporter(done: list[dict[str, Any]], tasks: int, job: dict[str, Any]
             return
         partial = partial_unit(outcome, t)
         tune.report({"interim": True, "orderings_done": len(done), "tasks_done": len(done) * tasks + t,
-                     "progress": len(done) + t / tasks, "score": _running_score([*done, partial], job.get("criterion")),
+                     "progress": len(done) + t / tasks, "score": _running_score([*done, partial], job.criterion),
                      "partial_seconds": float(sum(outcome.task_seconds))})
     return on_task_end
 
 
-def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any]) -> None:
+def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> None:
     """config: {"trial": {"set_index": i, "hparams": {...}} or "hparams": {...}, "orderings": [s, ...]};
-    job: everything fixed for the phase (algorithm, backbone, scenario, classes, seed, first task, and the
-    study folders for unit files, checkpoints, first tasks and events). With `parallel` > 1 in the job, that
+    job: everything fixed for the phase (gtep/orchestration/trial_job.py). With `resources.parallel` > 1, that
     many orderings run at once as Ray tasks in the trial's placement group."""
     unit = config.get("trial", config)
     set_index = int(unit.get("set_index", -1))
@@ -197,22 +190,23 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any])
     start = trial_start(set_index, hparams)
     done: list[dict[str, Any]] = []
 
-    tasks = int(job.get("max_tasks") or len(job["increments"]))
+    tasks = job.tasks
 
     def report(record: dict[str, Any]) -> None:
         done.append(record)
         tune.report({**record, "orderings_done": len(done), "tasks_done": len(done) * tasks,
-                     "progress": float(len(done)), "score": _running_score(done, job.get("criterion"))})
+                     "progress": float(len(done)), "score": _running_score(done, job.criterion)})
 
-    parallel = int(job.get("parallel", 1))
+    parallel = job.resources.parallel
     if parallel <= 1:
-        per_task = interim_reporter(done, tasks, job) if job.get("fidelity") == "tasks" else None
+        per_task = interim_reporter(done, tasks, job) if job.fidelity == "tasks" else None
         while pending:
             s = next_ordering(pending, hparams, job, start)
             pending.remove(s)
             report(run_unit(set_index, hparams, s, phase_data, job, per_task))
         return
-    remote = ray.remote(run_unit).options(num_cpus=job["cpus_per_ordering"], num_gpus=job["gpus_per_ordering"],
+    remote = ray.remote(run_unit).options(num_cpus=job.resources.cpus_per_ordering,
+                                          num_gpus=job.resources.gpus_per_ordering,
                                           max_retries=0)
     data_ref = ray.put(phase_data)
     running: dict[Any, int] = {}
@@ -225,3 +219,23 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: dict[str, Any])
         for ref in ready:
             running.pop(ref)
             report(ray.get(ref))
+
+
+def trainable_for(resolved: ResolvedExperiment, phase: str, folders: StudyFolders) -> Any:
+    """The phase's Ray trainable: train_set with the phase's data and job, and the resources a trial takes."""
+    spec = resolved.phase(phase)
+    # the phase's classes, and those its family's scenario shows besides them (FLUID's pretrain classes)
+    extra = resolved.family.data_classes(resolved.config.scenario.family_options)
+    data = resolve_dataset(spec.dataset).load().subset(sorted({*spec.classes, *extra}))
+    compute = resolved.config.compute
+    job = trial_job(resolved, phase, folders)
+    # with_parameters puts the decoded arrays in Ray's object store once; trials on a node share them
+    trainable = tune.with_parameters(train_set, phase_data=data, job=job)
+    resources = job.resources
+    if resources.parallel > 1:
+        # The trial itself only waits; its orderings run as Ray tasks in bundles of the trial's placement group.
+        ordering: dict[str, int | float] = {"CPU": resources.cpus_per_ordering, "GPU": resources.gpus_per_ordering}
+        bundles: list[dict[str, int | float]] = [{"CPU": 0}]
+        bundles += [{k: v for k, v in ordering.items() if v}] * resources.parallel
+        return tune.with_resources(trainable, tune.PlacementGroupFactory(bundles))
+    return tune.with_resources(trainable, {"cpu": compute.cpus_per_trial, "gpu": compute.gpus_per_trial})

@@ -19,7 +19,7 @@ def states(monkeypatch):
     return table
 
 
-JOB = {"algorithm": "replay"}
+JOB = SimpleNamespace(scenario=SimpleNamespace(algorithm="replay"))  # only the algorithm is read
 
 
 def test_trials_starting_together_pick_different_free_first_tasks(states):

@@ -8,7 +8,8 @@ import pytest
 from gtep.config import ConfigError, resolve, validate_config
 from gtep.data import resolve_dataset
 from gtep.orchestration import trainable
-from gtep.orchestration.phases import job_spec, trial_scheduler
+from gtep.orchestration.ray_search import trial_scheduler
+from gtep.orchestration.trial_job import trial_job
 from gtep.protocol.metrics import harmonic_mean
 from gtep.protocol.replay import first_task_unit
 from tests.orchestration.test_phases import config
@@ -19,11 +20,11 @@ HPARAMS = {"epochs": 1, "lr": 0.01, "batch_size": 16, "scheduler": "constant"}
 def trial_reports(tmp_path, monkeypatch, fidelity: str) -> list[dict]:
     doc = config(scenario={"increments": "2x3"}, search={"fidelity": fidelity, "orderings": 2, "trials": 1,
                                                          "scheduler": "asha"}, tracking={"output": str(tmp_path)})
-    job = job_spec(resolve(validate_config(doc, "test")), "tune")
+    job = trial_job(resolve(validate_config(doc, "test")), "tune")
     reports: list[dict] = []
     monkeypatch.setattr(trainable.tune, "report", lambda result: reports.append(dict(result)))
     monkeypatch.setattr(trainable, "_node_id", lambda: "")  # asking Ray for the node would start a local Ray
-    data = resolve_dataset(job["dataset"]).load().subset(sorted(job["classes"]))
+    data = resolve_dataset(job.scenario.dataset).load().subset(sorted(job.scenario.classes))
     trainable.train_set({"trial": {"set_index": 0, "hparams": HPARAMS}, "orderings": [0, 1]}, data, job)
     return reports
 

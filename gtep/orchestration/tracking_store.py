@@ -1,0 +1,106 @@
+"""The MLflow side of a phase: the store checked before compute, sqlite in WAL mode, the study's experiment,
+the journal that carries every write (and replays it after an outage), and H* read back from a tuning run."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+from rich.console import Console
+from rich.markup import escape
+
+from gtep.config import ConfigError, ResolvedExperiment, check_tracking_uri
+from gtep.orchestration.journal import TrackingJournal, quiet_http_client
+from gtep.orchestration.study import StudyPaths, read_best
+from gtep.orchestration.tracking import ensure_experiment
+
+
+def check_tracking(uri: str) -> None:
+    """A store MLflow cannot open, or a tracking server that does not answer, is refused before Ray starts (an
+    outage later is journaled)."""
+    check_tracking_uri(uri, "--tracking-uri")
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=5):
+            pass
+    except OSError as err:
+        reason = getattr(err, "reason", None) or err
+        raise ConfigError("--tracking-uri", f"no MLflow server answers at {uri} ({reason}); start one "
+                          "(gtep server) or leave --tracking-uri out for the local sqlite store") from None
+
+
+
+def sqlite_write_ahead_log(path: Path) -> None:
+    """Put a local sqlite store in WAL mode (it stays so in the file): a commit costs one sync instead of
+    several (a unit's four MLflow writes 53 -> 34 ms here), and the MLflow UI or a parallel cell's driver reads
+    while a study writes. WAL needs a local disk; on a network filesystem set GTEP_SQLITE_WAL=0 (or, better,
+    run an MLflow server)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if os.environ.get("GTEP_SQLITE_WAL", "1") == "0":
+        return
+    import sqlite3
+
+    connection = sqlite3.connect(path, timeout=30)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+    finally:
+        connection.close()
+
+
+
+def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
+    """The store and the study's experiment; a tracking server that does not answer is an error here,
+    before any compute (once a study runs, an outage is journaled instead)."""
+    cfg = resolved.config
+    uri = cfg.tracking_uri
+    artifact_root = None
+    if uri.startswith("sqlite:///"):
+        sqlite_write_ahead_log(Path(uri[len("sqlite:///"):]))
+        artifact_root = cfg.tracking.output.resolve() / "mlartifacts"
+    client = quiet_http_client(uri)
+    try:
+        return client, ensure_experiment(client, cfg.study, artifact_root)
+    except Exception as err:  # noqa: BLE001 - connection errors surface as several MLflow/requests types
+        raise ConfigError("--tracking-uri", f"the MLflow store at {uri} does not answer ({err.__class__.__name__}); "
+                          "start it (gtep server) or give another --tracking-uri") from None
+
+
+
+def open_journal(resolved: ResolvedExperiment, paths: StudyPaths) -> TrackingJournal:
+    client, experiment_id = mlflow_client(resolved)
+    journal = TrackingJournal.open(paths.root, resolved.config.tracking_uri, experiment_id)
+    journal.client = client
+    return journal
+
+
+
+def finish_journal(journal: TrackingJournal, paths: StudyPaths, console: Console) -> None:
+    if journal.flush(force=True):
+        reason = escape(str(journal.last_error))
+        console.print(f"[yellow]MLflow at {journal.state.tracking_uri} is not answering ({reason}): "
+                      f"{len(journal.pending)} writes wait in {journal.journal_path}; "
+                      f"run [bold]gtep sync {paths.root}[/] when it is back.[/]")
+
+
+
+def best_from_run(resolved: ResolvedExperiment, tuning_run_id: str) -> dict[str, Any]:
+    """H* from the best.yaml artifact of a tuning phase run in the tracking store (nothing is written)."""
+    import tempfile
+
+    uri = resolved.config.tracking_uri
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
+        raise ConfigError("--tuning-run", f"there is no MLflow store at {uri}; pass --output or --tracking-uri "
+                          "of the study that ran gtep tune")
+    client = MlflowClient(tracking_uri=uri)
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            client.get_run(tuning_run_id)
+            local = client.download_artifacts(tuning_run_id, "best.yaml", scratch)
+        except Exception as err:  # noqa: BLE001 - MLflow raises several types for a missing run or artifact
+            raise ConfigError("--tuning-run", f"cannot read best.yaml of run {tuning_run_id} in {uri} "
+                              f"({err.__class__.__name__}); give the run id of a tuning phase run") from None
+        return read_best(Path(local))

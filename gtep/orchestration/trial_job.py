@@ -1,0 +1,107 @@
+"""What a phase hands each of its Ray trials, as one typed, frozen object (the trainable: trainable.py).
+
+A trial's job is the engine's own `OrderingJob` for the phase (hparams and ordering filled per unit), the
+resources each ordering takes, the study folders where units, checkpoints, first tasks and events live, and the
+two values the running score needs. Every field is set from the resolved config here: nothing is read back
+from string keys with a default that would hide a missing one.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gtep.config import ResolvedExperiment
+from gtep.engine import FirstTaskSpec, OrderingJob
+from gtep.orchestration.study import StudyPaths
+
+
+@dataclass(frozen=True)
+class OrderingResources:
+    """How many orderings of a trial run at once, and what each of them takes (threads included)."""
+
+    parallel: int
+    cpus_per_ordering: float
+    gpus_per_ordering: float
+    threads: int
+
+
+@dataclass(frozen=True)
+class StudyFolders:
+    """Where trials leave finished units, checkpoints and events: the study folder, shared by all nodes."""
+
+    unit_dir: Path
+    events: Path
+    attempt: str
+    checkpoint_dir: Path | None = None
+    first_task_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """Everything fixed for a phase's trials. `scenario` is the engine's job with no hparams and ordering 0."""
+
+    phase: str
+    scenario: OrderingJob
+    criterion: str
+    fidelity: str  # "tasks": a running score after each task too (search.fidelity, tuning phase only)
+    resources: OrderingResources
+    folders: StudyFolders | None = None
+
+    def ordering(self, hparams: dict[str, Any], s: int) -> OrderingJob:
+        """The engine's job for one (set, ordering) unit."""
+        return dataclasses.replace(self.scenario, hparams=dict(hparams), ordering=int(s))
+
+    @property
+    def tasks(self) -> int:
+        """T of an ordering: the scenario's tasks, or k with the first-task protocol."""
+        return int(self.scenario.max_tasks or len(self.scenario.increments))
+
+
+def ordering_resources(resolved: ResolvedExperiment) -> OrderingResources:
+    compute = resolved.config.compute
+    parallel = compute.parallel_orderings(resolved.config.search.orderings)
+    cpus = compute.cpus_per_ordering or compute.cpus_per_trial
+    gpus = compute.gpus_per_ordering if compute.gpus_per_ordering is not None else compute.gpus_per_trial
+    if parallel == 1:
+        cpus, gpus = compute.cpus_per_trial, compute.gpus_per_trial
+    return OrderingResources(parallel, cpus, gpus, max(1, int(cpus)))
+
+
+def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str) -> StudyFolders:
+    tag = f"{phase}-{attempt}"
+    return StudyFolders(
+        unit_dir=paths.root / "units" / tag, events=paths.root / "events.jsonl", attempt=attempt,
+        checkpoint_dir=paths.root / "checkpoints" / tag if resolved.config.compute.checkpoints else None,
+        first_task_dir=paths.first_tasks if resolved.config.training.reuse_first_task else None)
+
+
+def phase_scenario(resolved: ResolvedExperiment, phase: str) -> OrderingJob:
+    """The engine's job of the phase, every field from the config (hparams and ordering set per unit)."""
+    cfg = resolved.config
+    device = cfg.training.device
+    if device == "auto":
+        device = "cuda" if cfg.compute.gpus_per_trial > 0 else "cpu"
+    spec = resolved.phase(phase)
+    first_task = FirstTaskSpec(**{**cfg.first_task.model_dump(), "milestones": tuple(cfg.first_task.milestones)})
+    family_options = {k: v for k, v in cfg.scenario.family_options.items() if k != "increments"}
+    return OrderingJob(
+        algorithm=cfg.algorithm, hparams={}, backbone=cfg.backbone, increments=tuple(resolved.increments),
+        classes=tuple(spec.classes), seed=cfg.seed, ordering=0, memory_size=cfg.training.memory_size,
+        first_task=first_task, epoch_scale=cfg.training.epoch_scale, augment=resolved.pipeline(phase).describe(),
+        device=device, weights=str(Path(resolved.weights).resolve()) if resolved.weights else None,
+        dataset=spec.dataset, mixed_precision=cfg.training.mixed_precision, compile=cfg.training.compile,
+        family=cfg.scenario.family, family_options=tuple(sorted(family_options.items())),
+        # the first-task protocol (Lee et al. 2024): the tuning phase compares sets on the first k tasks only
+        max_tasks=cfg.search.protocol_tasks if phase == "tune" and cfg.search.protocol == "first_task" else None)
+
+
+def trial_job(resolved: ResolvedExperiment, phase: str, folders: StudyFolders | None = None) -> TrialJob:
+    """What every trial of the phase shares; `folders` are the study's unit, checkpoint and event paths."""
+    search = resolved.config.search
+    return TrialJob(phase=phase, scenario=phase_scenario(resolved, phase), criterion=resolved.criterion.name,
+                    fidelity=search.fidelity if phase == "tune" else "orderings",
+                    resources=ordering_resources(resolved), folders=folders)
+
+
