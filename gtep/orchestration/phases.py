@@ -234,40 +234,115 @@ def check_resumable(resolved: ResolvedExperiment, manifest: Manifest) -> None:
                               "resume it with its own config (leave --config out) or start a new --study")
 
 
+class SetIndexer:
+    """Which set a Ray trial trains: the index the manifest gave it (random search), or for an adaptive
+    searcher's suggestion, a replayed set's index or a new one recorded as it is suggested."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        self.by_trial: dict[str, int] = {}
+
+    def __call__(self, trial) -> int:
+        if "trial" in trial.config:
+            return int(trial.config["trial"]["set_index"])
+        if trial.trial_id not in self.by_trial:
+            hparams = dict(trial.config["hparams"])
+            taken = set(self.by_trial.values())
+            replayed = [s["index"] for s in self.manifest.data["sets"]
+                        if s["hparams"] == hparams and s["index"] not in taken]
+            self.by_trial[trial.trial_id] = replayed[0] if replayed else self.manifest.add_set(hparams)
+        return self.by_trial[trial.trial_id]
+
+
+def start_tuning(resolved: ResolvedExperiment, resume: bool, space) -> tuple[StudyPaths, Manifest, bool]:
+    """The study's folder and manifest (the R sets on disk before any training); True when a resumed tuning
+    phase had already finished."""
+    cfg = resolved.config
+    check_resources(resolved)
+    paths, manifest = open_study(resolved, fresh=not resume)
+    if resume:
+        check_resumable(resolved, manifest)
+        done = manifest.data["phases"].get("tune", {}).get("status") == "finished" and paths.best.exists()
+        return paths, manifest, done
+    if cfg.search.searcher == "random":
+        manifest.set_sets(sample_sets(space, cfg.search.trials, cfg.seed))
+    return paths, manifest, False
+
+
+def stopped_sets(resolved: ResolvedExperiment, results: list, set_indices: list[int], writer: MlflowWriter,
+                 console: Console, units: list[dict[str, Any]]) -> list[int]:
+    """Sets a scheduler or pruner stopped early: their trial ended without an error before S orderings (with
+    fidelity tasks, possibly inside its first ordering: it reported, but finished none). Said on the terminal
+    with what they cost."""
+    search = resolved.config.search
+    S = search.orderings
+    finished = {i: sum(r.set_index == i for r in results) for i in set_indices}
+    stopped = sorted(i for i, n in finished.items() if search.stops_sets and n < S
+                     and (n > 0 or i in writer.partial_seconds) and i not in writer.errors)
+    if stopped:
+        partial = sum(writer.partial_seconds.get(i, 0.0) for i in stopped)
+        cost = sum(float(u.get("train_seconds") or 0) for u in units if u["set_index"] in stopped) + partial
+        stopper = search.scheduler if search.scheduler != "none" else f"the {search.pruner} pruner"
+        console.print(f"{len(stopped)} of {len(set_indices)} sets stopped early by {stopper} "
+                      f"(never H*; they cost {cost:.0f} s of training): "
+                      + ", ".join(f"set{i:03d} {finished[i]}/{S}" for i in stopped))
+    return stopped
+
+
+def ranked_sets_note(resolved: ResolvedExperiment, selection, best_index: int) -> list[str]:
+    """The ten best sets as a markdown table for the tuning run's MLflow note."""
+    chosen, S = resolved.config.search.selection, resolved.config.search.orderings
+    ranked = sorted(selection.scores, key=lambda s: -s.score(chosen))[:10]
+    top = [f"Sets by {resolved.criterion.description} ({chosen}, %):", "",
+           "| set | Acc | AvgAcc | score | orderings |", "|---|---:|---:|---:|---|"]
+    return top + [f"| set{s.set_index:03d}{' (H*)' if s.set_index == best_index else ''} | {100 * s.acc_mean:.2f} "
+                  f"| {100 * s.avg_acc_mean:.2f} | {100 * s.score(chosen):.2f} | {s.finished_orderings}/{S} |"
+                  for s in ranked]
+
+
+def best_record(resolved: ResolvedExperiment, selection, hparams: dict[str, Any], summary: dict[str, Any],
+                run_id: str) -> dict[str, Any]:
+    """best.yaml: H* with what selected it."""
+    cfg = resolved.config
+    return {"study": cfg.study, "algorithm": cfg.algorithm, "backbone": cfg.backbone,
+            "set_index": selection.best_index, "selection": cfg.search.selection,
+            "criterion": resolved.criterion.name, "family": resolved.family.name,
+            "score": float(selection.best.score(cfg.search.selection)),
+            "acc": summary["acc"], "avg_acc": summary["avg_acc"], "tuning_run_id": run_id,
+            "hparams": hparams, "effective": effective_hyperparameters(hparams)}
+
+
+def score_rows(selection) -> list[dict[str, Any]]:
+    return [{"set_index": s.set_index, "hmean_of_means": s.hmean_of_means, "mean_of_hmeans": s.mean_of_hmeans,
+             "acc": s.acc_mean, "avg_acc": s.avg_acc_mean, "diverged_orderings": s.diverged_orderings,
+             "orderings": s.orderings, "status": s.status} for s in selection.scores]
+
+
+def fail_tuning(journal: TrackingJournal, phase_key: str, counts: dict[str, int], paths: StudyPaths,
+                manifest: Manifest, console: Console) -> None:
+    """No set could be selected: the phase run and the manifest say so before the error propagates."""
+    journal.log(phase_key, counts, tags={"gtep.status": "failed"})
+    journal.log_file(phase_key, paths.results("tune"))
+    journal.terminate(phase_key, "FAILED")
+    finish_journal(journal, paths, console)
+    manifest.set_phase("tune", status="failed")
+
+
 def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = False,
                tags: dict[str, str] | None = None) -> PhaseOutcome:
     """Algorithm 2 and SelectBestHyperparameter of Algorithm 1. `tags` go on the phase run (a matrix cell's)."""
     cfg = resolved.config
     R, S = cfg.search.trials, cfg.search.orderings
     space = load_space(cfg.algorithm, resolved.space_path).space
-    check_resources(resolved)
-    paths, manifest = open_study(resolved, fresh=not resume)
-    if resume:
-        check_resumable(resolved, manifest)
-        if manifest.data["phases"].get("tune", {}).get("status") == "finished" and paths.best.exists():
-            return finished_tune_outcome(resolved, paths, manifest)
-    elif cfg.search.searcher == "random":
-        manifest.set_sets(sample_sets(space, R, cfg.seed))  # the R sets exist on disk before any training
+    paths, manifest, finished_before = start_tuning(resolved, resume, space)
+    if finished_before:
+        return finished_tune_outcome(resolved, paths, manifest)
     journal = open_journal(resolved, paths)
     attempt, run_id = begin_phase(resolved, journal, manifest, "tune", dict(tags or {}), resume)
     phase_key = f"tune:{attempt}"
     manifest.set_phase("tune", mlflow_run_id=run_id, attempt=attempt, status="running",
                        dataset=resolved.tuning.dataset, classes=list(resolved.tuning.classes))
-
-    trial_index: dict[str, int] = {}
-
-    def set_index_of(trial) -> int:
-        if "trial" in trial.config:
-            return int(trial.config["trial"]["set_index"])
-        if trial.trial_id not in trial_index:  # adaptive searchers: sets are recorded as they are suggested
-            hparams = dict(trial.config["hparams"])
-            taken = set(trial_index.values())
-            replayed = [s["index"] for s in manifest.data["sets"]
-                        if s["hparams"] == hparams and s["index"] not in taken]
-            trial_index[trial.trial_id] = replayed[0] if replayed else manifest.add_set(hparams)
-        return trial_index[trial.trial_id]
-
-    writer = MlflowWriter(journal, phase_key, "tune", S, manifest, set_index_of, manifest.hparams,
+    writer = MlflowWriter(journal, phase_key, "tune", S, manifest, SetIndexer(manifest), manifest.hparams,
                           common_params(resolved, "tune"), family=resolved.family, criterion=resolved.criterion)
     param_space, search_alg, num_samples = searcher(resolved, manifest, space, S)
     with progress_bar(console) as progress, journal.in_background():
@@ -282,59 +357,30 @@ def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = Fa
                                      set_indices, R * S)
     units = manifest.units("tune")
     results = [ordering_result(u) for u in units]
-    # with a scheduler, a set whose trial ended without an error before its S orderings was stopped early
-    finished = {i: sum(r.set_index == i for r in results) for i in set_indices}
-    # (with fidelity tasks a set can be stopped inside its first ordering: it reported, but finished none)
-    stopped = sorted(i for i, n in finished.items() if cfg.search.stops_sets and n < S
-                     and (n > 0 or i in writer.partial_seconds) and i not in writer.errors)
+    stopped = stopped_sets(resolved, results, set_indices, writer, console, units)
     writer.close_unfinished(set_indices, interrupted=False, stopped=stopped)
     scores = [score_set(i, [r for r in results if r.set_index == i], S, resolved.criterion, i in stopped)
               for i in set_indices]
     write_results_csv(paths.results("tune"), units, manifest.hparams, scores, resolved.family)
     states = ("complete", "incomplete", "diverged") + (("stopped",) if cfg.search.stops_sets else ())
     counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in states}
-    partial = sum(writer.partial_seconds.get(i, 0.0) for i in stopped)  # their last, unfinished orderings
-    if stopped:
-        cost = sum(float(u.get("train_seconds") or 0) for u in units if u["set_index"] in stopped) + partial
-        stopper = cfg.search.scheduler if cfg.search.scheduler != "none" else f"the {cfg.search.pruner} pruner"
-        console.print(f"{len(stopped)} of {len(set_indices)} sets stopped early by {stopper} "
-                      f"(never H*; they cost {cost:.0f} s of training): "
-                      + ", ".join(f"set{i:03d} {finished[i]}/{S}" for i in stopped))
     manifest.set_phase("tune", stopped_sets=stopped)
     try:
         selection = select_best(results, cfg.search.selection, expected_orderings=S, sets=set_indices,
                                 criterion=resolved.criterion, stopped=stopped)
     except Exception:
-        journal.log(phase_key, counts, tags={"gtep.status": "failed"})
-        journal.log_file(phase_key, paths.results("tune"))
-        journal.terminate(phase_key, "FAILED")
-        finish_journal(journal, paths, console)
-        manifest.set_phase("tune", status="failed")
+        fail_tuning(journal, phase_key, counts, paths, manifest, console)
         raise
     best_index = selection.best_index
     hparams = manifest.hparams(best_index)
-    summary = summarize_units([u for u in units if u["set_index"] == best_index], S, resolved.family,
-                              resolved.criterion)
-    best: dict[str, Any] = {
-        "study": cfg.study, "algorithm": cfg.algorithm, "backbone": cfg.backbone, "set_index": best_index,
-        "selection": cfg.search.selection, "criterion": resolved.criterion.name, "family": resolved.family.name,
-        "score": float(selection.best.score(cfg.search.selection)),
-        "acc": summary["acc"], "avg_acc": summary["avg_acc"], "tuning_run_id": run_id,
-        "hparams": hparams, "effective": effective_hyperparameters(hparams)}
-    write_best(paths.best, best)
-    score_rows = [{"set_index": s.set_index, "hmean_of_means": s.hmean_of_means, "mean_of_hmeans": s.mean_of_hmeans,
-                   "acc": s.acc_mean, "avg_acc": s.avg_acc_mean, "diverged_orderings": s.diverged_orderings,
-                   "orderings": s.orderings, "status": s.status} for s in selection.scores]
-    manifest.set_phase("tune", status="finished", best_set_index=best_index, scores=score_rows)
     best_units = [u for u in units if u["set_index"] == best_index]
-    ranked = sorted(selection.scores, key=lambda s: -s.score(cfg.search.selection))[:10]
-    top = [f"Sets by {resolved.criterion.description} ({cfg.search.selection}, %):", "",
-           "| set | Acc | AvgAcc | score | orderings |", "|---|---:|---:|---:|---|"]
-    top += [f"| set{s.set_index:03d}{' (H*)' if s.set_index == best_index else ''} | {100 * s.acc_mean:.2f} "
-            f"| {100 * s.avg_acc_mean:.2f} | {100 * s.score(cfg.search.selection):.2f} | {s.finished_orderings}/{S} |"
-            for s in ranked]
+    summary = summarize_units(best_units, S, resolved.family, resolved.criterion)
+    write_best(paths.best, best_record(resolved, selection, hparams, summary, run_id))
+    manifest.set_phase("tune", status="finished", best_set_index=best_index, scores=score_rows(selection))
     note = phase_note("tune", phase_tags(resolved, "tune")["gtep.dataset"], summary, hparams,
-                      f"H* = set{best_index:03d} of {len(selection.scores)}", top)
+                      f"H* = set{best_index:03d} of {len(selection.scores)}",
+                      ranked_sets_note(resolved, selection, best_index))
+    partial = sum(writer.partial_seconds.get(i, 0.0) for i in stopped)  # their last, unfinished orderings
     # the phase run carries H* as params too, so the UI compares it with the evaluation run that re-ran it
     # the same metric names as every phase run (no metric only one phase has: MLflow's compare view would show
     # NaN); which set H* is stays a tag, gtep.best_set_index
