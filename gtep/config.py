@@ -90,6 +90,13 @@ class IircSpec(_Strict):
     hierarchy: str = "groups"
     sub_keep: float = Field(0.8, gt=0, le=1, description="share of a subclass's training images it keeps")
     super_share: float = Field(0.4, gt=0, le=1, description="share of each subclass's images its superclass gets")
+    # The replay budget as the paper keeps it (20 per seen label, growing with the labels), in place of
+    # training.memory_size's fixed total: give one of the two (config.resolve refuses both).
+    memory_per_class: int | None = Field(None, ge=1, description="replay samples kept per seen label")
+    in_task_validation: float = Field(0.0, ge=0, lt=1, description="share of each subclass's training images held "
+                                      "out to validate in-task; its pw-JS plateau decays the lr (0: off)")
+    plateau_patience: int = Field(10, ge=1, description="epochs without a validation gain before the lr decays "
+                                  "(scaled by epoch_scale)")
 
     @field_validator("hierarchy")
     @classmethod
@@ -159,6 +166,11 @@ class FluidSpec(_Strict):
     head_cut: int = Field(50, ge=0, description="head classes have more samples than this (the paper's 50)")
     window: int = Field(100, ge=1, description="steps per window of the rolling accuracy")
     backward_factor: float = Field(1.0, ge=0, description="a backward pass costs this many forward passes")
+    unseen_positives: Literal["novel", "all"] = Field(
+        "novel", description="the unseen detector's positives: first sightings of novel classes (the paper's App. "
+        "H) or of every class, pretrain classes included")
+    pretrain_holdout: float = Field(0.0, ge=0, lt=1, description="share of each pretrain class's training images "
+                                    "that pretraining leaves out and the streams may show beside its test images")
 
 
 class ScenarioSpec(_Strict):
@@ -250,7 +262,10 @@ class ScenarioSpec(_Strict):
         if self.family == "iirc" and self.iirc is not None:
             i = self.iirc
             source = "groups" if i.hierarchy == "groups" else Path(i.hierarchy).name
-            return f"iirc {i.first_task_superclasses} superclasses+{i.classes_per_task}/task ({source})"
+            extras = ([f"{i.memory_per_class}/label memory"] if i.memory_per_class is not None else []) + (
+                [f"{i.in_task_validation:.0%} in-task validation"] if i.in_task_validation else [])
+            return (f"iirc {i.first_task_superclasses} superclasses+{i.classes_per_task}/task ({source})"
+                    + "".join(f", {e}" for e in extras))
         if self.family == "fluid" and self.fluid is not None:
             stream = self.fluid
             return (f"fluid {stream.n_pretrain_classes} pretrain+{stream.n_novel_classes} novel classes, "
@@ -378,11 +393,16 @@ class SearchSpec(_Strict):
 
 ADDED_SEARCH_FIELDS = ("scheduler", "scheduler_options", "protocol", "protocol_tasks",  # issue 24
                        "pruner", "pruner_options", "fidelity")
+ADDED_IIRC_FIELDS = ("memory_per_class", "in_task_validation", "plateau_patience")  # issue 31
 
 
 def with_added_defaults(stored: dict[str, Any]) -> dict[str, Any]:
-    """A recorded config (a manifest's) with the search fields added since, at their defaults: a study recorded
-    before them compares equal to the same config today (resume, matrix cells)."""
+    """A recorded config (a manifest's) with the search fields (and scenario.iirc's) added since, at their
+    defaults: a study recorded before them compares equal to the same config today (resume, matrix cells)."""
+    scenario = stored.get("scenario")
+    if isinstance(scenario, dict) and isinstance(scenario.get("iirc"), dict):
+        iirc = {name: IircSpec.model_fields[name].default for name in ADDED_IIRC_FIELDS}
+        stored = {**stored, "scenario": {**scenario, "iirc": {**iirc, **scenario["iirc"]}}}
     if not isinstance(stored.get("search"), dict):
         return stored
     defaults = SearchSpec().model_dump(mode="json")
@@ -504,6 +524,21 @@ class ExperimentConfig(_Strict):
     compute: ComputeSpec = ComputeSpec()
     tracking: TrackingSpec = TrackingSpec()
     seed: int = Field(0, ge=0)  # numpy seeds are non-negative
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_memory_budget(cls, data: Any) -> Any:
+        """scenario.iirc.memory_per_class is the whole budget: a training.memory_size left out is 0, not the
+        fixed total's default (resolve refuses a memory_size given beside it). Written into the data, so a
+        config dumped and read again (a manifest, command-line overrides) means the same."""
+        scenario = data.get("scenario") if isinstance(data, dict) else None
+        iirc = scenario.get("iirc") if isinstance(scenario, dict) else None
+        if not isinstance(iirc, dict) or iirc.get("memory_per_class") is None:
+            return data
+        training = data.get("training") or {}
+        if isinstance(training, dict) and "memory_size" not in training:
+            data = {**data, "training": {**training, "memory_size": 0}}
+        return data
 
     @property
     def study_dir(self) -> Path:
@@ -933,6 +968,10 @@ def _check_iirc(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec)
 
     spec = cfg.scenario.iirc
     assert spec is not None
+    if spec.memory_per_class is not None and cfg.training.memory_size:
+        raise ConfigError("scenario.iirc.memory_per_class", f"is {spec.memory_per_class} per label but "
+                          f"training.memory_size gives a fixed total ({cfg.training.memory_size}) too; give one "
+                          "budget: remove training.memory_size, or memory_per_class for the fixed total")
     options = IircOptions.of(cfg.scenario.family_options)
     sizes: list[tuple[int, ...]] = []
     metadata = []
@@ -978,6 +1017,10 @@ def _check_fluid(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec
             raise ConfigError("scenario.fluid.pretrain_classes", f"{foreign[:5]} are not among the pretrain "
                               "section's classes; the stream's pretrain classes are those the backbone was "
                               "pretrained on: list them in pretrain.classes too")
+    if spec.pretrain_holdout > 0 and pretraining is None:
+        raise ConfigError("scenario.fluid.pretrain_holdout", f"is {spec.pretrain_holdout:g}, but only the pretrain "
+                          "section leaves those training images out of pretraining (a weights file may have trained "
+                          "on them): pretrain with the pretrain section, or set it to 0")
     if len(set(spec.pretrain_classes)) != len(spec.pretrain_classes):
         raise ConfigError("scenario.fluid.pretrain_classes", "lists a class twice; give each class id once")
     if spec.n_pretrain_classes > len(spec.pretrain_classes):

@@ -73,8 +73,10 @@ def phase_facts(cfg: ExperimentConfig, spec: PhaseSpec) -> DataFacts:
         raise ConfigError(dataset_field(cfg, spec.phase), str(err)) from None
 
 
-def phase_data(spec: PhaseSpec, facts: DataFacts) -> PhaseData:
-    counts = {c: (int(facts.train_counts[c]), int(facts.test_counts[c])) for c in spec.classes}
+def phase_data(spec: PhaseSpec, facts: DataFacts, extra: tuple[int, ...] = ()) -> PhaseData:
+    """The phase's classes and their image counts, and the counts of the `extra` classes its family shows besides
+    them (FLUID's pretrain classes: ScenarioFamily.data_classes)."""
+    counts = {c: (int(facts.train_counts[c]), int(facts.test_counts[c])) for c in (*spec.classes, *extra)}
     return PhaseData(spec.phase, spec.dataset, spec.classes, {c: n[0] for c, n in counts.items()},
                      {c: n[1] for c, n in counts.items()}, facts.train_labels)
 
@@ -83,8 +85,8 @@ def check_phase(resolved: ResolvedExperiment, spec: PhaseSpec) -> PhasePlan:
     """The phase's data as its family needs it; the first problem is the error."""
     cfg = resolved.config
     facts = phase_facts(cfg, spec)
-    data = phase_data(spec, facts)
     options = cfg.scenario.family_options
+    data = phase_data(spec, facts, resolved.family.data_classes(options))
     problems = resolved.family.check_data(data, options)
     if problems:
         problem = problems[0]

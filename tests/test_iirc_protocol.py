@@ -12,7 +12,9 @@ from gtep.protocol.iirc import (
     assign_samples,
     evaluation_labels,
     evaluation_targets,
+    hold_out,
     iirc_tasks,
+    label_kinds,
     multi_hot,
     task_members,
     task_training_indices,
@@ -227,3 +229,87 @@ def test_task_matrix_and_summary_through_the_label_rules():
     # members as index arrays give the same matrix
     as_indices = [np.flatnonzero(m) for m in members]
     assert np.allclose(im.task_matrix(predictions, targets, as_indices), r, equal_nan=True)
+
+
+# ---------------------------------------------------------------- in-task validation split (issue 31)
+
+def test_the_in_task_validation_split_is_seeded_and_never_trained_on():
+    h = Hierarchy.of({10: [0, 1]}, standalone=[2, 3, 4])
+    labels = np.concatenate([np.repeat([0, 1, 2], 20), [3] * 3, [4]])  # 20, 20, 20, 3 and 1 images
+    held = hold_out(labels, h.subclasses, 0.1, seed=5)
+    counts = [int((held & (labels == c)).sum()) for c in range(5)]
+    assert counts == [2, 2, 2, 1, 0]  # floor(10% n), at least one of a class of 2 or more, never a class's only one
+    assert np.array_equal(held, hold_out(labels, h.subclasses, 0.1, seed=5))
+    assert not np.array_equal(held, hold_out(labels, h.subclasses, 0.1, seed=6))
+    assert not hold_out(labels, h.subclasses, 0.0, seed=5).any()
+    # both parts are assigned as the paper assigns training images; no held-out image is a training image
+    train = assign_samples(np.where(held, -1, labels), h, seed=5)
+    validation = assign_samples(np.where(held, labels, -1), h, seed=5)
+    trained = np.concatenate(list(train.values()))
+    assert not held[trained].any() and held[np.concatenate(list(validation.values()))].all()
+    assert len(train[0]) == 14 and len(train[10]) == 2 * 7  # 80% and 40% of the 18 left
+    assert len(validation[0]) == 1 and len(validation[2]) == 2  # floor(80% of 2); standalone: all
+
+
+# ---------------------------------------------------------------- diagnostics (paper App. D.2-D.3, issue 31)
+
+def diagnostic_case():
+    h = Hierarchy.of({10: [11, 12], 30: [31]}, standalone=[20, 21])
+    index = [10, 30, 11, 12, 31, 20, 21]
+    pairs = [  # (target, prediction): superclass pw-JS, precision with a superclass, standalone precision
+        ({10, 11}, {10, 12}),  # 1; 0 (12 for 11); - (none predicted)
+        ({10, 12}, {12, 20}),  # 0 (forgot 10); 1; 0 (20 is wrong)
+        ({20}, {20, 10}),  # - (no superclass to carry, the wrong 10 aside); -; 1
+        ({21}, {20, 21}),  # -; -; 1/2
+        ({10, 11}, {10, 11, 21}),  # 1; 1; 0
+        ({30, 31}, {10, 30}),  # JS 1/2 x precision 1/2 = 1/4; -; -
+    ]
+    y = multi_hot([t for t, _ in pairs], index)
+    p = multi_hot([q for _, q in pairs], index)
+    return h, index, p, y
+
+
+def test_label_kinds_mark_superclasses_and_both_types_of_subclass():
+    h, index, _, _ = diagnostic_case()
+    kinds = label_kinds(h, index)
+    assert kinds["superclass"].tolist() == [True, True, False, False, False, False, False]
+    assert kinds["with_super"].tolist() == [False, False, True, True, True, False, False]
+    assert kinds["standalone"].tolist() == [False, False, False, False, False, True, True]
+
+
+def test_superclass_pw_js_and_precision_by_subclass_type_on_hand_computed_cases():
+    h, index, p, y = diagnostic_case()
+    kinds = label_kinds(h, index)
+    assert im.superclass_pw_jaccard(p, y, kinds["superclass"]) == pytest.approx((1 + 0 + 1 + 0.25) / 4)
+    assert im.precision_among(p, y, kinds["with_super"]) == pytest.approx((0 + 1 + 1) / 3)
+    assert im.precision_among(p, y, kinds["standalone"]) == pytest.approx((0 + 1 + 0.5 + 0) / 4)
+    assert im.diagnostics(p, y, kinds) == {
+        "superclass_pw_js": pytest.approx(0.5625), "subclass_precision_with_super": pytest.approx(2 / 3),
+        "subclass_precision_standalone": pytest.approx(0.375)}
+    assert math.isnan(im.precision_among(p[:1], y[:1], kinds["standalone"]))  # nothing of the kind predicted
+    with pytest.raises(ValueError):
+        im.precision_among(p, y, kinds["standalone"][:3])
+
+
+def test_the_summary_carries_the_diagnostics_after_each_task():
+    h = Hierarchy.of({10: [11, 12]}, standalone=[20])
+    tasks = [TaskSpec(0, (10,), (10,)), TaskSpec(1, (11, 20), (10, 11, 20)), TaskSpec(2, (12,), (10, 11, 20, 12))]
+    index = [10, 11, 12, 20]
+    samples = np.array([11, 12, 20])
+    members = task_members(samples, h, tasks)
+    targets = [evaluation_targets(samples, h, t.seen_classes, index) for t in tasks]
+    predictions = [multi_hot(p, index) for p in (
+        [{10}, {10}, {10}],  # super 1 (the image of 20 is not evaluated yet); no subclass predicted
+        [{11}, {10, 11}, {20}],  # super (0 + 1) / 2; with super (1 + 0) / 2; standalone 1
+        [{10, 11}, {12}, set()],  # super (1 + 0) / 2; with super 1; standalone: none predicted
+    )]
+    out = im.summarize(predictions, targets, members, label_kinds(h, index))
+    nan = float("nan")
+    assert np.allclose(out["superclass_pw_js_t"], [1, 0.5, 0.5])
+    assert np.allclose(out["subclass_precision_with_super_t"], [nan, 0.5, 1], equal_nan=True)
+    assert np.allclose(out["subclass_precision_standalone_t"], [nan, 1, nan], equal_nan=True)
+    assert out["superclass_pw_js"] == 0.5 and out["subclass_precision_with_super"] == 1
+    assert math.isnan(out["subclass_precision_standalone"])
+    assert set(im.METRIC_NAMES) <= set(out) and set(im.CURVE_METRICS) <= set(out)
+    without = im.summarize(predictions, targets, members)  # no label kinds: the diagnostics are NaN
+    assert math.isnan(without["superclass_pw_js"]) and out["pw_js_t"] == without["pw_js_t"]

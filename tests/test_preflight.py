@@ -224,7 +224,36 @@ PREFLIGHT: list = [
     pytest.param(C("run", "-c", lambda i: i.cfg(**{"scenario": {**FSCIL, "fscil": {
         **FSCIL["fscil"], "shot_index": i.text("s.json", "[1, 2]")}}})), ["scenario.fscil.shot_index", "JSON object"],
         id="shot-index-not-an-object"),
+    # ---- FLUID (issue 31): what a stream cannot be drawn from, and the section's new options (fluid() below)
+    pytest.param(C("run", "-c", lambda i: fluid(i, npz(y_test=np.where(np.arange(12) == 0, 1, np.arange(12))))),
+                 ["scenario.fluid.pretrain_classes", "[0]", "no test images", "list classes that have some"],
+                 id="fluid-pretrain-class-without-test-images"),
+    pytest.param(C("run", "-c", lambda i: fluid(i, npz(y_train=np.arange(24) % 11, y_test=np.arange(12) % 11,
+                                                       class_names=np.array([f"c{k}" for k in range(12)])))),
+                 ["datasets.split.dataset", "[11]", "no images", "leave them out"],
+                 id="fluid-novel-class-without-images"),
+    pytest.param(C("run", "-c", lambda i: fluid(i, pretrain=True, pretrain_holdout=0.2)),
+                 ["scenario.fluid.pretrain_holdout", "holds out none", "class 0 has 2", "raise pretrain_holdout"],
+                 id="fluid-holdout-holds-out-none"),
+    pytest.param(C("run", "-c", lambda i: fluid(i, pretrain_holdout=0.2)),
+                 ["scenario.fluid.pretrain_holdout", "pretrain section", "set it to 0"],
+                 id="fluid-holdout-without-pretrain-section"),
+    pytest.param(C("run", "-c", lambda i: fluid(i, unseen_positives="seen")),
+                 ["scenario.fluid.unseen_positives", "'novel' or 'all'"], id="fluid-unseen-positives-unknown"),
+    pytest.param(C("check", "-c", lambda i: fluid(i, npz(y_test=np.where(np.arange(12) == 0, 1, np.arange(12))))),
+                 ["scenario.fluid.pretrain_classes", "no test images"], id="fluid-check-refuses-like-run"),
 ]
+
+
+def fluid(i: Inputs, dataset: Callable[[Inputs], str] = npz(), pretrain: bool = False, **section) -> str:
+    """A FLUID config on `dataset` (GOOD: 2 training and 1 test image a class): pretrain classes 0-1, the phases'
+    novel classes out of 2-11; `section` changes scenario.fluid, `pretrain` adds a pretrain section."""
+    stream = {"pretrain_classes": [0, 1], "n_pretrain_classes": 1, "n_novel_classes": 3, "total_samples": 10,
+              "per_class_cap": 3, **section}
+    more = {"pretrain": {"classes": [0, 1], "epochs": 1}} if pretrain else {}
+    return i.cfg(algorithm="fluid_ncm", scenario={"family": "fluid", "fluid": stream}, **more, **{
+        "datasets.split.dataset": dataset(i), "datasets.split.classes": list(range(2, 12)),
+        "datasets.split.classes_per_phase": 5})
 
 
 @pytest.mark.parametrize("build, needles", PREFLIGHT)
@@ -282,7 +311,7 @@ def test_check_prints_the_plan(sandbox):  # noqa: F811
                            env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output + result.stderr
     out = result.output
-    assert "tune tasks (ordering 0): 3 classes: 90 images; 3 classes: 90 images" in out  # synthetic: 30 per class
+    assert "tune tasks (ordering 0): 2 x (3 classes: 90 images)" in out  # synthetic: 30 per class, counted once
     assert "units: tuning R x S = 2 x 1 = 2" in out and "evaluation S = 1" in out
     assert "ms per training image" in out and "tuning about" in out
     assert "nothing was trained or written" in out

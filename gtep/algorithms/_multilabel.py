@@ -87,12 +87,13 @@ class MultiLabelNet(nn.Module):
 class MultiLabelMemory:
     """Replay memory of multi-label samples, each kept with the multi-hot labels it had when it was stored.
 
-    A fixed total budget `size` spread over the labels seen so far (as gtep's ExemplarMemory; the paper keeps
-    20 per label, a budget that grows with the labels: memory_size = 20 * final labels gives its end state):
-    after each task every old label's bucket is cut to size // seen (keeping its selection order), and each
-    new label gets up to that many samples among the task's samples that carry it. A sample carrying several
-    new labels counts for each of them: it is stored once, in the bucket of the first label that chose it, and
-    a later label of the same task needs only quota minus the chosen samples that already carry it.
+    Two budgets. A fixed total `size` spread over the labels seen so far (as gtep's ExemplarMemory): after each
+    task every old label's bucket is cut to size // seen (keeping its selection order), and each new label gets
+    up to that many samples among the task's samples that carry it. Or, with `per_label`, the paper's budget
+    (20 per label, appendix A): every label keeps up to `per_label` samples, so the memory grows with the
+    labels and an old label's bucket is never cut. A sample carrying several new labels counts for each of
+    them: it is stored once, in the bucket of the first label that chose it, and a later label of the same task
+    needs only quota minus the chosen samples that already carry it.
 
     Selection per label: "random" (ER in the paper, a random permutation from the run-seeded global RNG) or
     "herding" (iCaRL, LUCIR, BiC in the paper: herding on the network's L2-normalised features).
@@ -101,12 +102,15 @@ class MultiLabelMemory:
     zero-padded to the latest width: the sample is a negative for every label introduced after it was stored
     (stale labels). Images are kept as they come (StoredImages stay uint8)."""
 
-    def __init__(self, size: int, selection: Selection = "random") -> None:
+    def __init__(self, size: int, selection: Selection = "random", per_label: int | None = None) -> None:
         if size < 0:
             raise ValueError(f"memory size must be >= 0, got {size}")
+        if per_label is not None and per_label < 1:
+            raise ValueError(f"memory per label must be >= 1, got {per_label}")
         if selection not in ("random", "herding"):
             raise ValueError(f"memory selection must be 'random' or 'herding', got {selection!r}")
         self.size = size
+        self.per_label = per_label
         self.selection = selection
         self.width = 0  # labels seen at the latest update
         self._x: dict[int, Any] = {}  # label -> stored images (Tensor or StoredImages), in selection order
@@ -120,6 +124,8 @@ class MultiLabelMemory:
         return sorted(self._y)
 
     def per_class(self, seen_classes: int) -> int:
+        if self.per_label is not None:
+            return self.per_label
         return self.size // max(seen_classes, 1)
 
     def update(self, x: Any, y: Tensor, new_classes: list[int], seen_classes: int, feature_fn: FeatureFn) -> None:
@@ -192,6 +198,14 @@ class MultiLabelLearner(IncrementalLearner[P]):
         # tensors and state_dict calls: the base class's update_memory step drives it unchanged)
         self.memory = MultiLabelMemory(memory_size if self.uses_memory else 0,  # type: ignore[assignment]
                                        self.memory_selection)
+
+    def keep_per_label(self, count: int) -> None:
+        """The paper's replay budget: `count` samples per seen label (the memory grows with the labels) in place
+        of the fixed total; the engine sets it before the first task (scenario.iirc.memory_per_class)."""
+        if len(self.label_memory):
+            raise RuntimeError("the memory budget is set before the first task, not once samples are stored")
+        self.memory = MultiLabelMemory(0, self.memory_selection,  # type: ignore[assignment]
+                                       count if self.uses_memory else None)
 
     @property
     def label_memory(self) -> MultiLabelMemory:

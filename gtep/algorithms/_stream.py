@@ -17,7 +17,8 @@ L2-normalised features, which the minimum-distance detector uses. Unseen-class d
     mdt  minimum distance thresholding: unseen score = min_i || f/|f| - c_i/|c_i| || (c_i: class centroids)
 
 A sample is predicted UNSEEN when its unseen score is >= `threshold` (always, while no class is known; its
-score is then the detector's largest value).
+score is then the detector's largest value). The detector runs inside the meter's inference count: MDT's
+distances to every centroid are part of a prediction's MACs (gtep/algorithms/_distances.py).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gtep.algorithms._distances import euclidean
 from gtep.algorithms.base import CommonParams, FitFn, FitRecipe, IncrementalLearner, P
 from gtep.protocol.fluid import UNSEEN
 
@@ -104,7 +106,8 @@ class StreamLearner(IncrementalLearner[P]):
         if self.total == 0:
             return UNSEEN, MAX_SCORE[self.stream_params.detector]
         logits = meter.inference(self.class_scores, features)
-        score = self.unseen_score(logits, features)
+        # inside the meter: MDT's distances to every centroid are inference compute (the paper's A MACs)
+        score = cast(float, meter.inference(lambda f: self.unseen_score(logits, f), features))
         if score >= self.stream_params.threshold:
             return UNSEEN, score
         return int(logits.argmax(1).item()), score
@@ -155,7 +158,7 @@ class StreamLearner(IncrementalLearner[P]):
     def unseen_score(self, logits: Tensor, features: Tensor) -> float:
         if self.stream_params.detector == "msp":
             return float(1 - F.softmax(logits.float(), dim=1).max())
-        distances = torch.cdist(F.normalize(features, dim=1), F.normalize(self.centroids(), dim=1))
+        distances = euclidean(F.normalize(features, dim=1), F.normalize(self.centroids(), dim=1))
         return float(distances.min())
 
     def seen(self) -> tuple[Tensor, Tensor]:

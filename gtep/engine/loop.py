@@ -6,7 +6,7 @@ epoch, so a non-finite loss ends the run (DivergedError) within one epoch of app
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Iterable
 
 import torch
@@ -40,6 +40,33 @@ def make_scheduler(optimizer: torch.optim.Optimizer, recipe: FitRecipe) -> torch
     if recipe.scheduler == "constant":
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     raise ValueError(f"unknown scheduler {recipe.scheduler!r}; choose steplr, cosine or constant")
+
+
+@dataclass
+class Plateau:
+    """Learning-rate decay on a plateau of a validation score (higher is better), in place of the recipe's
+    schedule: once `patience` epochs pass without the score beating its best by more than `threshold`, the lr
+    is multiplied by the recipe's lr_decay (torch's ReduceLROnPlateau, mode max, absolute threshold, as the IIRC
+    reference code runs it). `score` is called after every epoch; what it returned and the lr after each
+    epoch's step are kept, for the record and for tests."""
+
+    score: Callable[[], float]
+    patience: int
+    threshold: float = 1e-3
+    scores: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+
+    def scheduler(self, optimizer: torch.optim.Optimizer,
+                  recipe: FitRecipe) -> torch.optim.lr_scheduler.ReduceLROnPlateau:
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, mode="max", factor=recipe.lr_decay,
+                                                          patience=self.patience, threshold=self.threshold,
+                                                          threshold_mode="abs")
+
+    def step(self, scheduler: torch.optim.lr_scheduler.ReduceLROnPlateau, optimizer: torch.optim.Optimizer) -> None:
+        value = float(self.score())
+        self.scores.append(value)
+        scheduler.step(value)
+        self.lrs.append(float(optimizer.param_groups[0]["lr"]))
 
 
 @dataclass(frozen=True)
@@ -163,7 +190,9 @@ class Trainer:
 
     def fit(self, parameters: Iterable[nn.Parameter], loss_fn: Callable[[Tensor, Tensor], Tensor],
             x: Tensor | StoredImages, y: Tensor, recipe: FitRecipe, *, augment: bool = True,
-            modules: Iterable[nn.Module] = (), on_epoch: Callable[[int], None] | None = None) -> None:
+            modules: Iterable[nn.Module] = (), on_epoch: Callable[[int], None] | None = None,
+            plateau: Plateau | None = None) -> None:
+        """`plateau`: decay the lr on a plateau of a validation score instead of the recipe's schedule."""
         params = [p for p in parameters if p.requires_grad]
         if not params or len(x) == 0 or recipe.epochs < 1:
             return
@@ -173,7 +202,8 @@ class Trainer:
         self.precision.prepare_modules(modules)
         step_loss = self.step_loss(loss_fn)
         optimizer = make_optimizer(params, recipe)
-        scheduler = make_scheduler(optimizer, recipe)
+        scheduler = make_scheduler(optimizer, recipe) if plateau is None else None
+        on_plateau = plateau.scheduler(optimizer, recipe) if plateau is not None else None
         n, batch = len(x), max(1, recipe.batch_size)
         batches = BatchSource(x, self.generator, augment and self.augment)
         for epoch in range(recipe.epochs):
@@ -195,6 +225,9 @@ class Trainer:
             weights = torch.stack([p.detach().float().abs().sum() for p in params]).sum()
             if not bool(torch.isfinite(epoch_loss + weights)):
                 raise DivergedError(f"non-finite training loss or weights in epoch {epoch + 1}")
-            scheduler.step()
+            if plateau is not None and on_plateau is not None:
+                plateau.step(on_plateau, optimizer)
+            elif scheduler is not None:
+                scheduler.step()
             if on_epoch is not None:
                 on_epoch(epoch)

@@ -10,6 +10,10 @@ study can refuse weights pretrained on the classes it evaluates and feed them as
   the small CPU configurations.
 * A CNN (the ResNets of gtep.models.backbones): SGD with momentum and a cosine schedule, fed by the pipeline
   gtep.data.pipelines chooses for it (PyCIL's: padded crops, flips, brightness), as PyCIL trains them.
+
+`holdout` > 0 leaves that share of the training images of `holdout_classes` out (gtep.protocol.fluid_family
+.held_out: the same images whatever the seed), so a FLUID stream can show them as images the backbone never saw
+(scenario.fluid.pretrain_holdout); the weights' metadata records it.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ from gtep.engine.loop import Trainer
 from gtep.engine.runner import PhaseTensors
 from gtep.models import create_backbone
 from gtep.models.vit import PromptableViT, is_vit
+from gtep.protocol.fluid_family import held_out
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,8 @@ class PretrainSpec:
     weight_decay: float = 0.05  # AdamW's for a ViT; a CNN's SGD takes e.g. 5e-4 (default_spec)
     seed: int = 0
     device: str = "auto"
+    holdout: float = 0.0  # share of the training images of holdout_classes left out (module docstring)
+    holdout_classes: tuple[int, ...] = ()
 
 
 @dataclass
@@ -76,8 +83,9 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
     relabel = np.full(int(max(data.y_train.max(), data.y_test.max())) + 1, -1, dtype=np.int64)
     relabel[list(spec.classes)] = np.arange(len(spec.classes))
     images = PhaseTensors(subset, list(spec.classes), device, pretraining_pipeline(spec.backbone, dataset_name))
-    x = images.images("train", np.ones(len(subset.y_train), dtype=bool))
-    y = torch.from_numpy(relabel[subset.y_train]).to(device)
+    used = pretraining_images(subset.y_train, spec)
+    x = images.images("train", used)
+    y = torch.from_numpy(relabel[subset.y_train[used]]).to(device)
     backbone = create_backbone(spec.backbone).to(device)
     head = nn.Linear(backbone.out_dim, len(spec.classes)).to(device)
     model = nn.ModuleDict({"backbone": backbone, "head": head})
@@ -92,13 +100,14 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
     seconds = time.perf_counter() - start
 
     @torch.no_grad()
-    def accuracy(split: str, labels: np.ndarray) -> float:
+    def accuracy(split: str, labels: np.ndarray, rows: np.ndarray | None = None) -> float:
         model.eval()
-        xt, yt = images.images(split, np.ones(len(labels), dtype=bool)), torch.from_numpy(relabel[labels]).to(device)
+        rows = np.ones(len(labels), dtype=bool) if rows is None else rows
+        xt, yt = images.images(split, rows), torch.from_numpy(relabel[labels[rows]]).to(device)
         preds = torch.cat([head(backbone(xt[i:i + 256])["features"]).argmax(1) for i in range(0, len(xt), 256)])
         return float((preds == yt).float().mean())
 
-    result = PretrainResult(accuracy("train", subset.y_train), accuracy("test", subset.y_test), seconds,
+    result = PretrainResult(accuracy("train", subset.y_train, used), accuracy("test", subset.y_test), seconds,
                             sum(p.numel() for p in backbone.parameters()))
     # A ViT's file holds the timm model (what create_timm_vit loads, as any timm checkpoint); a CNN's holds the
     # backbone's own state, BatchNorm statistics included.
@@ -109,8 +118,19 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
                                      "gtep.mean": ",".join(map(repr, images.pipeline.mean.flatten().tolist())),
                                      "gtep.std": ",".join(map(repr, images.pipeline.std.flatten().tolist())),
                                      "gtep.test_accuracy": f"{result.test_accuracy:.4f}",
-                                     "gtep.epochs": str(spec.epochs)})
+                                     "gtep.epochs": str(spec.epochs),
+                                     **({"gtep.holdout": f"{spec.holdout:g}",
+                                         "gtep.holdout_classes": ",".join(map(str, spec.holdout_classes))}
+                                        if spec.holdout else {})})
     return result
+
+
+def pretraining_images(y_train: np.ndarray, spec: PretrainSpec) -> np.ndarray:
+    """Which training images (bool per row of `y_train`, the pretraining classes' images in dataset order)
+    pretraining uses: all but those held out for a FLUID stream."""
+    used = np.ones(len(y_train), dtype=bool)
+    used[held_out(y_train, spec.holdout_classes, spec.holdout)] = False
+    return used
 
 
 def save_weights(vit: nn.Module, out: Path, metadata: dict[str, str]) -> None:

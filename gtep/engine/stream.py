@@ -1,18 +1,24 @@
 """One FLUID sequence (gtep/protocol/fluid_family.py) with one hyperparameter set: the paper's Algorithm 1.
 
     stream      phase_stream(...) seeded by (study seed, ordering, the phase's classes): pretrain classes' test
-                images and the phase's novel classes' images, Zipf-distributed, shuffled
+                images (and the training images pretraining held out, scenario.fluid.pretrain_holdout) and the
+                phase's novel classes' images, Zipf-distributed, shuffled
     protocol    PredictThenReveal: the image of step t goes to the learner, its prediction is recorded, and only
                 then is its label revealed (asking earlier raises); the learner updates when it decides
                 (StreamLearner.due, every `update_every` samples) on what it has seen
     labels      the learner sees positions in order of first appearance; predictions map back to class ids
     compute     ComputeMeter: inference MACs counted with torch.utils.flop_counter.FlopCounterMode on every
-                prediction (MACs = FLOPs / 2); an update counts its forward MACs per sample (measured the same
-                way on one sample) x samples passed x (1 + backward_factor): the backward pass as a configurable
-                multiple of the forward (scenario.fluid.backward_factor; 1.0 matches the paper's totals,
-                notes 004.2). Pretraining is not counted, as in the paper.
+                prediction (MACs = FLOPs / 2): features, classifier and unseen detector (distances are matrix
+                products, gtep/algorithms/_distances.py: the counter sees no torch.cdist); an update counts its
+                forward MACs per sample (measured the same way on one sample) x samples passed x (1 +
+                backward_factor): the backward pass as a configurable multiple of the forward
+                (scenario.fluid.backward_factor; 1.0 matches the paper's totals, notes 004.2). Pretraining is
+                not counted, as in the paper.
+    detection   the unseen detector's positives: first sightings of novel classes (scenario.fluid
+                .unseen_positives: novel, the paper's App. H) or of every class (all)
     outcome     metrics = fluid_metrics.summarize + the aliases acc/avg_acc/acc_t; acc_matrix holds the rolling
-                accuracy as one row (so generic tables have a row); "diverged" on a non-finite loss
+                accuracy as one row (so generic tables have a row); "diverged" on a non-finite loss, and on a
+                NaN unseen score (its AUROC and F1 are then NaN, never a number; the accuracies are kept)
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
 from gtep.engine.runner import DATA_FLOW_RUNNERS, OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
 from gtep.protocol import fluid_metrics
-from gtep.protocol.fluid import UNSEEN, PredictThenReveal, first_occurrences
+from gtep.protocol.fluid import UNSEEN, PredictThenReveal
 from gtep.protocol.fluid_family import STREAM, FluidOptions, phase_stream, with_aliases
 from gtep.protocol.scenarios import ordering_seed
 
@@ -118,13 +124,23 @@ class StreamRun:
             self.outcome.metrics = self.metrics()
             self.outcome.acc_matrix = [list(cast(list[float], self.outcome.metrics["rolling_acc"]))]
             self.outcome.test_counts = [len(self.stream)]
+            self.mark_nan_scores()
         return self.outcome
+
+    def mark_nan_scores(self) -> None:
+        """A learner whose unseen scores went NaN has diverged, as one whose loss did: recorded so (H* never
+        picks it), with its detection metrics NaN (fluid_metrics), never a crash of the study."""
+        nan = np.flatnonzero(np.isnan(self.stream.unseen_scores))
+        if len(nan):
+            self.outcome.status = "diverged"
+            self.outcome.message = f"stream step {nan[0] + 1}: the unseen score is NaN ({len(nan)} steps)"
 
     def metrics(self) -> dict[str, Any]:
         labels = self.spec.label
         pretrain = np.unique(labels[self.spec.pretrain]).tolist()
+        positives = fluid_metrics.unseen_positives(labels, ~self.spec.pretrain, self.options.unseen_positives)
         return with_aliases(fluid_metrics.summarize(
-            labels, self.stream.predictions, self.stream.unseen_scores, first_occurrences(labels), pretrain,
+            labels, self.stream.predictions, self.stream.unseen_scores, positives, pretrain,
             self.options.head_cut, self.options.window, self.meter.gmacs))
 
 

@@ -27,9 +27,12 @@ def pretrain_spec(resolved: ResolvedExperiment):
     cfg, plan = resolved.config, resolved.pretraining
     assert cfg.pretrain is not None and plan is not None
     section = cfg.pretrain
+    fluid = cfg.scenario.fluid  # a FLUID stream may show training images pretraining leaves out
+    holdout = fluid.pretrain_holdout if fluid is not None and fluid.pretrain_holdout > 0 else None
     return default_spec(cfg.backbone, plan.classes, epochs=section.epochs, lr=section.lr,
                         batch_size=section.batch_size, weight_decay=section.weight_decay, seed=section.seed,
-                        device=cfg.training.device)
+                        device=cfg.training.device, holdout=holdout,
+                        holdout_classes=tuple(fluid.pretrain_classes) if holdout and fluid else None)
 
 
 def cache_root(resolved: ResolvedExperiment) -> Path:
@@ -47,7 +50,9 @@ def pretrained_path(resolved: ResolvedExperiment) -> Path:
     assert plan is not None
     spec = pretrain_spec(resolved)
     source = resolve_dataset(plan.dataset)
-    recipe = {k: v for k, v in asdict(spec).items() if k != "device"}
+    # no holdout: the key of the files made before holdouts existed, so those stay found
+    recipe = {k: v for k, v in asdict(spec).items()
+              if k != "device" and not (k.startswith("holdout") and not spec.holdout)}
     record = {"version": CACHE_VERSION, "dataset": source.identity, **recipe,
               "pipeline": pretraining_pipeline(spec.backbone, source.name).describe()}
     key = hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -20,6 +20,7 @@ from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
 
 from gtep.config import ConfigError
+from gtep.protocol import iirc_metrics
 
 PREFIX = "gtep/"  # a study's experiment is gtep/<study> (gtep.orchestration.tracking)
 REPORTS_EXPERIMENT = "gtep/reports"
@@ -37,11 +38,15 @@ ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc
 FAMILY_TAG, CRITERION_TAG = "gtep.family", "gtep.criterion"
 # A continual few-shot (CFSL) ordering run logs FAMILY_METRICS["cfsl"]: target accuracy is an accuracy, the
 # target cross-entropy, ATM and MACs are logged as they are.
-CLASS_INCREMENTAL, FSCIL, CFSL = "class_incremental", "fscil", "cfsl"
-DEFAULT_CRITERION = {CLASS_INCREMENTAL: "hmean_acc_avgacc", FSCIL: "gacc_auc", CFSL: "mean_target_acc"}
+# An IIRC ordering run logs FAMILY_METRICS["iirc"] (pw-JS, JS, exact match, precision and the paper's diagnostics):
+# all fractions, in percent in a gtep.units=percent run.
+CLASS_INCREMENTAL, FSCIL, CFSL, IIRC = "class_incremental", "fscil", "cfsl", "iirc"
+DEFAULT_CRITERION = {CLASS_INCREMENTAL: "hmean_acc_avgacc", FSCIL: "gacc_auc", CFSL: "mean_target_acc",
+                     IIRC: iirc_metrics.DEFAULT_CRITERION_METRIC}
 FAMILY_METRICS = {FSCIL: ("aacc", "aacc_sample", "lacc", "tacc", "gacc_auc", "gacc_auc_exact", "hacc", "pd",
                           "novel_acc", "rpd", "kr"),
-                  CFSL: ("target_acc", "target_ce", "atm", "atm_count", "macs")}
+                  CFSL: ("target_acc", "target_ce", "atm", "atm_count", "macs"),
+                  IIRC: iirc_metrics.METRIC_NAMES}
 RATIO_METRICS = frozenset({"rpd", "kr", "rpd_std", "kr_std", "target_ce", "target_ce_std", "atm", "atm_std",
                            "atm_count", "atm_count_std", "macs", "macs_std"})
 ALL_FAMILY_METRICS = tuple(dict.fromkeys(n for names in FAMILY_METRICS.values() for n in names))

@@ -2,8 +2,11 @@
 
 A phase is not a task sequence but a stream: each sequence (the family's "ordering") mixes `n_pretrain_classes`
 of the backbone's pretrain classes (`pretrain_classes`: kept out of both phases' classes; the stream shows
-their TEST images, which the backbone did not train on) with `n_novel_classes` of the phase's own classes
-(train and test images alike), with Zipf-distributed images per class (gtep/protocol/fluid.py). Every sample
+images the backbone did not train on: their TEST images, and the share `pretrain_holdout` of their training
+images that pretraining leaves out, `held_out`) with `n_novel_classes` of the phase's own classes (train and
+test images alike), with Zipf-distributed images per class (gtep/protocol/fluid.py). The paper's stream draws
+pretrain-class images from ImageNet-22K, as many as a novel class's; test images alone (25 or 50 a class on
+small datasets) keep a pretrain class out of the head, so its buckets would not be the paper's. Every sample
 is predicted (a class seen so far, or "unseen") before its label is revealed; the learner decides when and
 how to update. The two phases' novel classes are disjoint, as GTEP's phases always are; the pretrain classes
 are shared by both streams, as the paper's validation sequences share theirs. A sequence's seed mixes the
@@ -26,7 +29,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from gtep.protocol import fluid_metrics
-from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, add_aliases, register_family
+from gtep.protocol.families import METRIC_LABELS, PhaseData, Problem, ScenarioFamily, add_aliases, register_family
 from gtep.protocol.fluid import StreamSpec, fluid_stream
 from gtep.protocol.scenarios import TaskSpec
 
@@ -54,6 +57,8 @@ class FluidOptions:
     head_cut: int = 50  # head: more than head_cut samples in the sequence (the paper's text)
     window: int = 100  # rolling accuracy's window, in steps
     backward_factor: float = 1.0  # a backward pass costs this many forward passes (notes 004.2: the paper's ~1)
+    unseen_positives: str = "novel"  # the detector's positives: novel classes' first sightings (App. H), or "all"
+    pretrain_holdout: float = 0.0  # share of each pretrain class's training images kept for the stream
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> "FluidOptions":
@@ -63,14 +68,39 @@ class FluidOptions:
         return cls(**values)
 
 
+HOLDOUT_SEED = 31  # held-out images depend on the class alone: pretraining and every study draw the same
+
+
+def held_out_count(n: int, holdout: float) -> int:
+    """Training images held out of a class's n: floor(holdout x n) (1e-9: 0.2 x 500 is 100, not 99.99...)."""
+    return int(np.floor(holdout * n + 1e-9))
+
+
+def held_out(y_train: np.ndarray, classes: Sequence[int], holdout: float) -> np.ndarray:
+    """Positions in `y_train` of the training images pretraining must not use (the stream may show them):
+    floor(holdout x n) of each class's n, drawn by (HOLDOUT_SEED, class) among the class's images in array order.
+    A subset of the dataset that keeps a class's images in order (ImageSet.subset) holds out the same images."""
+    picked = [np.zeros(0, dtype=np.int64)]
+    for c in classes:
+        of_class = np.flatnonzero(y_train == c)
+        k = held_out_count(len(of_class), holdout)
+        if k:
+            rng = np.random.default_rng([HOLDOUT_SEED, int(c)])
+            picked.append(of_class[rng.choice(len(of_class), size=k, replace=False)])
+    return np.sort(np.concatenate(picked))
+
+
 def class_pools(y_train: np.ndarray, y_test: np.ndarray, classes: Sequence[int],
-                with_train: bool) -> dict[int, np.ndarray]:
+                with_train: bool, holdout: float = 0.0) -> dict[int, np.ndarray]:
     """Class -> the ids of the images the stream may show: test image i has id len(y_train) + i, training image
-    i has id i (only `with_train`: novel classes; the pretrain classes' training images trained the backbone)."""
+    i has id i. `with_train`: every training image (novel classes); else only those pretraining held out (the
+    share `holdout`: pretrain classes, whose other training images trained the backbone)."""
+    kept = held_out(y_train, [] if with_train else classes, holdout)
     pools = {}
     for c in classes:
         test = np.flatnonzero(y_test == c) + len(y_train)
-        pools[int(c)] = np.concatenate([np.flatnonzero(y_train == c), test]) if with_train else test
+        train = np.flatnonzero(y_train == c) if with_train else kept[y_train[kept] == c]
+        pools[int(c)] = np.concatenate([train, test])
     return pools
 
 
@@ -82,7 +112,7 @@ def sequence_seed(seed: int, ordering: int, classes: Sequence[int]) -> list[int]
 def phase_stream(y_train: np.ndarray, y_test: np.ndarray, classes: Sequence[int], options: FluidOptions,
                  seed: int, ordering: int) -> StreamSpec:
     """Sequence `ordering` of a phase whose novel classes are `classes` (labels are dataset class ids)."""
-    return fluid_stream(class_pools(y_train, y_test, options.pretrain_classes, with_train=False),
+    return fluid_stream(class_pools(y_train, y_test, options.pretrain_classes, False, options.pretrain_holdout),
                         class_pools(y_train, y_test, classes, with_train=True), options.n_pretrain_classes,
                         options.n_novel_classes, options.zipf_s, options.total_samples, options.per_class_cap,
                         sequence_seed(seed, ordering, classes))
@@ -111,6 +141,51 @@ class FluidStream(ScenarioFamily):
     def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
         """Classes a phase's data must hold besides its own: the pretrain classes the streams show."""
         return FluidOptions.of(options).pretrain_classes
+
+    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+        """What the streams cannot be drawn from, before any compute: every novel class (the phase's) needs an
+        image, every pretrain class test images (what the stream shows of it) and, with a holdout, training images
+        to hold out. A stream shorter than total_samples is no problem: the caps and the classes' images may
+        allow fewer, and the generator gives every image they allow (describe_tasks says how many)."""
+        spec = FluidOptions.of(options)
+        problems = []
+        bare = [c for c in phase.classes if phase.train_counts.get(c, 0) + phase.test_counts.get(c, 0) == 0]
+        if bare:
+            problems.append(Problem("datasets", f"the {phase.phase} phase's classes {bare[:5]} have no images in "
+                                    f"{phase.dataset}, so a stream cannot show them; leave them out "
+                                    "(datasets.*.classes) or add their images"))
+        untested = [c for c in spec.pretrain_classes if phase.test_counts.get(c, 0) == 0]
+        if untested:
+            problems.append(Problem("scenario.fluid.pretrain_classes", f"classes {untested[:5]} have no test images "
+                                    f"in {phase.dataset}; the stream shows a pretrain class's test images (the "
+                                    "backbone never trained on them): list classes that have some"))
+        if spec.pretrain_holdout > 0:
+            none = [(c, phase.train_counts.get(c, 0)) for c in spec.pretrain_classes
+                    if held_out_count(phase.train_counts.get(c, 0), spec.pretrain_holdout) == 0]
+            if none:
+                listed = ", ".join(f"class {c} has {n}" for c, n in none[:5])
+                problems.append(Problem("scenario.fluid.pretrain_holdout", f"{spec.pretrain_holdout:g} of a pretrain "
+                                        f"class's training images holds out none where {listed} ({phase.dataset}); "
+                                        "raise pretrain_holdout, list classes with more images, or set it to 0"))
+        return problems
+
+    def describe_tasks(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
+        """Sequence 0 of the phase as `gtep check` prints it: its samples and classes (the generator run on the
+        classes' image counts, which is all it draws from)."""
+        spec = FluidOptions.of(options)
+        pretrain = {c: range(phase.test_counts.get(c, 0) + held_out_count(phase.train_counts.get(c, 0),
+                                                                          spec.pretrain_holdout))
+                    for c in spec.pretrain_classes}
+        novel = {c: range(phase.train_counts.get(c, 0) + phase.test_counts.get(c, 0)) for c in phase.classes}
+        stream = fluid_stream(pretrain, novel, spec.n_pretrain_classes, spec.n_novel_classes, spec.zipf_s,
+                              spec.total_samples, spec.per_class_cap, sequence_seed(seed, 0, phase.classes))
+        head = sum(n > spec.head_cut for n in stream.counts.values())
+        short = f" (total_samples is {spec.total_samples}; the caps and images allow no more)" \
+            if len(stream) < spec.total_samples else ""
+        what = (f"a stream of {len(stream)} samples{short}: {spec.n_pretrain_classes} pretrain classes "
+                f"({100 * stream.pretrain.mean():.0f}% of the samples) + {spec.n_novel_classes} novel classes, "
+                f"{head} head classes (> {spec.head_cut} samples)")
+        return [(what, len(stream))]
 
     def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
         raise NotImplementedError("a FLUID phase is a stream, not tasks; gtep.engine.stream runs it (phase_stream)")

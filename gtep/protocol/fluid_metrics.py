@@ -8,9 +8,12 @@ class id or UNSEEN (-1). Conventions the paper leaves open, chosen here:
 - head = classes with MORE than `head_cut` samples in the sequence, tail = `head_cut` or fewer (the paper's
   text, "<= 50" tail; its appendix figure says ">= 50" head); `head_cut` is reported beside the buckets;
 - rolling accuracy = accuracy over consecutive windows of `window` steps (the last, shorter one included);
-- unseen-class detection: positives are the steps whose class was not seen earlier in the stream; the
-  score is the learner's unseen score (higher = more likely unseen). AUROC by ranks (ties averaged), F1 at
-  the threshold that maximises it (flag when score >= threshold). NaN when a side is empty.
+- unseen-class detection: positives are the first sightings of the NOVEL classes (App. H: 750 positives for
+  the 750 novel classes of a sequence; a pretrain class's first sighting is a negative, as every other step
+  is); `unseen_positives: all` counts the first sightings of every class instead. The score is the learner's
+  unseen score (higher = more likely unseen). AUROC by ranks (ties averaged), F1 at the threshold that
+  maximises it (flag when score >= threshold). NaN when a side is empty, and NaN when a score is NaN (a
+  learner whose scores went NaN has diverged: the engine records the run as diverged, never a number).
 
 Pure: numpy only.
 """
@@ -21,6 +24,8 @@ from typing import Mapping
 import numpy as np
 from numpy.typing import ArrayLike
 
+from gtep.protocol.fluid import first_occurrences
+
 METRIC_NAMES = ("mean_per_class_acc", "overall_acc", "pretrain_head_acc", "pretrain_tail_acc", "novel_head_acc",
                 "novel_tail_acc", "unseen_auroc", "unseen_f1", "gmacs_inference", "gmacs_update", "gmacs_total",
                 "head_cut")
@@ -28,6 +33,7 @@ CURVE_METRICS = ("rolling_acc",)
 BUCKETS = ("pretrain_head", "pretrain_tail", "novel_head", "novel_tail")
 # not accuracies: logged as they are (never as percent)
 RAW_METRICS = frozenset({"unseen_auroc", "unseen_f1", "gmacs_inference", "gmacs_update", "gmacs_total", "head_cut"})
+UNSEEN_POSITIVES = ("novel", "all")  # the detector's positives: first sightings of novel classes (App. H), or all
 
 
 def overall_accuracy(labels: ArrayLike, predictions: ArrayLike) -> float:
@@ -69,11 +75,21 @@ def rolling_accuracy(labels: ArrayLike, predictions: ArrayLike, window: int) -> 
     return [float(hits[i: i + window].mean()) for i in range(0, len(hits), window)]
 
 
+def unseen_positives(labels: ArrayLike, novel: ArrayLike, which: str = "novel") -> np.ndarray:
+    """The steps the detector should flag: first sightings of a class, only of novel classes (`novel`: bool per
+    step) unless `which` is "all"."""
+    if which not in UNSEEN_POSITIVES:
+        raise ValueError(f"unseen_positives is {which!r}; choose from {UNSEEN_POSITIVES}")
+    first = first_occurrences(labels)
+    return first if which == "all" else first & np.asarray(novel, dtype=bool)
+
+
 def auroc(scores: ArrayLike, positives: ArrayLike) -> float:
-    """Area under the ROC curve: P(score of a positive > score of a negative), ties counting one half."""
+    """Area under the ROC curve: P(score of a positive > score of a negative), ties counting one half. NaN when a
+    score is NaN: ranks would place NaN arbitrarily and give a number for a diverged learner."""
     s, pos = np.asarray(scores, dtype=float), np.asarray(positives, dtype=bool)
     n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    if n_pos == 0 or n_neg == 0:
+    if n_pos == 0 or n_neg == 0 or np.isnan(s).any():
         return float("nan")
     order = np.argsort(s, kind="mergesort")
     ranks = np.empty(len(s))
@@ -91,7 +107,7 @@ def auroc(scores: ArrayLike, positives: ArrayLike) -> float:
 def best_f1(scores: ArrayLike, positives: ArrayLike) -> float:
     """The largest F1 of "unseen" over thresholds (flag a step when its score >= the threshold)."""
     s, pos = np.asarray(scores, dtype=float), np.asarray(positives, dtype=bool)
-    if not pos.any():
+    if not pos.any() or np.isnan(s).any():
         return float("nan")
     best = 0.0
     for threshold in np.unique(s):
@@ -103,14 +119,15 @@ def best_f1(scores: ArrayLike, positives: ArrayLike) -> float:
 
 
 def summarize(labels: ArrayLike, predictions: ArrayLike, unseen_scores: ArrayLike,
-              first: ArrayLike, pretrain_classes: ArrayLike, head_cut: int, window: int,
+              positives: ArrayLike, pretrain_classes: ArrayLike, head_cut: int, window: int,
               gmacs: Mapping[str, float]) -> dict[str, float | list[float]]:
-    """Every metric of one stream (METRIC_NAMES and CURVE_METRICS); `gmacs` has 'inference' and 'update'."""
+    """Every metric of one stream (METRIC_NAMES and CURVE_METRICS); `positives` are the steps the detector should
+    flag (unseen_positives), `gmacs` has 'inference' and 'update'."""
     out: dict[str, float | list[float]] = {
         "mean_per_class_acc": mean_per_class_accuracy(labels, predictions),
         "overall_acc": overall_accuracy(labels, predictions),
         **{f"{b}_acc": v for b, v in bucket_accuracies(labels, predictions, pretrain_classes, head_cut).items()},
-        "unseen_auroc": auroc(unseen_scores, first), "unseen_f1": best_f1(unseen_scores, first),
+        "unseen_auroc": auroc(unseen_scores, positives), "unseen_f1": best_f1(unseen_scores, positives),
         "gmacs_inference": float(gmacs["inference"]), "gmacs_update": float(gmacs["update"]),
         "gmacs_total": float(gmacs["inference"]) + float(gmacs["update"]), "head_cut": float(head_cut),
         "rolling_acc": rolling_accuracy(labels, predictions, window),

@@ -19,6 +19,8 @@ How a scenario family would use this module (the family is not registered here):
     hierarchy = Hierarchy.of({super: [subs], ...}, standalone=[...])      # the phase's classes
     tasks = iirc_tasks(hierarchy, first, per_task, seed, ordering)         # ScenarioFamily.tasks
     per_class = assign_samples(train_subclass_labels, hierarchy, seed)     # once per phase, not per ordering
+    held = hold_out(train_subclass_labels, hierarchy.subclasses, 0.1, seed)  # optional in-task validation:
+    # assign_samples(np.where(held, -1, labels), ...) trains, assign_samples(np.where(held, labels, -1), ...) validates
     train_idx = task_training_indices(per_class, tasks[t])                 # images of task t
     y_train = training_targets(train_subclass_labels[train_idx], hierarchy, tasks[t].new_classes, label_index)
     y_test = evaluation_targets(test_subclass_labels, hierarchy, tasks[t].seen_classes, label_index)
@@ -42,6 +44,7 @@ SUB_KEEP = 0.8  # a subclass with a superclass keeps the first 80% of its shuffl
 SUPER_SHARE = 0.4  # its superclass receives the last 40% (so 20% are seen under both labels)
 SUPER_CAP_SUBCLASSES = 8  # above 8 subclasses, a superclass takes (8 / n_sub) * 40% from each
 
+_HOLD_OUT_STREAM = 7  # any constant: the in-task validation draw is not assign_samples' (seed, subclass) draw
 _DRAWS = 1000  # rejection-sampling attempts per task before the feasible greedy choice
 
 
@@ -213,6 +216,30 @@ def assign_samples(train_labels_by_subclass: np.ndarray | Sequence[int], hierarc
     return out
 
 
+def hold_out(train_labels_by_subclass: np.ndarray | Sequence[int], subclasses: Iterable[int], share: float,
+             seed: int) -> np.ndarray:
+    """The in-task validation images (paper section 4.1: a fixed share of the training data, 10% on CIFAR, 4% on
+    ImageNet, the same in every run), as a bool mask over the training arrays.
+
+    Each subclass's images are shuffled, seeded by (seed, subclass) on a stream of their own (assign_samples
+    draws from (seed, subclass)), and the first floor(share n) are held out: at least one of a subclass with two
+    or more images (a few-image class would hold out none), never all of them. share 0 holds out nothing. The
+    caller assigns the held-out images to classes as it assigns the training images (`assign_samples` on each
+    part), so the in-task validation set has superclass samples too: the paper's Table 1 counts 5,770 with
+    duplicates out of 5,000 images."""
+    labels = np.asarray(train_labels_by_subclass)
+    held = np.zeros(len(labels), dtype=bool)
+    if share <= 0:
+        return held
+    for sub in subclasses:
+        of_sub = np.flatnonzero(labels == int(sub))
+        n = len(of_sub)
+        count = min(max(1, _count(share, n)), n - 1) if n >= 2 else 0
+        shuffled = np.random.default_rng([int(seed), int(sub), _HOLD_OUT_STREAM]).permutation(of_sub)
+        held[shuffled[:count]] = True
+    return held
+
+
 def task_training_indices(per_class: Mapping[int, np.ndarray], task: TaskSpec | Sequence[int]) -> np.ndarray:
     """A task's training images (Alg. 3 IncrementTask): the union of its classes' assigned images, ascending."""
     classes = task.new_classes if isinstance(task, TaskSpec) else task
@@ -259,6 +286,16 @@ def evaluation_targets(subclass_labels: np.ndarray | Sequence[int], hierarchy: H
                        observed_classes: Iterable[int], label_index: Sequence[int]) -> np.ndarray:
     """Multi-hot evaluation targets (`evaluation_labels` of each); a sample of no observed class has none."""
     return _targets(subclass_labels, hierarchy, observed_classes, label_index)
+
+
+def label_kinds(hierarchy: Hierarchy, label_index: Sequence[int]) -> dict[str, np.ndarray]:
+    """Bool masks over the label columns (column j is class label_index[j]) for the paper's diagnostics (App.
+    D.2-D.3): "superclass", "with_super" (subclasses under a superclass) and "standalone" (subclasses with none)."""
+    parent, alone = hierarchy.parent, set(hierarchy.standalone)
+    ids = [int(c) for c in label_index]
+    return {"superclass": np.asarray([c in hierarchy.superclasses for c in ids], dtype=bool),
+            "with_super": np.asarray([c in parent for c in ids], dtype=bool),
+            "standalone": np.asarray([c in alone for c in ids], dtype=bool)}
 
 
 def task_members(subclass_labels: np.ndarray | Sequence[int], hierarchy: Hierarchy,

@@ -14,10 +14,16 @@ Tasks (`tasks`): task 0 holds `first_task_superclasses` superclasses, every late
 labels (gtep/protocol/iirc.py `iirc_tasks`, seeded by (study seed, ordering)); training images are assigned
 once per phase with the study seed (`assign_samples`: the same in every ordering and set).
 
+Options beyond the scenario (gtep/engine/multilabel.py applies them): memory_per_class (the paper's budget of
+samples per seen label, in place of training.memory_size's fixed total) and in_task_validation with
+plateau_patience (the paper's in-task validation split and its learning-rate decay on a plateau).
+
 Metrics (gtep/protocol/iirc_metrics.py): pw_js (final R_k), mean_pw_js (mean of R_k over tasks: the default
-H* criterion), js, mean_js, exact_match, precision; curves pw_js_t, js_t, exact_match_t, precision_t,
-pw_js_current_t. Aliases for the parts of gtep that read the class-incremental names (tables' Acc and
-AvgAcc columns, the trainable's running score defaults, MLflow's per-task `acc_t` steps):
+H* criterion), js, mean_js, exact_match, precision, and the paper's diagnostics superclass_pw_js,
+subclass_precision_with_super, subclass_precision_standalone (App. D.2-D.3); curves pw_js_t, js_t,
+exact_match_t, precision_t, pw_js_current_t and the diagnostics' <name>_t. Aliases for the parts of gtep that
+read the class-incremental names (tables' Acc and AvgAcc columns, the trainable's running score defaults,
+MLflow's per-task `acc_t` steps):
 
     acc      = pw_js       the final precision-weighted Jaccard similarity (the paper's headline R_j at the end)
     avg_acc  = mean_pw_js  its mean over the tasks (as AvgAcc is Acc's)
@@ -46,7 +52,13 @@ GROUPS = "groups"  # hierarchy source: the dataset's class groups
 ALIASES = {"acc": "pw_js", "avg_acc": "mean_pw_js", "acc_t": "pw_js_t"}
 
 METRIC_LABELS.update({"pw_js": "pw-JS", "mean_pw_js": "mean pw-JS", "js": "JS", "mean_js": "mean JS",
-                      "exact_match": "exact match", "precision": "precision"})
+                      "exact_match": "exact match", "precision": "precision",
+                      "superclass_pw_js": "superclass pw-JS",
+                      "subclass_precision_with_super": "precision (subclasses with a superclass)",
+                      "subclass_precision_standalone": "precision (standalone subclasses)"})
+
+PLATEAU_PATIENCE = 10  # the reference code's ReduceLROnPlateau(patience=10), with its threshold 1e-3 (absolute)
+PLATEAU_THRESHOLD = 1e-3
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,15 @@ class IircOptions:
     sub_keep: float = SUB_KEEP
     super_share: float = SUPER_SHARE
     tree: Mapping[str, Sequence[str | int]] | None = None  # the file's content (config reads it; workers need not)
+    # replay budget: samples kept per seen label (the paper's 20: the memory grows with the labels); None: the
+    # run's fixed total (training.memory_size) spread over the seen labels
+    memory_per_class: int | None = None
+    # share of each subclass's training images held out as the in-task validation set (the paper's 0.1 on
+    # CIFAR): it is never trained on, and the lr of every training stage is decayed (by the recipe's lr_decay)
+    # when its pw-JS has not improved for plateau_patience epochs (scaled by epoch_scale), in place of the
+    # recipe's schedule. 0: no validation split, the recipe's schedule.
+    in_task_validation: float = 0.0
+    plateau_patience: int = PLATEAU_PATIENCE
 
     @property
     def source(self) -> "str | Mapping[str, Sequence[str | int]]":

@@ -20,6 +20,22 @@ labels is observed), so only an empty prediction matters in practice. A metric o
 
 `summarize` gives the scalars pw_js (final R_k), mean_pw_js (mean of R_k over tasks: the default H*
 criterion), js, mean_js, exact_match (final), and the per-task lists. Pure: numpy only.
+
+Diagnostics (paper App. D.2-D.3), over the same samples as R_k, each restricted to one kind of label column
+(`iirc.label_kinds`); their final values and per-task curves (name_t):
+
+    superclass_pw_js                 pw-JS over the superclass labels alone, on the samples that carry an
+                                     observed superclass (Figures A.10-A.11: are old superclasses still given to
+                                     samples of their new subclasses?)
+    subclass_precision_with_super    precision over the labels of subclasses under a superclass alone, on the
+                                     samples that predict at least one of them (Figures A.12-A.13: confusion
+                                     between sibling subclasses)
+    subclass_precision_standalone    the same over the standalone subclasses' labels (the paper's baseline)
+
+Which samples they average over is not stated in the paper [inferred here]: a sample without an observed
+superclass would score 1 on superclass pw-JS by predicting none, and precision is undefined for a sample that
+predicts none of the kind's labels. NaN when no sample qualifies (e.g. standalone precision on a hierarchy
+without standalone subclasses).
 """
 from __future__ import annotations
 
@@ -27,8 +43,9 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-METRIC_NAMES = ("pw_js", "mean_pw_js", "js", "mean_js", "exact_match", "precision")
-CURVE_METRICS = ("pw_js_t", "js_t", "exact_match_t", "precision_t", "pw_js_current_t")
+DIAGNOSTICS = ("superclass_pw_js", "subclass_precision_with_super", "subclass_precision_standalone")
+METRIC_NAMES = ("pw_js", "mean_pw_js", "js", "mean_js", "exact_match", "precision", *DIAGNOSTICS)
+CURVE_METRICS = ("pw_js_t", "js_t", "exact_match_t", "precision_t", "pw_js_current_t", *(f"{n}_t" for n in DIAGNOSTICS))
 DEFAULT_CRITERION_METRIC = "mean_pw_js"  # a Criterion("mean_pw_js", ("mean_pw_js",), ...) in criteria.py
 
 
@@ -96,6 +113,37 @@ METRICS: Mapping[str, Callable[[np.ndarray, np.ndarray], float]] = {
     "pw_js": pw_jaccard, "js": jaccard, "exact_match": exact_match, "precision": precision}
 
 
+def _columns(pred: np.ndarray, target: np.ndarray, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    p, y = _pair(pred, target)
+    keep = np.asarray(columns, dtype=bool)
+    if keep.shape != (p.shape[1],):
+        raise ValueError(f"the column mask has shape {keep.shape}; give one bool per label ({p.shape[1]})")
+    return p[:, keep], y[:, keep]
+
+
+def superclass_pw_jaccard(pred: np.ndarray, target: np.ndarray, superclass_columns: np.ndarray) -> float:
+    """App. D.2: pw-JS with only the superclass labels (predicted and true) taken into account, on the samples
+    whose target has a superclass (see the module docstring)."""
+    p, y = _columns(pred, target, superclass_columns)
+    rows = y.any(axis=1)
+    return pw_jaccard(p[rows], y[rows])
+
+
+def precision_among(pred: np.ndarray, target: np.ndarray, columns: np.ndarray) -> float:
+    """App. D.3: the mean per-sample precision with only the labels of `columns` taken into account (one type of
+    subclass), on the samples that predict at least one of them."""
+    p, y = _columns(pred, target, columns)
+    rows = p.any(axis=1)
+    return precision(p[rows], y[rows])
+
+
+def diagnostics(pred: np.ndarray, target: np.ndarray, kinds: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """The DIAGNOSTICS of one prediction; `kinds` are `iirc.label_kinds`' column masks."""
+    return {"superclass_pw_js": superclass_pw_jaccard(pred, target, kinds["superclass"]),
+            "subclass_precision_with_super": precision_among(pred, target, kinds["with_super"]),
+            "subclass_precision_standalone": precision_among(pred, target, kinds["standalone"])}
+
+
 def _mask(members: np.ndarray, n: int) -> np.ndarray:
     m = np.asarray(members)
     if m.dtype == bool:
@@ -125,9 +173,12 @@ def task_matrix(predictions: Sequence[np.ndarray], targets: Sequence[np.ndarray]
 
 
 def after_each_task(predictions: Sequence[np.ndarray], targets: Sequence[np.ndarray],
-                    members: Sequence[np.ndarray]) -> dict[str, list[float]]:
-    """R_k for each metric: after task k, over the union of the samples of tasks 0..k (each sample once)."""
-    out: dict[str, list[float]] = {f"{name}_t": [] for name in METRICS}
+                    members: Sequence[np.ndarray],
+                    kinds: Mapping[str, np.ndarray] | None = None) -> dict[str, list[float]]:
+    """R_k for each metric: after task k, over the union of the samples of tasks 0..k (each sample once); with
+    `kinds` (`iirc.label_kinds`), the DIAGNOSTICS too."""
+    names = [*METRICS, *(DIAGNOSTICS if kinds is not None else ())]
+    out: dict[str, list[float]] = {f"{name}_t": [] for name in names}
     seen: np.ndarray | None = None
     for k in range(len(predictions)):
         p, y = _pair(predictions[k], targets[k])
@@ -135,6 +186,9 @@ def after_each_task(predictions: Sequence[np.ndarray], targets: Sequence[np.ndar
         seen = m if seen is None else seen | m
         for name, fn in METRICS.items():
             out[f"{name}_t"].append(fn(p[seen], y[seen]))
+        if kinds is not None:
+            for name, value in diagnostics(p[seen], y[seen], kinds).items():
+                out[f"{name}_t"].append(value)
     return out
 
 
@@ -155,12 +209,18 @@ def summarize_curves(pw_js_t: Sequence[float], js_t: Sequence[float], exact_matc
     return out
 
 
-def summarize(predictions: Sequence[np.ndarray], targets: Sequence[np.ndarray],
-              members: Sequence[np.ndarray]) -> dict[str, float | list[float]]:
+def summarize(predictions: Sequence[np.ndarray], targets: Sequence[np.ndarray], members: Sequence[np.ndarray],
+              kinds: Mapping[str, np.ndarray] | None = None) -> dict[str, float | list[float]]:
     """Every per-ordering IIRC metric from the predictions and targets after each task (see `task_matrix`):
     the scalars of METRIC_NAMES, the curves of CURVE_METRICS (pw_js_current_t: R[k, k], the performance on
-    a task right after learning it). The whole matrix R is `task_matrix`."""
-    curves = after_each_task(predictions, targets, members)
+    a task right after learning it). The whole matrix R is `task_matrix`. The DIAGNOSTICS need the label
+    columns' `kinds` (`iirc.label_kinds`); without them they are NaN."""
+    curves = after_each_task(predictions, targets, members, kinds)
     r = task_matrix(predictions, targets, members)
-    return summarize_curves(curves["pw_js_t"], curves["js_t"], curves["exact_match_t"], curves["precision_t"],
-                            [float(r[k, k]) for k in range(min(r.shape))])
+    out = summarize_curves(curves["pw_js_t"], curves["js_t"], curves["exact_match_t"], curves["precision_t"],
+                           [float(r[k, k]) for k in range(min(r.shape))])
+    for name in DIAGNOSTICS:
+        curve = curves.get(f"{name}_t", [float("nan")] * len(predictions))
+        out[name] = float(curve[-1]) if curve else float("nan")
+        out[f"{name}_t"] = [float(v) for v in curve]
+    return out

@@ -196,6 +196,29 @@ def test_the_memory_spreads_its_budget_and_counts_a_sample_for_each_of_its_label
     assert len(herded) == 4 and herded.state_dict()["width"] == 2
 
 
+def test_a_per_label_budget_keeps_that_many_of_every_seen_label_and_grows():
+    """The IIRC paper's budget (issue 31): N samples per seen label, never cut; the fixed total as before."""
+    per_label, total = make("iirc_replay"), make("iirc_replay", memory_size=MEMORY)
+    per_label.keep_per_label(20)
+    trainer = Trainer(CPU, 0, augment=False)
+    for index in range(len(TASKS)):
+        for learner in (per_label, total):
+            task = task_data(index, False)
+            learner.begin_task(task)  # no training: the memory update is what is under test
+            learner.end_task(task, trainer.fit)
+        seen = sum(len(t) for t in TASKS[: index + 1])
+        assert [len(per_label.label_memory._y[c]) for c in range(seen)] == [20] * seen
+        assert len(per_label.label_memory) == 20 * seen  # 60, 120, 180: the memory grows with the labels
+        assert [len(total.label_memory._y[c]) for c in range(seen)] == [MEMORY // seen] * seen  # 24, 12, 8
+    finetune = make("iirc_finetune")
+    finetune.keep_per_label(20)  # a learner without a memory keeps none
+    assert finetune.label_memory.per_class(3) == 0
+    with pytest.raises(ValueError):
+        MultiLabelMemory(0, "random", per_label=0)
+    with pytest.raises(RuntimeError):
+        per_label.keep_per_label(5)  # not once samples are stored
+
+
 def test_replay_beats_finetune_on_the_first_tasks_labels_after_later_tasks():
     recall_ft, prob_ft = superclass_score(trained("iirc_finetune")[2][-1])
     recall_er, prob_er = superclass_score(trained("iirc_replay")[2][-1])

@@ -2,6 +2,7 @@
 config: its section, the hierarchy source, the superclass split check and the data-flow check."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import math
@@ -125,6 +126,86 @@ def test_the_matrix_agrees_with_the_protocols_task_matrix():
     np.testing.assert_allclose(np.array(run.outcome.acc_matrix, dtype=float)[:, :2], expected)
 
 
+# ---------------------------------------------------------------- issue 31: memory, in-task validation, diagnostics
+
+def test_the_outcome_carries_the_papers_diagnostics(finetuned):
+    from gtep.engine.multilabel import MultiLabelRun
+    from gtep.protocol.iirc import label_kinds
+
+    outcome, _ = finetuned
+    run = MultiLabelRun(job(), load(DATA))
+    for task in run.tasks:
+        run.train_task(task)
+    curves = iirc_metrics.after_each_task(run.predictions, run.targets, run.members,
+                                          label_kinds(run.hierarchy, run.labels))
+    metrics = run.finish().metrics
+    for name in iirc_metrics.DIAGNOSTICS:
+        np.testing.assert_allclose(metrics[f"{name}_t"], curves[f"{name}_t"])
+        assert metrics[name] == outcome.metrics[name] or math.isnan(outcome.metrics[name])
+    assert 0 <= metrics["superclass_pw_js"] <= 1
+    assert math.isnan(metrics["subclass_precision_standalone"])  # groups: every class is under a superclass
+
+
+def test_memory_per_class_gives_the_learner_the_papers_budget():
+    from gtep.engine.multilabel import MultiLabelRun
+
+    data = load(DATA)
+    replay = MultiLabelRun(dataclasses.replace(job(memory_per_class=20), algorithm="iirc_replay", memory_size=0), data)
+    assert replay.learner.label_memory.per_label == 20 and replay.learner.label_memory.per_class(14) == 20
+    fixed = MultiLabelRun(dataclasses.replace(job(), algorithm="iirc_replay", memory_size=140), data)
+    assert fixed.learner.label_memory.per_label is None and fixed.learner.label_memory.per_class(14) == 10
+
+
+def validation_job(**options) -> OrderingJob:
+    hparams = {**HPARAMS, "epochs": 5, "lr_decay": 0.5}
+    return dataclasses.replace(job(in_task_validation=0.2, plateau_patience=1, **options), hparams=hparams)
+
+
+def test_held_out_images_are_never_trained_on_and_the_same_in_every_ordering():
+    from gtep.engine.multilabel import MultiLabelRun
+    from gtep.protocol.iirc import task_training_indices
+
+    data = load(DATA)
+    run = MultiLabelRun(validation_job(), data)
+    held = np.flatnonzero(run.held_out)
+    assert len(held) == 12 * 4  # 20% of each subclass's 20 training images
+    held_pixels = {data.x_train[i].tobytes() for i in held}
+    for task in run.tasks:
+        trained = run.task_data(task).x.pixels.permute(0, 2, 3, 1).cpu().numpy()
+        assert not held_pixels & {image.tobytes() for image in trained}, task.index
+        assert set(task_training_indices(run.per_class_validation, task)) <= set(held)
+    joint = MultiLabelRun(dataclasses.replace(validation_job(), algorithm="tiny_multilabel_joint"), data)
+    everything = joint.task_data(joint.tasks[-1]).x.pixels.permute(0, 2, 3, 1).cpu().numpy()
+    assert not held_pixels & {image.tobytes() for image in everything}  # the complete history: none either
+    other = MultiLabelRun(validation_job(ordering=1), data)
+    assert np.array_equal(other.held_out, run.held_out) and other.tasks != run.tasks
+    assert not MultiLabelRun(job(), data).held_out.any()  # off by default
+
+
+def test_a_plateau_of_the_in_task_validation_score_decays_the_lr():
+    from gtep.engine.multilabel import MultiLabelRun
+    from gtep.protocol.iirc import task_training_indices
+
+    run = MultiLabelRun(validation_job(), load(DATA))
+    real = run.validation_score
+    seen: list[int] = []
+
+    def flat(images, targets) -> float:  # the real score, then a plateau whatever it was
+        seen.append(len(images))
+        assert 0 <= real(images, targets) <= 1 and run.learner.net.training  # the score leaves train mode on
+        return 0.5
+
+    run.validation_score = flat  # type: ignore[method-assign]
+    for task in run.tasks[:2]:
+        run.train_task(task)
+    first, second = run.plateaus  # one per training stage: tiny_multilabel trains once per task
+    assert len(first.lrs) == 2 and len(second.lrs) == 5  # the first task's 2 epochs, then the set's 5
+    # patience 1: the best at epoch 1, no gain at epochs 2 and 3: the lr halves (lr_decay); again after epoch 5
+    assert second.lrs == pytest.approx([0.05, 0.05, 0.025, 0.025, 0.0125])
+    validation = len(task_training_indices(run.per_class_validation, run.tasks[1]))
+    assert seen[2:] == [validation] * 5 and validation > 0
+
+
 # ---------------------------------------------------------------- config
 
 def config(tmp_path, algorithm="tiny_multilabel", **scenario):
@@ -164,6 +245,14 @@ def test_the_omniglot_preset_resolves_with_a_multi_label_learner():
     ({"iirc": {"first_task_superclasses": 1, "classes_per_task": 3, "hierarchy": "/no/such.json"}},
      "scenario.iirc.hierarchy"),
     ({"increments": "5x2"}, "scenario"),
+    ({"iirc": {"first_task_superclasses": 1, "classes_per_task": 3, "memory_per_class": 0}},
+     "scenario.iirc.memory_per_class"),
+    ({"iirc": {"first_task_superclasses": 1, "classes_per_task": 3, "memory_per_class": 2.5}},
+     "scenario.iirc.memory_per_class"),
+    ({"iirc": {"first_task_superclasses": 1, "classes_per_task": 3, "in_task_validation": 1}},
+     "scenario.iirc.in_task_validation"),
+    ({"iirc": {"first_task_superclasses": 1, "classes_per_task": 3, "plateau_patience": 0}},
+     "scenario.iirc.plateau_patience"),
 ])
 def test_a_bad_iirc_section_is_one_error_naming_the_field(tmp_path, change, field):
     data = config(tmp_path)
@@ -172,6 +261,31 @@ def test_a_bad_iirc_section_is_one_error_naming_the_field(tmp_path, change, fiel
     with pytest.raises(ConfigError) as err:
         validate_config(data, "test")
     assert err.value.field == field
+
+
+def test_memory_per_class_replaces_the_fixed_total_and_refuses_both(tmp_path):
+    from gtep.config import load_preset, with_added_defaults
+
+    data = config(tmp_path, iirc={"first_task_superclasses": 1, "classes_per_task": 3, "memory_per_class": 20})
+    cfg = validate_config(data, "test")
+    assert cfg.training.memory_size == 0 and cfg.scenario.family_options["memory_per_class"] == 20
+    resolve(cfg)
+    again = cfg.with_overrides(seed=1)  # dumped and read again (overrides, manifests): still one budget
+    assert again.training.memory_size == 0 and again.scenario.iirc.memory_per_class == 20
+    resolve(again)
+    data["training"] = {"memory_size": 500}
+    with pytest.raises(ConfigError) as err:
+        resolve(validate_config(data, "test"))
+    assert err.value.field == "scenario.iirc.memory_per_class" and "training.memory_size" in str(err.value)
+    plain = validate_config(config(tmp_path), "test")  # no per-class budget: the fixed total as before
+    assert plain.training.memory_size == 1000 and plain.scenario.family_options["memory_per_class"] is None
+    preset = load_preset("omniglot-iirc")  # the paper's 20 per label in the IIRC preset
+    assert preset.scenario.iirc.memory_per_class == 20 and preset.training.memory_size == 0
+    assert preset.scenario.describe() == "iirc 1 superclasses+10/task (groups), 20/label memory"  # MLflow, names
+    old = json.loads(plain.model_dump_json())  # a study recorded before these options compares equal
+    for name in ("memory_per_class", "in_task_validation", "plateau_patience"):
+        del old["scenario"]["iirc"][name]
+    assert with_added_defaults(old)["scenario"] == json.loads(plain.model_dump_json())["scenario"]
 
 
 def test_too_many_first_task_superclasses_is_refused_before_compute(tmp_path):

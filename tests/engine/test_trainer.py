@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
 from gtep.algorithms import FitRecipe
-from gtep.engine.loop import EpochAugmentation, Precision, Trainer
+from gtep.engine.loop import EpochAugmentation, Plateau, Precision, Trainer
 from gtep.engine.runner import PhaseTensors, to_tensor
 from gtep.models import IncrementalNet, create_backbone
 from tests.helpers import load
@@ -120,3 +121,23 @@ def test_epoch_augmentation_crops_and_flips_each_image_by_its_own_draw():
     torch.testing.assert_close(out[0], x[0], msg="offset (pad, pad) and no flip is the image itself")
     expected = torch.nn.functional.pad(x[1], (4, 4, 4, 4))[:, 0:4, 2:6].flip(2)
     torch.testing.assert_close(out[1], expected)
+
+
+def test_a_plateau_of_the_validation_score_decays_the_lr_in_place_of_the_schedule():
+    """IIRC's in-task validation (issue 31): the lr is multiplied by lr_decay once the score has not beaten its
+    best by more than the threshold for `patience` epochs (the reference code's ReduceLROnPlateau, mode max)."""
+    x, y = small_task(16)
+    net = new_net()
+    recipe = RECIPE.replace(epochs=7, lr=0.1, lr_decay=0.5, scheduler="steplr", milestones=(1,))
+    flat = Plateau(lambda: 0.5, patience=2)
+    Trainer(torch.device("cpu"), 0).fit(net.parameters(), lambda a, b: F.cross_entropy(net(a)["logits"], b), x, y,
+                                        recipe, modules=[net], plateau=flat)
+    # epoch 1 sets the best; epochs 2-4 do not beat it, so after epoch 4 the lr halves; again after epoch 7.
+    # StepLR's milestone at epoch 1 would have cut it to 0.05 at once: the plateau replaces the schedule.
+    assert flat.scores == [0.5] * 7
+    assert flat.lrs == pytest.approx([0.1, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025])
+    scores = iter([0.1, 0.2, 0.3, 0.3005, 0.3009, 0.4, 0.5])  # gains below the 1e-3 threshold count as none
+    rising = Plateau(lambda: next(scores), patience=1)
+    Trainer(torch.device("cpu"), 0).fit(net.parameters(), lambda a, b: F.cross_entropy(net(a)["logits"], b), x, y,
+                                        recipe, modules=[net], plateau=rising)
+    assert rising.lrs == pytest.approx([0.1, 0.1, 0.1, 0.1, 0.05, 0.05, 0.05])
