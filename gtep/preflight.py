@@ -2,7 +2,7 @@
 
 Every command that trains (gtep tune | evaluate | run, each cell of gtep matrix) runs `preflight` before Ray or
 MLflow start, and `gtep check` runs it alone and prints the plan. It adds to `resolve` (names, classes, the
-protocol's constraints: gtep/config.py) what needs the data and the files:
+protocol's constraints: gtep/config/) what needs the data and the files:
 
 - each phase's data as its loader will hand it over (gtep/data/datasets.py: dtype and range, NaN, shapes,
   labels), with any conversion said in the plan, the log and the runs' params (`gtep.data_conversion`);

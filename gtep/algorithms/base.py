@@ -345,6 +345,18 @@ def _params_argument(cls: type) -> type[CommonParams] | None:
     return None
 
 
+def names_reaching_first_task(algorithm: type[IncrementalLearner], first_task_scheduler: str) -> set[str] | None:
+    """The sampled names task 1 depends on, from the config's first_task.scheduler alone; None (all of them) for
+    methods that train task 1 with the set. Pure: the engine keys shared first tasks with it, the config checks
+    first_task's sets with it."""
+    if not algorithm.fixed_first_task:
+        return None
+    names = {"optimizer", "momentum", *algorithm.first_task_hparams}
+    if first_task_scheduler == "sampled":  # the reference code lets the set's scheduler reach task 1
+        names.add("scheduler")
+    return names
+
+
 def freeze(module: M) -> M:
     """Stop a module's parameters from training (its BatchNorm statistics are the caller's business)."""
     module.requires_grad_(False)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from gtep.algorithms import ALGORITHMS, CommonParams, FitRecipe, IncrementalLearner, TaskData
-from gtep.algorithms.base import Scheduler
+from gtep.algorithms.base import Scheduler, names_reaching_first_task
 from gtep.data import ImageSet
 from gtep.data.pipelines import Pipeline, PipelineSpec, choose_pipeline, normalisation, pretrained_normalisation
 from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, load_checkpoint, restore_rng, rng_state, save_checkpoint
@@ -186,16 +186,6 @@ def evaluate(learner: IncrementalLearner, x: torch.Tensor, y: torch.Tensor, task
 def hparams_reaching_first_task(algorithm: type[IncrementalLearner], job: OrderingJob) -> set[str] | None:
     """The sampled names task 1 depends on; None (all of them) for methods that train task 1 with the set."""
     return names_reaching_first_task(algorithm, job.first_task.scheduler)
-
-
-def names_reaching_first_task(algorithm: type[IncrementalLearner], first_task_scheduler: str) -> set[str] | None:
-    """hparams_reaching_first_task from the config's first_task.scheduler alone (the config checks with it)."""
-    if not algorithm.fixed_first_task:
-        return None
-    names = {"optimizer", "momentum", *algorithm.first_task_hparams}
-    if first_task_scheduler == "sampled":  # the reference code lets the set's scheduler reach task 1
-        names.add("scheduler")
-    return names
 
 
 class OrderingRun:

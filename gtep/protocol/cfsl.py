@@ -48,7 +48,7 @@ from gtep.protocol.scenarios import ordering_seed
 
 @dataclass(frozen=True)
 class CfslOptions:
-    """scenario.cfsl (gtep/config.py CfslSpec validates it): one task type and how many tasks an ordering has."""
+    """scenario.cfsl (gtep.config CfslSpec validates it): one task type and how many tasks an ordering has."""
 
     support_sets: int  # NSS
     ways: int  # NC

@@ -1,0 +1,137 @@
+"""`resolve`: a config checked against the registries and the data, as the ResolvedExperiment a study runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gtep.config.base import ConfigError
+from gtep.config.checks import check_device, check_output, check_tracking_uri
+from gtep.config.family_checks import (
+    _check_cfsl,
+    _check_family,
+    _check_first_task_sets_differ,
+    _check_fluid,
+    _check_iirc,
+)
+from gtep.config.phases import (
+    PhaseSpec,
+    PretrainPlan,
+    _check_pretrain,
+    _check_weights,
+    _phase_classes,
+    _stored_at_pipeline_size,
+    phase_pipeline,
+)
+from gtep.config.schema import ExperimentConfig
+
+if TYPE_CHECKING:
+    from gtep.data.pipelines import PipelineSpec
+    from gtep.protocol.criteria import Criterion
+    from gtep.protocol.families import ScenarioFamily
+
+
+@dataclass(frozen=True)
+class ResolvedExperiment:
+    config: ExperimentConfig
+    increments: tuple[int, ...]
+    tuning: PhaseSpec
+    evaluation: PhaseSpec
+    space_path: Path
+    pretraining: PretrainPlan | None = None
+    pretrained: Path | None = None  # the file the pretrain step wrote or found (gtep.orchestration.pretraining)
+    # phase -> what its loader converted to reach uint8 pixels (gtep.preflight; recorded as gtep.data_conversion)
+    data_conversions: dict[str, str] = dataclass_field(default_factory=dict)
+
+    @property
+    def weights(self) -> Path | None:
+        """The run's backbone weights: those the pretrain section made, else the config's `weights`."""
+        return self.pretrained or self.config.weights
+
+    @property
+    def family(self) -> "ScenarioFamily":
+        from gtep.protocol.families import FAMILIES
+
+        return FAMILIES.get(self.config.scenario.family)
+
+    @property
+    def criterion(self) -> "Criterion":
+        """H*'s criterion: search.criterion, else the scenario family's."""
+        from gtep.protocol.criteria import CRITERIA
+
+        return CRITERIA.get(self.config.search.criterion or self.family.default_criterion)
+
+    def phase(self, name: str) -> PhaseSpec:
+        """The data of a phase label: D^HT for tune and conventional (H* re-run where it was tuned, paper section
+        3.1), D^E for evaluate and original."""
+        return self.tuning if name in ("tune", "conventional") else self.evaluation
+
+    def pipeline(self, name: str) -> "PipelineSpec":
+        """The data pipeline of a phase label: chosen by its dataset, unless training.augment names one."""
+        return phase_pipeline(self.config, self.phase(name).dataset)
+
+
+def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
+    """Check every name and constraint; touches only metadata, never trains or writes anything."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.models import BACKBONES, backbone_exists
+    from gtep.spaces import SearchSpaceError, default_space_file, load_space
+
+    if cfg.algorithm not in ALGORITHMS:
+        raise ConfigError("algorithm", f"unknown algorithm {cfg.algorithm!r}; "
+                          f"choose from {ALGORITHMS.names()} (gtep algorithms)")
+    if not backbone_exists(cfg.backbone):
+        raise ConfigError("backbone", f"unknown backbone {cfg.backbone!r}; choose from {BACKBONES.names()}, "
+                          "vit_micro_patch4_32, vit_mini_patch4_32 or any timm ViT name")
+    from gtep.models.vit import is_vit
+
+    if ALGORITHMS.get(cfg.algorithm).uses_pretrained and not is_vit(cfg.backbone):
+        raise ConfigError("backbone", f"{cfg.algorithm} works on a pretrained ViT, not {cfg.backbone!r}; "
+                          "pass --backbone vit_... --weights FILE (gtep pretrain makes one)")
+    check_device(cfg.training.device, "training.device")
+    check_output(cfg.tracking.output, "tracking.output")
+    check_tracking_uri(cfg.tracking_uri, "tracking.tracking_uri")
+    _check_family(cfg)
+    iirc = cfg.scenario.family == "iirc"
+    fluid = cfg.scenario.family == "fluid"
+    cfsl = cfg.scenario.family == "cfsl"
+    increments = () if iirc else tuple(cfg.scenario.increment_list)
+    tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
+    pretraining = _check_pretrain(cfg, (tuning, evaluation))  # first: it refuses weights given beside it
+    _check_weights(cfg, (tuning, evaluation))
+    if iirc:
+        increments = _check_iirc(cfg, tuning, evaluation)
+    if fluid:
+        _check_fluid(cfg, tuning, evaluation, pretraining)
+    if cfsl:
+        _check_cfsl(cfg, tuning, evaluation)
+    for phase in (tuning, evaluation) if not (iirc or fluid or cfsl) else ():
+        if sum(increments) != len(phase.classes):
+            own = "tuning" if phase.phase == "tune" else "evaluation"
+            field = "datasets.split" if cfg.datasets.split else f"datasets.{own}"
+            if cfg.scenario.family == "class_incremental":
+                raise ConfigError("scenario.increments", f"sum to {sum(increments)} classes but the {phase.phase} "
+                                  f"phase has {len(phase.classes)} ({phase.dataset}); change the increments or "
+                                  f"restrict the classes in {field}")
+            raise ConfigError(f"scenario.{cfg.scenario.family}", f"its sessions take {sum(increments)} classes "
+                              f"({'+'.join(map(str, increments))}) but the {phase.phase} phase has "
+                              f"{len(phase.classes)} ({phase.dataset}); change base_classes, ways or sessions, or "
+                              f"restrict the classes in {field}")
+    if cfg.search.fidelity == "tasks" and cfg.scenario.family != "class_incremental":
+        raise ConfigError("search.fidelity", f"tasks reports a score after each task of a class-incremental "
+                          f"ordering; the {cfg.scenario.family} family reports after each ordering: use orderings")
+    if cfg.search.protocol == "first_task":
+        if cfg.scenario.family != "class_incremental":
+            raise ConfigError("search.protocol", f"first_task compares sets on the first tasks of a class-incremental "
+                              f"scenario; the {cfg.scenario.family} family has its own sessions, use gtep")
+        if cfg.search.protocol_tasks >= len(increments):
+            raise ConfigError("search.protocol_tasks", f"{cfg.search.protocol_tasks} is not below the scenario's "
+                              f"{len(increments)} tasks; first_task compares sets on fewer tasks than the whole")
+    space_path = cfg.search.space or default_space_file(cfg.algorithm)
+    try:
+        space = load_space(cfg.algorithm, space_path)
+    except SearchSpaceError as err:
+        raise ConfigError("search.space", str(err)) from None
+    _check_first_task_sets_differ(cfg, space.space.sets)
+    return ResolvedExperiment(cfg, increments, tuning, evaluation, Path(space_path), pretraining)
