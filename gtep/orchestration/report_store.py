@@ -20,7 +20,7 @@ from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
 
 from gtep.config import ConfigError
-from gtep.protocol import iirc_metrics
+from gtep.protocol.families import FAMILIES, known_metrics
 
 PREFIX = "gtep/"  # a study's experiment is gtep/<study> (gtep.orchestration.tracking)
 REPORTS_EXPERIMENT = "gtep/reports"
@@ -32,38 +32,58 @@ TRIAL_METRICS = ("acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "mean_of_h
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc", "params_total",
                     "params_trainable", "train_seconds", "diverged")
 # Scenario families (tag gtep.family; runs written before the tag are class-incremental) and the criterion H* was
-# selected by (tag gtep.criterion). A few-shot class-incremental (FSCIL) ordering run logs FAMILY_METRICS["fscil"];
-# its phase and trial runs log their mean over the orderings, <name>_std, and `score` (the criterion's value). rpd
-# and kr are ratios; every other FSCIL metric is an accuracy, in percent in a gtep.units=percent run.
+# selected by (tag gtep.criterion). An ordering run of a family logs the scalars of the family's metric table
+# (gtep/protocol/families.py Metric); its phase and trial runs their mean over the orderings, <name>_std, and
+# `score` (the criterion's value). Percent metrics are in percent in a gtep.units=percent run; ratios and counts
+# as they are. Every list below is read from the registered families' tables, none is kept here.
 FAMILY_TAG, CRITERION_TAG = "gtep.family", "gtep.criterion"
-# A continual few-shot (CFSL) ordering run logs FAMILY_METRICS["cfsl"]: target accuracy is an accuracy, the
-# target cross-entropy, ATM and MACs are logged as they are.
-# An IIRC ordering run logs FAMILY_METRICS["iirc"] (pw-JS, JS, exact match, precision and the paper's diagnostics):
-# all fractions, in percent in a gtep.units=percent run.
-CLASS_INCREMENTAL, FSCIL, CFSL, IIRC = "class_incremental", "fscil", "cfsl", "iirc"
-DEFAULT_CRITERION = {CLASS_INCREMENTAL: "hmean_acc_avgacc", FSCIL: "gacc_auc", CFSL: "mean_target_acc",
-                     IIRC: iirc_metrics.DEFAULT_CRITERION_METRIC}
-FAMILY_METRICS = {FSCIL: ("aacc", "aacc_sample", "lacc", "tacc", "gacc_auc", "gacc_auc_exact", "hacc", "pd",
-                          "novel_acc", "rpd", "kr"),
-                  CFSL: ("target_acc", "target_ce", "atm", "atm_count", "macs"),
-                  IIRC: iirc_metrics.METRIC_NAMES}
-RATIO_METRICS = frozenset({"rpd", "kr", "rpd_std", "kr_std", "target_ce", "target_ce_std", "atm", "atm_std",
-                           "atm_count", "atm_count_std", "macs", "macs_std"})
-ALL_FAMILY_METRICS = tuple(dict.fromkeys(n for names in FAMILY_METRICS.values() for n in names))
-SCORED_METRICS = (*ALL_FAMILY_METRICS, *(f"{n}_std" for n in ALL_FAMILY_METRICS), "score")
+CLASS_INCREMENTAL, FSCIL = "class_incremental", "fscil"
 GACC_COLUMNS = ["run_id", "k", "alpha", "gacc"]
 GACC_STEPS = 12  # gacc_alpha is logged at step k for alpha = k / 12
-TRIAL_COLUMNS = ["run_id", "phase_run_id", "set_index", "status", "set_status", "orderings_tag", "start_time",
-                 "family", "criterion", *TRIAL_METRICS, *SCORED_METRICS]
-ORDERING_COLUMNS = ["run_id", "trial_run_id", "set_index", "ordering", "status", "run_status", "end_time", "percent",
-                    "family", "criterion", *ORDERING_METRICS, *ALL_FAMILY_METRICS]
 # Accuracies are fractions inside the report. Runs tagged gtep.units=percent logged these metrics in percent (57.0
 # for 0.57); older runs logged fractions. Both are read into fractions here, so a report prints the same either way.
 UNITS_TAG = "gtep.units"
-PERCENT_METRICS = frozenset({"acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "hmean_std", "forgetting", "old_acc",
-                             "new_acc", "mean_of_hmeans", "best_hmean", "best_acc", "best_avg_acc", "best_acc_std",
-                             "best_avg_acc_std", "acc_t", "score", "gacc_alpha",
-                             *(n for n in SCORED_METRICS if n not in RATIO_METRICS)})
+BASE_PERCENT = frozenset({"acc", "acc_std", "avg_acc", "avg_acc_std", "hmean", "hmean_std", "forgetting", "old_acc",
+                          "new_acc", "mean_of_hmeans", "best_hmean", "best_acc", "best_avg_acc", "best_acc_std",
+                          "best_avg_acc_std", "acc_t", "score", "gacc_alpha"})
+
+
+def family_metrics() -> dict[str, tuple[str, ...]]:
+    """Each registered family's scalar metrics beyond the ones every ordering run has (ORDERING_METRICS)."""
+    return {name: tuple(m for m in FAMILIES.get(name).metric_names if m not in ORDERING_METRICS) for name in FAMILIES}
+
+
+def all_family_metrics() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(n for names in family_metrics().values() for n in names))
+
+
+def scored_metrics() -> tuple[str, ...]:
+    """What phase and trial runs log of the families' metrics: the means, their stds, and the criterion's score."""
+    names = all_family_metrics()
+    return (*names, *(f"{n}_std" for n in names), "score")
+
+
+def percent_metrics() -> frozenset[str]:
+    """Metrics stored in percent in a gtep.units=percent run: BASE_PERCENT and the families' percent metrics."""
+    shown = {m.name for m in known_metrics().values() if m.percent and not m.curve}
+    return BASE_PERCENT | shown | {f"{n}_std" for n in shown}
+
+
+def default_criterion(family: str) -> str:
+    """H*'s criterion when a run has no gtep.criterion tag: its family's default ('' for an unknown family)."""
+    return FAMILIES.get(family).default_criterion if family in FAMILIES else ""
+
+
+def trial_columns() -> list[str]:
+    return ["run_id", "phase_run_id", "set_index", "status", "set_status", "orderings_tag", "start_time",
+            "family", "criterion", *TRIAL_METRICS, *scored_metrics()]
+
+
+def ordering_columns() -> list[str]:
+    return ["run_id", "trial_run_id", "set_index", "ordering", "status", "run_status", "end_time", "percent",
+            "family", "criterion", *ORDERING_METRICS, *all_family_metrics()]
+
+
 # a tuning phase run logs H*'s numbers as best_* (fraction stores) or as acc, avg_acc, hmean (percent stores)
 BEST_ALIASES = (("best_acc", "acc"), ("best_avg_acc", "avg_acc"), ("best_hmean", "hmean"), ("best_acc_std", "acc_std"),
                 ("best_avg_acc_std", "avg_acc_std"))
@@ -123,11 +143,11 @@ class RunStore:
     def trial_runs(self, experiment_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
         """The trial runs (one row each) and their hyperparameter sets, long: (trial run, name, value)."""
         runs = self._search(experiment_ids, "trial")
-        trials = _frame([trial_row(r) for r in runs], TRIAL_COLUMNS)
+        trials = _frame([trial_row(r) for r in runs], trial_columns())
         return trials, trial_hparams(runs)
 
     def ordering_runs(self, experiment_ids: list[str]) -> pd.DataFrame:
-        return _frame([ordering_row(r) for r in self._search(experiment_ids, "ordering")], ORDERING_COLUMNS)
+        return _frame([ordering_row(r) for r in self._search(experiment_ids, "ordering")], ordering_columns())
 
     def accuracy_steps(self, ordering_ids: list[str], percent: Iterable[str] = ()) -> pd.DataFrame:
         """acc_t per ordering run, as a fraction: accuracy on all classes seen after task t (step t = 1..T).
@@ -213,14 +233,15 @@ def in_percent(run: Run) -> bool:
 def _metrics(run: Run, names: Iterable[str]) -> dict[str, float]:
     """The run's metrics, accuracies as fractions whatever unit the run was logged in (gtep.units)."""
     scale = 100.0 if in_percent(run) else 1.0
-    return {name: float(run.data.metrics.get(name, math.nan)) / (scale if name in PERCENT_METRICS else 1.0)
+    shown = percent_metrics()
+    return {name: float(run.data.metrics.get(name, math.nan)) / (scale if name in shown else 1.0)
             for name in names}
 
 
 def family_tags(run: Run) -> dict[str, str]:
     """The run's scenario family and H*'s selection criterion; a run older than the tags is class-incremental."""
     family = run.data.tags.get(FAMILY_TAG) or CLASS_INCREMENTAL
-    return {"family": family, "criterion": run.data.tags.get(CRITERION_TAG) or DEFAULT_CRITERION.get(family, "")}
+    return {"family": family, "criterion": run.data.tags.get(CRITERION_TAG) or default_criterion(family)}
 
 
 def phase_label(run: Run) -> str:
@@ -242,7 +263,7 @@ def phase_row(run: Run, experiment: str) -> dict[str, Any]:
         ("tuning_run_id", "tuning_run_id"), ("best_trial_run_id", "best_trial_run_id"),
         ("best_set_index_tag", "best_set_index"), ("status_tag", "status"), ("orderings_tag", "orderings"),
         ("reason_tag", "reason"))}
-    metrics = _metrics(run, (*PHASE_METRICS, *SCORED_METRICS))
+    metrics = _metrics(run, (*PHASE_METRICS, *scored_metrics()))
     if phase_label(run) == "tune":  # H*'s numbers under either name
         for best, plain in BEST_ALIASES:
             value = metrics[best] if not math.isnan(metrics[best]) else metrics[plain]
@@ -262,7 +283,7 @@ def trial_row(run: Run) -> dict[str, Any]:
             "set_status": run.data.tags.get("gtep.status", ""),
             "orderings_tag": run.data.tags.get("gtep.orderings", ""),
             "start_time": run.info.start_time or 0, **family_tags(run),
-            **_metrics(run, (*TRIAL_METRICS, *SCORED_METRICS))}
+            **_metrics(run, (*TRIAL_METRICS, *scored_metrics()))}
 
 
 def ordering_row(run: Run) -> dict[str, Any]:
@@ -272,7 +293,7 @@ def ordering_row(run: Run) -> dict[str, Any]:
             "set_index": int(tags.get("gtep.set_index", -1)), "ordering": int(tags.get("gtep.ordering", -1)),
             "status": "diverged" if diverged else tags.get("gtep.status", "finished"), "run_status": run.info.status,
             "end_time": run.info.end_time or 0, "percent": in_percent(run), **family_tags(run),
-            **_metrics(run, (*ORDERING_METRICS, *ALL_FAMILY_METRICS))}
+            **_metrics(run, (*ORDERING_METRICS, *all_family_metrics()))}
 
 
 def trial_hparams(trial_runs: list[Run]) -> pd.DataFrame:

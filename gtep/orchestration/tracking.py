@@ -7,7 +7,7 @@ experiment gtep/<study>
       ordering run `tune/set003/o1`, `evaluate/o0` (gtep.level=ordering: params = the set + ordering; acc,
                 avg_acc, hmean; acc_t per step; started and ended when the ordering trained)
 
-Metrics that are accuracies go to MLflow in percent, rounded to 4 decimals (PERCENT_METRICS; every run is tagged
+Metrics that are accuracies go to MLflow in percent, rounded to 4 decimals (percent_metrics(); every run is tagged
 gtep.units=percent), so the UI shows what the terminal and the report print; the study's files keep fractions.
 
 Workers only report to Ray Tune; this callback turns the reports into runs, which avoids SQLite locking
@@ -28,24 +28,32 @@ from ray import tune
 from gtep.orchestration.journal import TrackingJournal, now_ms
 from gtep.orchestration.study import Manifest
 from gtep.protocol.criteria import DEFAULT_CRITERION, Criterion
-from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, METRIC_LABELS, RATIO_METRICS, ScenarioFamily
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, known_metrics, metric_label
 from gtep.protocol.metrics import harmonic_mean
 from gtep.protocol.selection import OrderingResult, score_set
 
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                     "params_total", "params_trainable", "train_seconds")
-# every scenario family's scalar metrics are accuracies (percent in MLflow) but its ratios (RATIO_METRICS)
-_FAMILY_PERCENT = {m for name in FAMILIES for m in FAMILIES.get(name).metric_names
-                   if m not in RATIO_METRICS and m not in FAMILIES.get(name).plain_metrics}
-_PLAIN_METRICS = frozenset(m for name in FAMILIES for m in FAMILIES.get(name).plain_metrics)
-PERCENT_METRICS = frozenset({"acc", "avg_acc", "hmean", "acc_std", "avg_acc_std", "hmean_std", "forgetting",
-                             "old_acc", "new_acc", "mean_of_hmeans", "acc_t", "score", "score_std", "gacc_alpha",
-                             "score_mean_of_orderings",
-                             "aacc_t", *_FAMILY_PERCENT, *(f"{m}_std" for m in _FAMILY_PERCENT)})
+# Besides the families' own metrics (their tables: gtep/protocol/families.py Metric), what every phase and trial
+# run logs in percent: the HM of the orderings, the criterion's score.
+PERCENT_SUMMARIES = frozenset({"hmean_std", "mean_of_hmeans", "score", "score_std", "score_mean_of_orderings"})
 UNITS_TAG = {"gtep.units": "percent"}
-# Per-ordering lists logged as step metrics: one value per task (step t = task t, from 1), or a curve over its
-# points (gacc_alpha: step k = alpha k/12, from 0).
-STEP_METRICS = {"acc_t": 1, "aacc_t": 1, "gacc_alpha": 0}
+
+
+def percent_metrics() -> frozenset[str]:
+    """The metrics MLflow gets in percent: every registered family's percent metrics, scalars with their `_std`,
+    curves, and PERCENT_SUMMARIES (read from the registry each time: a plugin's family counts once loaded)."""
+    names = set(PERCENT_SUMMARIES)
+    for metric in known_metrics().values():
+        if metric.percent:
+            names.update((metric.name,) if metric.curve else (metric.name, f"{metric.name}_std"))
+    return frozenset(names)
+
+
+def step_metrics() -> dict[str, int]:
+    """Per-ordering lists logged as step metrics, with the step of their first point: one value per task (step t =
+    task t, from 1), or a curve over its points (gacc_alpha: step k = alpha k/12, from 0). Every family's curves."""
+    return {m.name: m.first_step for m in known_metrics().values() if m.curve}
 
 
 def family_extra_metrics(family: ScenarioFamily) -> tuple[str, ...]:
@@ -60,7 +68,8 @@ def scenario_tags(family: ScenarioFamily, criterion: Criterion) -> dict[str, str
 
 def step_points(result: dict[str, Any]) -> list[tuple[str, float, int]]:
     """The (name, percent value, step) points of an ordering's (or a phase's) step metrics."""
-    return [(name, percent(v), first + i) for name, first in STEP_METRICS.items()
+    shown = percent_metrics()
+    return [(name, percent(v) if name in shown else float(v), first + i) for name, first in step_metrics().items()
             for i, v in enumerate(result.get(name) or []) if _finite(v)]
 
 
@@ -71,7 +80,8 @@ def percent(value: float) -> float:
 
 def as_logged(values: dict[str, Any]) -> dict[str, float]:
     """Metrics as they go to MLflow: accuracies in percent, counts and seconds as they are."""
-    return {k: percent(v) if k in PERCENT_METRICS else float(v) for k, v in values.items()}
+    shown = percent_metrics()
+    return {k: percent(v) if k in shown else float(v) for k, v in values.items()}
 
 
 def experiment_name(study: str) -> str:
@@ -241,7 +251,7 @@ class MlflowWriter(tune.Callback):
         unit = {k: result.get(k) for k in ("status", "acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                                            "acc_t", "params_total", "params_trainable", "train_seconds", "message",
                                            "node", "device", "started_at", "finished_at", "first_task",
-                                           "unit_file", *self.extra_metrics, *STEP_METRICS)}
+                                           "unit_file", *self.extra_metrics, *step_metrics())}
         unit.update(set_index=set_index, ordering=s, mlflow_key=key)
         self.manifest.record_unit(self.phase, set_index, s, unit, deferred=True)  # saved by on_step_end
         self._count(unit)
@@ -395,9 +405,8 @@ def _pct(value: Any) -> str:
 
 
 def _as_shown(metric: str, value: Any) -> str:
-    """An accuracy in percent; a ratio (AUROC, GMACs: RATIO_METRICS) or a family's plain metric (CFSL's
-    cross-entropy, ATM, MACs) as it is."""
-    if metric not in RATIO_METRICS and metric not in _PLAIN_METRICS:
+    """An accuracy in percent; a ratio or count of a family's table (AUROC, cross-entropy, ATM, MACs) as it is."""
+    if metric.removesuffix("_std") in percent_metrics() or metric in percent_metrics():
         return _pct(value)
     return f"{float(value):.3g}" if _finite(value) else "–"
 
@@ -413,7 +422,7 @@ def phase_note(phase: str, dataset: str, summary: dict[str, float], hparams: dic
              f"| {_pct(summary.get('avg_acc'))} ± {_pct(summary.get('avg_acc_std'))} | {_pct(summary.get('hmean'))} |"]
     family = FAMILIES.get(str(summary.get("family") or CLASS_INCREMENTAL))
     if family.headline:
-        lines += ["", "| " + " | ".join(METRIC_LABELS.get(m, m) for m in family.headline) + " | H* criterion |",
+        lines += ["", "| " + " | ".join(metric_label(m) for m in family.headline) + " | H* criterion |",
                   "|" + "---:|" * (len(family.headline) + 1),
                   "| " + " | ".join(f"{_as_shown(m, summary.get(m))} ± {_as_shown(m, summary.get(f'{m}_std'))}"
                                     for m in family.headline)

@@ -28,11 +28,15 @@ import numpy as np
 from gtep.protocol import cfsl_metrics
 from gtep.protocol.cfsl import CfslOptions
 from gtep.protocol.families import (
-    METRIC_LABELS,
+    ACC,
+    ACC_T,
+    AVG_ACC,
+    Metric,
     PhaseData,
     Problem,
     ScenarioFamily,
     add_aliases,
+    curve,
     register_family,
 )
 from gtep.protocol.scenarios import TaskSpec
@@ -41,10 +45,14 @@ CFSL = "cfsl"
 CONTINUAL_FEW_SHOT = "continual_few_shot"
 ALIASES = {"acc": "target_acc", "avg_acc": "target_acc", "acc_t": "target_acc_t"}
 
-METRIC_LABELS.update({"target_acc": "target acc", "target_acc_task_std": "target acc std (tasks)",
-                      "target_acc_ci95": "target acc 95% CI", "target_ce": "target CE",
-                      "target_ce_task_std": "target CE std (tasks)", "target_ce_ci95": "target CE 95% CI",
-                      "atm": "ATM (bytes)", "atm_count": "ATM (count)", "macs": "MACs"})
+# <name>_task_std: the std over an ordering's tasks (<name>_std is what tracking calls the std over orderings);
+# target accuracy is a fraction (percent in MLflow); cross-entropy and ATM are ratios, MACs a count
+METRICS = (Metric("target_acc", "target acc"), Metric("target_acc_task_std", "target acc std (tasks)"),
+           Metric("target_acc_ci95", "target acc 95% CI"), Metric("target_ce", "target CE", "ratio"),
+           Metric("target_ce_task_std", "target CE std (tasks)", "ratio"),
+           Metric("target_ce_ci95", "target CE 95% CI", "ratio"), Metric("atm", "ATM (bytes)", "ratio"),
+           Metric("atm_count", "ATM (count)", "ratio"), Metric("macs", "MACs", "count", selectable=False),
+           ACC, AVG_ACC, curve("target_acc_t", "target acc after task t"), ACC_T)
 
 
 @register_family
@@ -53,9 +61,7 @@ class ContinualFewShot(ScenarioFamily):
     description = ("continual few-shot learning: NSS support sets seen once each, then a target set "
                    "(scenario.cfsl)")
     data_flow = CONTINUAL_FEW_SHOT
-    metric_names = (*cfsl_metrics.METRIC_NAMES, "acc", "avg_acc")
-    curve_metrics = (*cfsl_metrics.CURVE_METRICS, "acc_t")
-    plain_metrics = cfsl_metrics.PLAIN_METRICS
+    metrics = METRICS
     default_criterion = cfsl_metrics.DEFAULT_CRITERION_METRIC
     headline: ClassVar[tuple[str, ...]] = ("target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "atm",
                                            "atm_count", "macs")

@@ -30,8 +30,6 @@ import numpy as np
 METRIC_NAMES = ("target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "target_ce_task_std",
                 "target_ce_ci95", "atm", "atm_count", "macs")
 CURVE_METRICS = ("target_acc_t",)
-# not fractions: logged as they are, never as percent
-PLAIN_METRICS = frozenset({"target_ce", "target_ce_task_std", "target_ce_ci95", "atm", "atm_count", "macs"})
 DEFAULT_CRITERION_METRIC = "mean_target_acc"
 Z95 = 1.959963984540054
 

@@ -15,25 +15,51 @@ A family is pure (numpy only), so it is tested without Ray, MLflow or torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import numpy as np
 
-from gtep.protocol import fluid_metrics, fscil_metrics, metrics
+from gtep.protocol import fscil_metrics, metrics
 from gtep.protocol.scenarios import TaskSpec, build_scenario, class_ordering, ordering_seed, split_tasks
 from gtep.registry import Registry
 
-# Per-ordering metrics that are ratios, not accuracies: logged as they are, never as percent (FLUID's AUROC, F1,
-# GMACs and head/tail cut included).
-RATIO_METRICS = frozenset({"rpd", "kr"}) | fluid_metrics.RAW_METRICS
-
 CLASS_INCREMENTAL = "class_incremental"
 
-# How tables and notes name the metrics (the papers' names).
-METRIC_LABELS = {"acc": "Acc", "avg_acc": "AvgAcc", "hmean": "HM", "gacc_auc": "gAcc AUC", "aacc": "aAcc",
-                 "lacc": "lAcc", "tacc": "tAcc", "hacc": "hAcc", "novel_acc": "novel", "aacc_sample": "aAcc (samples)",
-                 "gacc_auc_exact": "gAcc AUC (exact)", "pd": "PD", "rpd": "RPD", "kr": "KR", "forgetting": "forgetting",
-                 "old_acc": "old", "new_acc": "new"}
+Unit = Literal["percent", "ratio", "count"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One row of a family's metric table: the only list of a family's metrics, read by the config's criterion
+    check, MLflow tracking, the terminal tables, `gtep report` and the UI views.
+
+    unit      percent: a fraction, logged to MLflow and shown x100; ratio, count: as they are (AUROC, CE, MACs)
+    curve     a per-ordering list (one value per task, or a curve's points), logged as MLflow step metrics
+              from step `first_step`; otherwise a scalar, logged with its mean and `_std` over the orderings
+    selectable  may be a component of the criterion that selects H* (search.criterion)"""
+
+    name: str
+    label: str
+    unit: Unit = "percent"
+    curve: bool = False
+    selectable: bool = True
+    first_step: int = 1
+
+    @property
+    def percent(self) -> bool:
+        return self.unit == "percent"
+
+
+def curve(name: str, label: str, first_step: int = 1, unit: Unit = "percent") -> Metric:
+    return Metric(name, label, unit, curve=True, selectable=False, first_step=first_step)
+
+
+# Every family logs these under the class-incremental names gtep's tables and scores read (its own metrics copied
+# into them where its paper has other names: add_aliases).
+ACC, AVG_ACC = Metric("acc", "Acc"), Metric("avg_acc", "AvgAcc")
+ACC_T = curve("acc_t", "Acc after task t")
+CLASS_INCREMENTAL_METRICS = (ACC, AVG_ACC, Metric("hmean", "HM"), Metric("forgetting", "forgetting"),
+                             Metric("old_acc", "old"), Metric("new_acc", "new"), ACC_T)
 
 
 @dataclass(frozen=True)
@@ -64,13 +90,27 @@ class ScenarioFamily:
     name: ClassVar[str]
     description: ClassVar[str]
     data_flow: ClassVar[str] = "class_incremental"  # what a learner must support (IncrementalLearner.data_flows)
-    metric_names: ClassVar[tuple[str, ...]]  # scalar per-ordering metrics, in the order tables show them
-    curve_metrics: ClassVar[tuple[str, ...]] = ("acc_t",)  # per-ordering lists (one value per task, or a curve)
+    metrics: ClassVar[tuple[Metric, ...]]  # the family's metric table, scalars in the order tables show them
     default_criterion: ClassVar[str] = "hmean_acc_avgacc"
     headline: ClassVar[tuple[str, ...]] = ()  # metrics the terminal tables add beside Acc, AvgAcc and HM
-    # scalar metrics that are not fractions (cross-entropies, memory ratios, operation counts): MLflow logs them
-    # as they are, not as percent (as RATIO_METRICS)
-    plain_metrics: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """Scalar per-ordering metrics, in the order tables show them."""
+        return tuple(m.name for m in self.metrics if not m.curve)
+
+    @property
+    def curve_metrics(self) -> tuple[str, ...]:
+        """Per-ordering lists (one value per task, or a curve)."""
+        return tuple(m.name for m in self.metrics if m.curve)
+
+    @property
+    def plain_metrics(self) -> frozenset[str]:
+        """Scalars that are not fractions (ratios, cross-entropies, operation counts): logged as they are."""
+        return frozenset(m.name for m in self.metrics if not m.curve and not m.percent)
+
+    def metric(self, name: str) -> Metric | None:
+        return next((m for m in self.metrics if m.name == name), None)
 
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         """Classes per task; a phase needs exactly their sum of classes."""
@@ -117,6 +157,22 @@ def empty_classes(phase: PhaseData) -> list[tuple[str, str]]:
 FAMILIES: Registry[ScenarioFamily] = Registry("scenario family")
 
 
+def known_metrics() -> dict[str, Metric]:
+    """Every registered family's metrics by name (a name two families share keeps the first one's row; they
+    agree on its unit, as the family contract test checks)."""
+    out: dict[str, Metric] = {}
+    for name in FAMILIES:
+        for metric in FAMILIES.get(name).metrics:
+            out.setdefault(metric.name, metric)
+    return out
+
+
+def metric_label(name: str) -> str:
+    """How tables and notes name a metric (its paper's name); a metric no family lists is shown by its name."""
+    metric = known_metrics().get(name)
+    return metric.label if metric else name
+
+
 def add_aliases(metrics: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
     """A family's metrics plus the class-incremental names gtep's tables and scores read (acc, avg_acc, acc_t),
     each a copy of the family's own metric it stands for (`aliases`: alias -> the family's name)."""
@@ -136,7 +192,7 @@ def register_family(family: type[ScenarioFamily]) -> type[ScenarioFamily]:
 class ClassIncremental(ScenarioFamily):
     name = CLASS_INCREMENTAL
     description = "the GTEP paper's class-incremental scenarios (scenario.increments)"
-    metric_names = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc")
+    metrics = CLASS_INCREMENTAL_METRICS
 
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         from gtep.protocol.scenarios import parse_increments
@@ -185,9 +241,12 @@ class FewShotOptions:
 class FewShotClassIncremental(ScenarioFamily):
     name = "fscil"
     description = "few-shot class-incremental: a base session, then N-way K-shot sessions (scenario.fscil)"
-    metric_names = ("gacc_auc", "aacc", "lacc", "tacc", "hacc", "novel_acc", "acc", "avg_acc", "hmean",
-                    "aacc_sample", "gacc_auc_exact", "pd", "rpd", "kr", "forgetting")
-    curve_metrics = ("acc_t", "aacc_t", "gacc_alpha")
+    metrics = (Metric("gacc_auc", "gAcc AUC"), Metric("aacc", "aAcc"), Metric("lacc", "lAcc"), Metric("tacc", "tAcc"),
+               Metric("hacc", "hAcc"), Metric("novel_acc", "novel"), ACC, AVG_ACC, Metric("hmean", "HM"),
+               Metric("aacc_sample", "aAcc (samples)"), Metric("gacc_auc_exact", "gAcc AUC (exact)"),
+               Metric("pd", "PD"), Metric("rpd", "RPD", "ratio"), Metric("kr", "KR", "ratio"),
+               Metric("forgetting", "forgetting"),
+               ACC_T, curve("aacc_t", "aAcc after session t"), curve("gacc_alpha", "gAcc(alpha), alpha = k/12", 0))
     default_criterion = "gacc_auc"
     headline = ("gacc_auc", "aacc", "novel_acc")
 

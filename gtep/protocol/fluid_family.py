@@ -28,8 +28,18 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from gtep.protocol import fluid_metrics
-from gtep.protocol.families import METRIC_LABELS, PhaseData, Problem, ScenarioFamily, add_aliases, register_family
+from gtep.protocol.families import (
+    ACC,
+    ACC_T,
+    AVG_ACC,
+    Metric,
+    PhaseData,
+    Problem,
+    ScenarioFamily,
+    add_aliases,
+    curve,
+    register_family,
+)
 from gtep.protocol.fluid import StreamSpec, fluid_stream
 from gtep.protocol.scenarios import TaskSpec
 
@@ -37,11 +47,16 @@ FLUID = "fluid"
 STREAM = "stream"
 ALIASES = {"acc": "overall_acc", "avg_acc": "mean_per_class_acc", "acc_t": "rolling_acc"}
 
-METRIC_LABELS.update({"mean_per_class_acc": "mean per-class", "overall_acc": "overall",
-                      "pretrain_head_acc": "pretrain-head", "pretrain_tail_acc": "pretrain-tail",
-                      "novel_head_acc": "novel-head", "novel_tail_acc": "novel-tail", "unseen_auroc": "unseen AUROC",
-                      "unseen_f1": "unseen F1", "gmacs_inference": "GMACs inference", "gmacs_update": "GMACs update",
-                      "gmacs_total": "GMACs", "head_cut": "head cut"})
+# accuracies are fractions (percent in MLflow); AUROC and F1 ratios; GMACs and the head cut counts
+METRICS = (Metric("mean_per_class_acc", "mean per-class"), Metric("overall_acc", "overall"),
+           Metric("pretrain_head_acc", "pretrain-head"), Metric("pretrain_tail_acc", "pretrain-tail"),
+           Metric("novel_head_acc", "novel-head"), Metric("novel_tail_acc", "novel-tail"),
+           Metric("unseen_auroc", "unseen AUROC", "ratio"), Metric("unseen_f1", "unseen F1", "ratio"),
+           Metric("gmacs_inference", "GMACs inference", "count", selectable=False),
+           Metric("gmacs_update", "GMACs update", "count", selectable=False),
+           Metric("gmacs_total", "GMACs", "count", selectable=False),
+           Metric("head_cut", "head cut", "count", selectable=False), ACC, AVG_ACC,
+           curve("rolling_acc", "rolling accuracy (window w)"), ACC_T)
 
 
 @dataclass(frozen=True)
@@ -128,8 +143,7 @@ class FluidStream(ScenarioFamily):
     description = ("FLUID: an open-world, Zipf-tailed stream of pretrain and novel classes, each sample predicted "
                    "before its label is revealed (scenario.fluid)")
     data_flow = STREAM
-    metric_names = (*fluid_metrics.METRIC_NAMES, "acc", "avg_acc")
-    curve_metrics = (*fluid_metrics.CURVE_METRICS, "acc_t")
+    metrics = METRICS
     default_criterion = "mean_per_class_acc"
     headline: ClassVar[tuple[str, ...]] = ("mean_per_class_acc", "overall_acc", "unseen_auroc", "gmacs_total")
 

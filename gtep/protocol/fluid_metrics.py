@@ -31,8 +31,6 @@ METRIC_NAMES = ("mean_per_class_acc", "overall_acc", "pretrain_head_acc", "pretr
                 "head_cut")
 CURVE_METRICS = ("rolling_acc",)
 BUCKETS = ("pretrain_head", "pretrain_tail", "novel_head", "novel_tail")
-# not accuracies: logged as they are (never as percent)
-RAW_METRICS = frozenset({"unseen_auroc", "unseen_f1", "gmacs_inference", "gmacs_update", "gmacs_total", "head_cut"})
 UNSEEN_POSITIVES = ("novel", "all")  # the detector's positives: first sightings of novel classes (App. H), or all
 
 

@@ -41,7 +41,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from gtep.protocol import iirc_metrics
-from gtep.protocol.families import METRIC_LABELS, ScenarioFamily, add_aliases, register_family
+from gtep.protocol.families import ACC, ACC_T, AVG_ACC, Metric, ScenarioFamily, add_aliases, curve, register_family
 from gtep.protocol.iirc import SUB_KEEP, SUPER_SHARE, Hierarchy, iirc_tasks
 from gtep.protocol.scenarios import TaskSpec
 
@@ -51,11 +51,13 @@ GROUPS = "groups"  # hierarchy source: the dataset's class groups
 
 ALIASES = {"acc": "pw_js", "avg_acc": "mean_pw_js", "acc_t": "pw_js_t"}
 
-METRIC_LABELS.update({"pw_js": "pw-JS", "mean_pw_js": "mean pw-JS", "js": "JS", "mean_js": "mean JS",
-                      "exact_match": "exact match", "precision": "precision",
-                      "superclass_pw_js": "superclass pw-JS",
-                      "subclass_precision_with_super": "precision (subclasses with a superclass)",
-                      "subclass_precision_standalone": "precision (standalone subclasses)"})
+LABELS = {"pw_js": "pw-JS", "mean_pw_js": "mean pw-JS", "js": "JS", "mean_js": "mean JS", "exact_match": "exact match",
+          "precision": "precision", "superclass_pw_js": "superclass pw-JS",
+          "subclass_precision_with_super": "precision (subclasses with a superclass)",
+          "subclass_precision_standalone": "precision (standalone subclasses)", "pw_js_current": "pw-JS (current task)"}
+# every IIRC metric is a fraction (percent in MLflow); the curves are one value per task
+METRICS = (*(Metric(name, LABELS[name]) for name in iirc_metrics.METRIC_NAMES), ACC, AVG_ACC,
+           *(curve(name, f"{LABELS[name[:-2]]} after task t") for name in iirc_metrics.CURVE_METRICS), ACC_T)
 
 PLATEAU_PATIENCE = 10  # the reference code's ReduceLROnPlateau(patience=10), with its threshold 1e-3 (absolute)
 PLATEAU_THRESHOLD = 1e-3
@@ -190,8 +192,7 @@ class IncrementalImplicitlyRefined(ScenarioFamily):
     description = ("IIRC: superclasses first, their subclasses in later tasks, multi-label with incomplete training "
                    "labels (scenario.iirc)")
     data_flow = MULTI_LABEL
-    metric_names = (*iirc_metrics.METRIC_NAMES, "acc", "avg_acc")
-    curve_metrics = (*iirc_metrics.CURVE_METRICS, "acc_t")
+    metrics = METRICS
     default_criterion = iirc_metrics.DEFAULT_CRITERION_METRIC
     headline: ClassVar[tuple[str, ...]] = ("pw_js", "mean_pw_js", "js", "exact_match")
 

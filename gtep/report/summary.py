@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from gtep.orchestration.report_store import CLASS_INCREMENTAL, DEFAULT_CRITERION, FAMILY_METRICS, GACC_COLUMNS
+from gtep.orchestration.report_store import CLASS_INCREMENTAL, GACC_COLUMNS, default_criterion, family_metrics
 from gtep.protocol.metrics import harmonic_mean, harmonic_mean_gap, kendall_tau_b
 from gtep.report.collect import EVALUATE_LIKE, StoreData, best_trial_id
 
@@ -71,7 +71,7 @@ def family_summary(data: StoreData, phase: pd.Series, rows: pd.DataFrame, stats:
     family = family_of(phase)
     finished = rows[rows["status"] != "diverged"]
     out: dict[str, float] = {}
-    for name in FAMILY_METRICS.get(family, ()):
+    for name in family_metrics().get(family, ()):
         values = finished[name].dropna().to_numpy(dtype=float) if name in finished else np.array([])
         if len(values):
             out[name] = float(np.mean(values)) if not stats["diverged"] else math.nan
@@ -79,7 +79,7 @@ def family_summary(data: StoreData, phase: pd.Series, rows: pd.DataFrame, stats:
         else:
             out[name] = float(phase.get(name, math.nan))
             out[f"{name}_std"] = float(phase.get(f"{name}_std", math.nan))
-    criterion = str(phase.get("criterion", "") or DEFAULT_CRITERION.get(family, ""))
+    criterion = str(phase.get("criterion", "") or default_criterion(family))
     score = math.nan
     if phase["phase"] == "tune" and "score" in data.trials:
         best = data.trials.loc[data.trials["run_id"] == best_trial_id(data, phase), "score"]
@@ -107,7 +107,7 @@ def phase_summaries(data: StoreData) -> pd.DataFrame:
         stats = summarize_orderings(units)
         tags: dict[str, str] = {}
         if mixed:
-            tags = {"family": family, "criterion": str(phase.get("criterion", "") or DEFAULT_CRITERION.get(family, ""))}
+            tags = {"family": family, "criterion": str(phase.get("criterion", "") or default_criterion(family))}
             if family != CLASS_INCREMENTAL:
                 stats.update(family_summary(data, phase, units, stats))
         rows.append({**{k: phase[k] for k in (*GROUP, "similarity", "label", "algorithm", "study", "phase",

@@ -10,7 +10,7 @@ import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, METRIC_LABELS, RATIO_METRICS
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, metric_label
 
 
 def pm(mean: float, std: float) -> str:
@@ -33,11 +33,11 @@ def headline_metrics(summary: dict[str, Any]) -> tuple[str, ...]:
 def _plain(summary: dict[str, Any]) -> frozenset[str]:
     """The family's metrics that are not fractions (cross-entropy, ATM, MACs): shown as they are, not in %."""
     family = str(summary.get("family") or CLASS_INCREMENTAL)
-    return (FAMILIES.get(family).plain_metrics if family in FAMILIES else frozenset()) | RATIO_METRICS
+    return FAMILIES.get(family).plain_metrics if family in FAMILIES else frozenset()
 
 
 def metric_header(name: str, summary: dict[str, Any]) -> str:
-    label = METRIC_LABELS.get(name, name)
+    label = metric_label(name)
     return label if name in _plain(summary) else f"{label} (%)"
 
 
