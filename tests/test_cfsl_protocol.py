@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from gtep.config import ConfigError, load_preset, resolve, validate_config
-from gtep.protocol import cfsl_metrics
-from gtep.protocol.cfsl import CfslOptions, ordering_tasks, sample_task
-from gtep.protocol.cfsl_family import ContinualFewShot, with_aliases
+from gtep.protocol.families.cfsl import metrics as cfsl_metrics
+from gtep.protocol.families.cfsl.generator import CfslOptions, ordering_tasks, sample_task
+from gtep.protocol.families.cfsl import ContinualFewShot, with_aliases
 from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import FAMILIES
 

@@ -1,4 +1,4 @@
-"""Scenario families and H*'s criteria: the generator F made pluggable (gtep/protocol/families.py, criteria.py),
+"""Scenario families and H*'s criteria: the generator F made pluggable (gtep/protocol/families/, criteria.py),
 the experiment file's family sections, and FSCIL's few-shot sessions through the engine."""
 import json
 import math
@@ -11,13 +11,8 @@ from gtep.config import ConfigError, ExperimentConfig, resolve
 from gtep.data.shot_index import read_shot_index
 from gtep.engine.runner import OrderingRun
 from gtep.protocol.criteria import CRITERIA
-from gtep.protocol.families import (
-    FAMILIES,
-    ScenarioFamily,
-    check_shot_index,
-    few_shot_indices,
-    register_family,
-)
+from gtep.protocol.families import FAMILIES, ScenarioFamily, register_family
+from gtep.protocol.families.fscil import check_shot_index, few_shot_indices
 from gtep.protocol.scenarios import TaskSpec, build_scenario
 from gtep.protocol.selection import OrderingResult, select_best
 from tests.helpers import load, small_job
@@ -82,7 +77,7 @@ def test_shot_index_positions_are_the_datasets_not_the_phases():
     runner maps the file's positions onto the subset's (the old code used them as subset positions: the image
     at dataset position 45 is the phase's 5th image of class 2 when the phase keeps classes 2 and 3 only)."""
     from gtep.data import ImageSet
-    from gtep.protocol.families import shots_at_phase_positions
+    from gtep.protocol.families.fscil import shots_at_phase_positions
 
     labels = np.repeat(np.arange(4), 20)
     x = np.arange(80, dtype=np.uint8).reshape(80, 1, 1, 1).repeat(3, axis=-1)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from gtep.protocol import fscil_metrics as fm
+from gtep.protocol.families.fscil import metrics as fm
 
 BASE, WAYS, SESSIONS = 60, 5, 9  # CIFAR-100 / miniImageNet: 60 base + 8 x 5-way, r = 12, n_t = 9
 COUNTS = [BASE * 100] + [WAYS * 100] * (SESSIONS - 1)  # 100 test images per class

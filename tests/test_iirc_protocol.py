@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from gtep.protocol import iirc_metrics as im
-from gtep.protocol.iirc import (
+from gtep.protocol.families.iirc import metrics as im
+from gtep.protocol.families.iirc.generator import (
     Hierarchy,
     assign_samples,
     evaluation_labels,

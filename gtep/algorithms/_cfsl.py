@@ -1,4 +1,4 @@
-"""The shared base of the continual few-shot learners (CFSL; gtep/protocol/cfsl_family.py).
+"""The shared base of the continual few-shot learners (CFSL; gtep/protocol/families/cfsl/__init__.py).
 
 CFSL's data flow (papers/cfsl-task-definitions.txt section 2) differs from class-incremental learning, so these
 learners have their own steps, which gtep/engine/cfsl.py drives:
@@ -11,7 +11,7 @@ learners have their own steps, which gtep/engine/cfsl.py drives:
     scores(x)                (n, num_labels) scores of target images, asked only after the last support set
     task_state()             the tensors that persist between support sets: after every support set the engine
                              sums their bytes (state_bytes, for `atm`) and counts their vectors (stored_vectors, for
-                             `atm_count`; gtep/protocol/cfsl_metrics.py)
+                             `atm_count`; gtep/protocol/families/cfsl/metrics.py)
 
 The backbone is the run's (pretrained on classes kept out of both phases: the study's `pretrain:` section or
 `weights:`), frozen in eval mode unless a method tunes part of it per task, in which case it restores the

@@ -6,7 +6,7 @@ training data has incomplete information (only the current task's labels). The l
 paper's adaptation of single-label baselines (section 5, appendix A/B):
 
 - the task's labels come as a float multi-hot tensor `task.y` of shape (N, task.total), labels in order of
-  appearance, [known, total) new in the task (the data flow "multi_label" of gtep/protocol/families.py);
+  appearance, [known, total) new in the task (the data flow "multi_label" of gtep/protocol/families/);
 - one linear head over every seen label, grown per task; loss: BCE with logits, averaged over the seen
   labels (and the batch), so it does not grow with the number of labels;
 - `predict(x)` returns one logit per seen label; a label is predicted when sigmoid(logit) >= `threshold`

@@ -1,6 +1,6 @@
 """The shared base of FLUID's stream learners (papers/fluid.txt Sec. 4, App. B/C; notes 004.3).
 
-The data flow "stream" (gtep/protocol/fluid_family.py, run by gtep/engine/stream.py): images come one at a
+The data flow "stream" (gtep/protocol/families/fluid/__init__.py, run by gtep/engine/stream.py): images come one at a
 time; the learner predicts each (a class seen so far, or UNSEEN) before its label is revealed, then is told
 the label, and decides itself when to update. Labels are positions in order of first appearance: the
 engine maps dataset classes to them, so a new class is always position `self.total`.
@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from gtep.algorithms._distances import euclidean
 from gtep.algorithms.base import CommonParams, FitFn, FitRecipe, IncrementalLearner, P
-from gtep.protocol.fluid import UNSEEN
+from gtep.protocol.families.fluid.generator import UNSEEN
 
 STREAM = "stream"
 Detector = Literal["msp", "mdt"]

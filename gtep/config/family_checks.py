@@ -34,7 +34,7 @@ def _check_iirc(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec)
     subclasses in both phases of one dataset, and a task sequence for each phase. Returns the tuning phase's
     labels per task (ResolvedExperiment.increments: the same in every ordering; the evaluation phase's may
     differ, and its jobs compute their own)."""
-    from gtep.protocol.iirc_family import IircOptions, ordering_tasks, phase_hierarchy, split_problem, task_sizes
+    from gtep.protocol.families.iirc import IircOptions, ordering_tasks, phase_hierarchy, split_problem, task_sizes
 
     spec = cfg.scenario.iirc
     assert spec is not None
@@ -112,7 +112,7 @@ def _check_fluid(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec
 def _check_cfsl(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec) -> None:
     """A CFSL task takes NC * NSS / CCI classes of its phase: each phase must have them. (That each class has
     CCI x (K_S + K_T) images is checked when a task is drawn: counting needs the images.)"""
-    from gtep.protocol.cfsl import CfslOptions
+    from gtep.protocol.families.cfsl.generator import CfslOptions
 
     options = CfslOptions.of(cfg.scenario.family_options)
     for phase in (tuning, evaluation):

@@ -12,7 +12,7 @@ from gtep.protocol.scenarios import parse_increments
 
 
 class FscilSpec(_Strict):
-    """scenario.fscil: few-shot class-incremental sessions (papers/fscil-gacc.txt; gtep/protocol/families.py)."""
+    """scenario.fscil: few-shot class-incremental sessions (papers/fscil-gacc.txt; gtep/protocol/families/)."""
 
     base_classes: int = Field(ge=1, description="classes of the base session, with all their training images")
     ways: int = Field(ge=1, description="N: classes per few-shot session")
@@ -52,7 +52,8 @@ class FscilSpec(_Strict):
 
 
 class IircSpec(_Strict):
-    """scenario.iirc: Incremental Implicitly-Refined Classification (gtep/protocol/iirc_family.py). The phase's
+    """scenario.iirc: Incremental Implicitly-Refined Classification (gtep/protocol/families/iirc/).
+    The phase's
     classes are the subclasses; `hierarchy` gives their superclasses."""
 
     first_task_superclasses: int = Field(ge=1, description="superclasses of task 0 (superclasses only)")
@@ -73,7 +74,7 @@ class IircSpec(_Strict):
     @field_validator("hierarchy")
     @classmethod
     def _hierarchy_source(cls, value: str) -> str:
-        from gtep.protocol.iirc_family import GROUPS
+        from gtep.protocol.families.iirc import GROUPS
 
         if value == GROUPS:
             return value
@@ -94,7 +95,8 @@ class IircSpec(_Strict):
 
 
 class CfslSpec(_Strict):
-    """scenario.cfsl: continual few-shot tasks (gtep/protocol/cfsl.py, the CFSL spec's Algorithm 1); an ordering
+    """scenario.cfsl: continual few-shot tasks (gtep/protocol/families/cfsl/generator.py, the CFSL spec's
+    Algorithm 1); an ordering
     of a phase is tasks_per_ordering tasks drawn with (study seed, ordering)."""
 
     support_sets: int = Field(ge=1, description="NSS: support sets per task")
@@ -117,7 +119,7 @@ def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
     """An IIRC hierarchy file: JSON {"<superclass name>": ["<subclass class name or id>", ...]}."""
     import json
 
-    from gtep.protocol.iirc_family import parse_hierarchy
+    from gtep.protocol.families.iirc import parse_hierarchy
 
     try:
         return parse_hierarchy(json.loads(path.read_text()))
@@ -126,7 +128,7 @@ def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
 
 
 class FluidSpec(_Strict):
-    """scenario.fluid: FLUID's open-world stream (papers/fluid.txt; gtep/protocol/fluid_family.py)."""
+    """scenario.fluid: FLUID's open-world stream (papers/fluid.txt; gtep/protocol/families/fluid/__init__.py)."""
 
     pretrain_classes: list[int] = Field(min_length=1, description="the backbone's pretraining classes, kept out "
                                         "of both phases; the streams show their test images")
@@ -146,7 +148,7 @@ class FluidSpec(_Strict):
 
 
 class ScenarioSpec(_Strict):
-    # gtep/protocol/families.py: class_incremental (the paper's; needs increments), fscil (needs the fscil
+    # gtep/protocol/families/: class_incremental (the paper's; needs increments), fscil (needs the fscil
     # section), iirc (needs the iirc section) or cfsl (needs the cfsl section)
     family: str = "class_incremental"
     increments: str | list[int] | None = Field(
@@ -243,7 +245,7 @@ class ScenarioSpec(_Strict):
             return (f"fluid {stream.n_pretrain_classes} pretrain+{stream.n_novel_classes} novel classes, "
                     f"{stream.total_samples} samples, zipf s={stream.zipf_s:g}")
         if self.family == "cfsl" and self.cfsl is not None:
-            from gtep.protocol.cfsl import CfslOptions
+            from gtep.protocol.families.cfsl.generator import CfslOptions
 
             return CfslOptions.of(self.family_options).describe()
         increments = self.increments

@@ -1,4 +1,4 @@
-"""FSCIL shot index files: a benchmark's own K shots per class (gtep/protocol/families.py draws them otherwise)."""
+"""FSCIL shot index files: a benchmark's own K shots per class (gtep/protocol/families/ draws them otherwise)."""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,11 @@
-"""One ordering of the continual few-shot family (CFSL, gtep/protocol/cfsl_family.py) with one hyperparameter set.
+"""One ordering of the continual few-shot family (CFSL, gtep/protocol/families/cfsl/) with one hyperparameter
+set.
 
     pool        the phase's training and test images together (a CFSL task has no train/test split of its own:
                 the sampler draws every support and target sample from the phase's classes' images, unique
                 within the task); pool index i < n_train is training image i, else test image i - n_train
-    tasks       gtep.protocol.cfsl.ordering_tasks: tasks_per_ordering tasks, task t drawn with (seed, ordering, t)
+    tasks       gtep.protocol.families.cfsl.generator.ordering_tasks: tasks_per_ordering tasks, task t drawn
+                with (seed, ordering, t)
     data flow   per task: learner.start_task, then each support set through a SupportStream (built when reached,
                 yielded once, a second pass raises: the learner never holds the list), learner.learn_support
                 once per set; only then learner.scores on the target set (the test view of the images, no
@@ -13,7 +15,7 @@
                 unit its state is measured in: storing every image gives the paper's anchor 1); `atm_count`, the
                 most learner.stored_vectors() / the support samples (the paper's Eq. 1 as written); MACs
                 (FlopCounterMode's FLOPs / 2, of learning and scoring); per ordering
-                gtep.protocol.cfsl_metrics.summarize + the aliases acc/avg_acc/acc_t (cfsl_family.with_aliases)
+                gtep.protocol.families.cfsl.metrics.summarize + the aliases acc/avg_acc/acc_t (cfsl_family.with_aliases)
     outcome     acc_matrix: one row per task holding its target accuracy; test_counts: target set sizes;
                 class_order: the classes of the tasks, task after task; "diverged" on a non-finite loss or score
 
@@ -36,9 +38,9 @@ from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.runner import DATA_FLOW_RUNNERS, OrderingJob, OrderingOutcome, PhaseTensors
-from gtep.protocol import cfsl_metrics
-from gtep.protocol.cfsl import CfslOptions, CfslTask, SupportSet, ordering_tasks
-from gtep.protocol.cfsl_family import CONTINUAL_FEW_SHOT, with_aliases
+from gtep.protocol.families.cfsl import CONTINUAL_FEW_SHOT, with_aliases
+from gtep.protocol.families.cfsl import metrics as cfsl_metrics
+from gtep.protocol.families.cfsl.generator import CfslOptions, CfslTask, SupportSet, ordering_tasks
 from gtep.protocol.scenarios import ordering_seed
 
 

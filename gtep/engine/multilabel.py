@@ -1,4 +1,4 @@
-"""One ordering of a multi-label family (IIRC, gtep/protocol/iirc_family.py) with one hyperparameter set.
+"""One ordering of a multi-label family (IIRC, gtep/protocol/families/iirc/__init__.py) with one hyperparameter set.
 
     hierarchy   the phase's classes are the subclasses; superclasses from scenario.iirc.hierarchy (the
                 dataset's class groups or a JSON file), with label ids num_classes + k
@@ -45,8 +45,16 @@ from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.loop import DivergedError, Plateau, Precision, Trainer
 from gtep.engine.runner import DATA_FLOW_RUNNERS, OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
-from gtep.protocol import iirc_metrics
-from gtep.protocol.iirc import (
+from gtep.protocol.families.iirc import (
+    MULTI_LABEL,
+    PLATEAU_THRESHOLD,
+    IircOptions,
+    ordering_tasks,
+    phase_hierarchy,
+    with_aliases,
+)
+from gtep.protocol.families.iirc import metrics as iirc_metrics
+from gtep.protocol.families.iirc.generator import (
     assign_samples,
     evaluation_targets,
     hold_out,
@@ -54,14 +62,6 @@ from gtep.protocol.iirc import (
     task_members,
     task_training_indices,
     training_targets,
-)
-from gtep.protocol.iirc_family import (
-    MULTI_LABEL,
-    PLATEAU_THRESHOLD,
-    IircOptions,
-    ordering_tasks,
-    phase_hierarchy,
-    with_aliases,
 )
 from gtep.protocol.scenarios import TaskSpec, ordering_seed
 

@@ -11,7 +11,7 @@ study can refuse weights pretrained on the classes it evaluates and feed them as
 * A CNN (the ResNets of gtep.models.backbones): SGD with momentum and a cosine schedule, fed by the pipeline
   gtep.data.pipelines chooses for it (PyCIL's: padded crops, flips, brightness), as PyCIL trains them.
 
-`holdout` > 0 leaves that share of the training images of `holdout_classes` out (gtep.protocol.fluid_family
+`holdout` > 0 leaves that share of the training images of `holdout_classes` out (gtep.protocol.families.fluid
 .held_out: the same images whatever the seed), so a FLUID stream can show them as images the backbone never saw
 (scenario.fluid.pretrain_holdout); the weights' metadata records it.
 """
@@ -35,7 +35,7 @@ from gtep.engine.loop import Trainer
 from gtep.engine.runner import PhaseTensors
 from gtep.models import create_backbone
 from gtep.models.vit import PromptableViT, is_vit
-from gtep.protocol.fluid_family import held_out
+from gtep.protocol.families.fluid import held_out
 
 
 @dataclass(frozen=True)

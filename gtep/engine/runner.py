@@ -25,14 +25,8 @@ from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import RESUMED, REUSED, TRAINED, FirstTaskStore, first_task_key
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
-from gtep.protocol.families import (
-    CLASS_INCREMENTAL,
-    FAMILIES,
-    FewShotOptions,
-    ScenarioFamily,
-    few_shot_indices,
-    shots_at_phase_positions,
-)
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily
+from gtep.protocol.families.fscil import FewShotOptions, few_shot_indices, shots_at_phase_positions
 from gtep.protocol.sampling import steplr_milestones
 from gtep.protocol.scenarios import TaskSpec, ordering_seed
 
@@ -70,7 +64,7 @@ class OrderingJob:
     dataset: str = ""  # the phase's dataset name: part of what a stored first task is keyed by
     mixed_precision: bool = True  # bf16 autocast + channels-last on CUDA (no effect on the CPU)
     compile: bool = False
-    # the scenario family (gtep/protocol/families.py) and its options (scenario.<family> of the experiment file)
+    # the scenario family (gtep/protocol/families/) and its options (scenario.<family> of the experiment file)
     family: str = CLASS_INCREMENTAL
     family_options: tuple[tuple[str, Any], ...] = ()
     # the first k tasks only (search.protocol first_task: sets compared on them); None: the whole scenario

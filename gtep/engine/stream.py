@@ -1,4 +1,4 @@
-"""One FLUID sequence (gtep/protocol/fluid_family.py) with one hyperparameter set: the paper's Algorithm 1.
+"""One FLUID sequence (gtep/protocol/families/fluid/__init__.py) with one hyperparameter set: the paper's Algorithm 1.
 
     stream      phase_stream(...) seeded by (study seed, ordering, the phase's classes): pretrain classes' test
                 images (and the training images pretraining held out, scenario.fluid.pretrain_holdout) and the
@@ -38,9 +38,9 @@ from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
 from gtep.engine.runner import DATA_FLOW_RUNNERS, OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
-from gtep.protocol import fluid_metrics
-from gtep.protocol.fluid import UNSEEN, PredictThenReveal
-from gtep.protocol.fluid_family import STREAM, FluidOptions, phase_stream, with_aliases
+from gtep.protocol.families.fluid import STREAM, FluidOptions, phase_stream, with_aliases
+from gtep.protocol.families.fluid import metrics as fluid_metrics
+from gtep.protocol.families.fluid.generator import UNSEEN, PredictThenReveal
 from gtep.protocol.scenarios import ordering_seed
 
 

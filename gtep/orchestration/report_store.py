@@ -33,7 +33,7 @@ ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc
                     "params_trainable", "train_seconds", "diverged")
 # Scenario families (tag gtep.family; runs written before the tag are class-incremental) and the criterion H* was
 # selected by (tag gtep.criterion). An ordering run of a family logs the scalars of the family's metric table
-# (gtep/protocol/families.py Metric); its phase and trial runs their mean over the orderings, <name>_std, and
+# (gtep/protocol/families/ Metric); its phase and trial runs their mean over the orderings, <name>_std, and
 # `score` (the criterion's value). Percent metrics are in percent in a gtep.units=percent run; ratios and counts
 # as they are. Every list below is read from the registered families' tables, none is kept here.
 FAMILY_TAG, CRITERION_TAG = "gtep.family", "gtep.criterion"

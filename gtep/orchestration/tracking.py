@@ -34,7 +34,7 @@ from gtep.protocol.selection import OrderingResult, score_set
 
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                     "params_total", "params_trainable", "train_seconds")
-# Besides the families' own metrics (their tables: gtep/protocol/families.py Metric), what every phase and trial
+# Besides the families' own metrics (their tables: gtep/protocol/families/ Metric), what every phase and trial
 # run logs in percent: the HM of the orderings, the criterion's score.
 PERCENT_SUMMARIES = frozenset({"hmean_std", "mean_of_hmeans", "score", "score_std", "score_mean_of_orderings"})
 UNITS_TAG = {"gtep.units": "percent"}

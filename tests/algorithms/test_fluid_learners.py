@@ -10,7 +10,7 @@ from gtep.algorithms import ALGORITHMS, FitRecipe
 from gtep.algorithms.fluid_finetune import top_blocks
 from gtep.engine.loop import Precision, Trainer
 from gtep.models import create_backbone
-from gtep.protocol.fluid import UNSEEN
+from gtep.protocol.families.fluid.generator import UNSEEN
 
 torch.set_num_threads(1)
 CPU = torch.device("cpu")

@@ -13,7 +13,7 @@ from gtep.algorithms.cfsl_prototypes import CfslPrototypes, PrototypeParams
 from gtep.engine import OrderingJob, run_ordering
 from gtep.engine.cfsl import CfslRun, SupportStream
 from gtep.models import create_backbone
-from gtep.protocol.cfsl import SupportSet
+from gtep.protocol.families.cfsl.generator import SupportSet
 from tests.helpers import load
 
 DATA = "synthetic:classes=12,train=16,test=6"

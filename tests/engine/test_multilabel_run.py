@@ -14,9 +14,9 @@ import yaml
 
 from gtep.config import ConfigError, resolve, validate_config
 from gtep.engine import FirstTaskSpec, OrderingJob, run_ordering
-from gtep.protocol import iirc_metrics
+from gtep.protocol.families.iirc import metrics as iirc_metrics
 from gtep.protocol.families import FAMILIES
-from gtep.protocol.iirc_family import phase_hierarchy
+from gtep.protocol.families.iirc import phase_hierarchy
 from tests.helpers import load
 
 DATA = "synthetic:classes=12,train=20,test=6"  # groups group0..group3: 4 superclasses of 3 subclasses
@@ -130,7 +130,7 @@ def test_the_matrix_agrees_with_the_protocols_task_matrix():
 
 def test_the_outcome_carries_the_papers_diagnostics(finetuned):
     from gtep.engine.multilabel import MultiLabelRun
-    from gtep.protocol.iirc import label_kinds
+    from gtep.protocol.families.iirc.generator import label_kinds
 
     outcome, _ = finetuned
     run = MultiLabelRun(job(), load(DATA))
@@ -163,7 +163,7 @@ def validation_job(**options) -> OrderingJob:
 
 def test_held_out_images_are_never_trained_on_and_the_same_in_every_ordering():
     from gtep.engine.multilabel import MultiLabelRun
-    from gtep.protocol.iirc import task_training_indices
+    from gtep.protocol.families.iirc.generator import task_training_indices
 
     data = load(DATA)
     run = MultiLabelRun(validation_job(), data)
@@ -184,7 +184,7 @@ def test_held_out_images_are_never_trained_on_and_the_same_in_every_ordering():
 
 def test_a_plateau_of_the_in_task_validation_score_decays_the_lr():
     from gtep.engine.multilabel import MultiLabelRun
-    from gtep.protocol.iirc import task_training_indices
+    from gtep.protocol.families.iirc.generator import task_training_indices
 
     run = MultiLabelRun(validation_job(), load(DATA))
     real = run.validation_score

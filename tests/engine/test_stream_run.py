@@ -12,7 +12,7 @@ from gtep.data import resolve_dataset
 from gtep.engine import OrderingJob, run_ordering
 from gtep.engine.stream import StreamRun
 from gtep.models import create_backbone
-from gtep.protocol import fluid_metrics
+from gtep.protocol.families.fluid import metrics as fluid_metrics
 
 torch.set_num_threads(1)
 OPTIONS = {"pretrain_classes": [0, 1, 2], "n_pretrain_classes": 2, "n_novel_classes": 4, "total_samples": 60,

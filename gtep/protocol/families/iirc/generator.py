@@ -25,7 +25,7 @@ How a scenario family would use this module (the family is not registered here):
     y_train = training_targets(train_subclass_labels[train_idx], hierarchy, tasks[t].new_classes, label_index)
     y_test = evaluation_targets(test_subclass_labels, hierarchy, tasks[t].seen_classes, label_index)
     members = task_members(test_subclass_labels, hierarchy, tasks)         # R_jk's samples of task j
-    metrics: gtep.protocol.iirc_metrics (its default criterion: mean_pw_js)
+    metrics: gtep.protocol.families.iirc.metrics (its default criterion: mean_pw_js)
 
 Its data flow is multi-label (a sigmoid per class, threshold 0.5), unlike the single-label class-incremental
 families. Pure: stdlib and numpy only.

@@ -4,7 +4,7 @@ A phase is not a task sequence but a stream: each sequence (the family's "orderi
 of the backbone's pretrain classes (`pretrain_classes`: kept out of both phases' classes; the stream shows
 images the backbone did not train on: their TEST images, and the share `pretrain_holdout` of their training
 images that pretraining leaves out, `held_out`) with `n_novel_classes` of the phase's own classes (train and
-test images alike), with Zipf-distributed images per class (gtep/protocol/fluid.py). The paper's stream draws
+test images alike), with Zipf-distributed images per class (generator.py). The paper's stream draws
 pretrain-class images from ImageNet-22K, as many as a novel class's; test images alone (25 or 50 a class on
 small datasets) keep a pretrain class out of the head, so its buckets would not be the paper's. Every sample
 is predicted (a class seen so far, or "unseen") before its label is revealed; the learner decides when and
@@ -12,7 +12,7 @@ how to update. The two phases' novel classes are disjoint, as GTEP's phases alwa
 are shared by both streams, as the paper's validation sequences share theirs. A sequence's seed mixes the
 study seed, the ordering and the phase's classes, so the two phases draw different sequences.
 
-Metrics (gtep/protocol/fluid_metrics.py) are over the stream's own predictions (prequential); H* by mean
+Metrics (gtep/protocol/families/fluid/metrics.py) are over the stream's own predictions (prequential); H* by mean
 per-class accuracy unless search.criterion says otherwise; compute (GMACs, inference and updates) is logged
 beside every score. Aliases for the parts of gtep that read the class-incremental names (tables' Acc and
 AvgAcc, MLflow's per-task `acc_t` steps):
@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from gtep.protocol.families import (
+from gtep.protocol.families.base import (
     ACC,
     ACC_T,
     AVG_ACC,
@@ -40,7 +40,7 @@ from gtep.protocol.families import (
     curve,
     register_family,
 )
-from gtep.protocol.fluid import StreamSpec, fluid_stream
+from gtep.protocol.families.fluid.generator import StreamSpec, fluid_stream
 from gtep.protocol.scenarios import TaskSpec
 
 FLUID = "fluid"
@@ -207,4 +207,4 @@ class FluidStream(ScenarioFamily):
     def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
                   tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
         raise NotImplementedError("FLUID's metrics are over the stream's predictions; gtep.engine.stream computes "
-                                  "them with gtep.protocol.fluid_metrics")
+                                  "them with gtep.protocol.families.fluid.metrics")

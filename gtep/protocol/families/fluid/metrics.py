@@ -24,7 +24,7 @@ from typing import Mapping
 import numpy as np
 from numpy.typing import ArrayLike
 
-from gtep.protocol.fluid import first_occurrences
+from gtep.protocol.families.fluid.generator import first_occurrences
 
 METRIC_NAMES = ("mean_per_class_acc", "overall_acc", "pretrain_head_acc", "pretrain_tail_acc", "novel_head_acc",
                 "novel_tail_acc", "unseen_auroc", "unseen_f1", "gmacs_inference", "gmacs_update", "gmacs_total",

@@ -11,14 +11,14 @@ label ids never collide with dataset class ids. GTEP's phases must split the sup
 tuning superclass may appear in evaluation (`split_problem`, checked by config.resolve before any compute).
 
 Tasks (`tasks`): task 0 holds `first_task_superclasses` superclasses, every later task `classes_per_task`
-labels (gtep/protocol/iirc.py `iirc_tasks`, seeded by (study seed, ordering)); training images are assigned
+labels (generator.py `iirc_tasks`, seeded by (study seed, ordering)); training images are assigned
 once per phase with the study seed (`assign_samples`: the same in every ordering and set).
 
 Options beyond the scenario (gtep/engine/multilabel.py applies them): memory_per_class (the paper's budget of
 samples per seen label, in place of training.memory_size's fixed total) and in_task_validation with
 plateau_patience (the paper's in-task validation split and its learning-rate decay on a plateau).
 
-Metrics (gtep/protocol/iirc_metrics.py): pw_js (final R_k), mean_pw_js (mean of R_k over tasks: the default
+Metrics (gtep/protocol/families/iirc/metrics.py): pw_js (final R_k), mean_pw_js (mean of R_k over tasks: the default
 H* criterion), js, mean_js, exact_match, precision, and the paper's diagnostics superclass_pw_js,
 subclass_precision_with_super, subclass_precision_standalone (App. D.2-D.3); curves pw_js_t, js_t,
 exact_match_t, precision_t, pw_js_current_t and the diagnostics' <name>_t. Aliases for the parts of gtep that
@@ -40,9 +40,9 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from gtep.protocol import iirc_metrics
-from gtep.protocol.families import ACC, ACC_T, AVG_ACC, Metric, ScenarioFamily, add_aliases, curve, register_family
-from gtep.protocol.iirc import SUB_KEEP, SUPER_SHARE, Hierarchy, iirc_tasks
+from gtep.protocol.families.base import ACC, ACC_T, AVG_ACC, Metric, ScenarioFamily, add_aliases, curve, register_family
+from gtep.protocol.families.iirc import metrics as iirc_metrics
+from gtep.protocol.families.iirc.generator import SUB_KEEP, SUPER_SHARE, Hierarchy, iirc_tasks
 from gtep.protocol.scenarios import TaskSpec
 
 IIRC = "iirc"
@@ -217,7 +217,7 @@ class IncrementalImplicitlyRefined(ScenarioFamily):
     def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
                   tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
         raise NotImplementedError("IIRC's metrics need every sample's predicted label set, not the task matrix; "
-                                  "gtep.engine.multilabel computes them with gtep.protocol.iirc_metrics")
+                                  "gtep.engine.multilabel computes them with gtep.protocol.families.iirc.metrics")
 
 
 def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,14 +1,14 @@
 """The continual few-shot learning family (CFSL; papers/cfsl-task-definitions.txt, notes 002.1-002.4).
 
 GTEP's two phases with CFSL tasks: an ordering s of a phase is `tasks_per_ordering` tasks sampled from the
-phase's classes with (study seed, s) (gtep/protocol/cfsl.py), so a set H_r is scored on S x tasks_per_ordering
+phase's classes with (study seed, s) (generator.py), so a set H_r is scored on S x tasks_per_ordering
 tasks of D^HT, and H* on as many fresh ones of the disjoint D^E; both phases use the same task type.
 
 The data flow is "continual_few_shot" (gtep/engine/cfsl.py runs it): a learner starts each task afresh (from
 the study's pretrained backbone), sees the task's support sets one at a time through an iterator that yields
 each once, and only then scores the target set.
 
-Metrics (gtep/protocol/cfsl_metrics.py): target_acc (mean over the ordering's tasks; H*'s default criterion
+Metrics (gtep/protocol/families/cfsl/metrics.py): target_acc (mean over the ordering's tasks; H*'s default criterion
 mean_target_acc), its std and 95% interval over tasks (target_acc_task_std, target_acc_ci95), target_ce
 likewise, atm (bytes held / bytes of the support inputs as the learner receives them), atm_count (the paper's
 Eq. 1 as written: stored vectors / support samples) and macs (means over tasks).
@@ -25,9 +25,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from gtep.protocol import cfsl_metrics
-from gtep.protocol.cfsl import CfslOptions
-from gtep.protocol.families import (
+from gtep.protocol.families.base import (
     ACC,
     ACC_T,
     AVG_ACC,
@@ -39,6 +37,8 @@ from gtep.protocol.families import (
     curve,
     register_family,
 )
+from gtep.protocol.families.cfsl import metrics as cfsl_metrics
+from gtep.protocol.families.cfsl.generator import CfslOptions
 from gtep.protocol.scenarios import TaskSpec
 
 CFSL = "cfsl"
@@ -95,12 +95,12 @@ class ContinualFewShot(ScenarioFamily):
 
     def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
         raise NotImplementedError("CFSL tasks are drawn from the phase's images, not its classes alone: "
-                                  "gtep.protocol.cfsl.ordering_tasks (gtep.engine.cfsl runs them)")
+                                  "gtep.protocol.families.cfsl.generator.ordering_tasks (gtep.engine.cfsl runs them)")
 
     def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
                   tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
         raise NotImplementedError("CFSL's metrics need every task's target scores: gtep.engine.cfsl computes them "
-                                  "with gtep.protocol.cfsl_metrics")
+                                  "with gtep.protocol.families.cfsl.metrics")
 
 
 def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:

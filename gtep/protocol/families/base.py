@@ -1,0 +1,185 @@
+"""What every scenario family is: the generator F of the GTEP paper made pluggable (its section 5), with its
+options, pre-flight checks, description and metric table. One folder a family (gtep/protocol/families/<name>/),
+found through the FAMILIES registry; both phases run the same family with the same options on their own classes.
+
+A family is pure (stdlib and numpy), so it is tested without Ray, MLflow or torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Mapping, Sequence
+
+import numpy as np
+
+from gtep.protocol import metrics
+from gtep.protocol.scenarios import TaskSpec, build_scenario
+from gtep.registry import Registry
+
+CLASS_INCREMENTAL = "class_incremental"
+
+Unit = Literal["percent", "ratio", "count"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One row of a family's metric table: the only list of a family's metrics, read by the config's criterion
+    check, MLflow tracking, the terminal tables, `gtep report` and the UI views.
+
+    unit      percent: a fraction, logged to MLflow and shown x100; ratio, count: as they are (AUROC, CE, MACs)
+    curve     a per-ordering list (one value per task, or a curve's points), logged as MLflow step metrics
+              from step `first_step`; otherwise a scalar, logged with its mean and `_std` over the orderings
+    selectable  may be a component of the criterion that selects H* (search.criterion)"""
+
+    name: str
+    label: str
+    unit: Unit = "percent"
+    curve: bool = False
+    selectable: bool = True
+    first_step: int = 1
+
+    @property
+    def percent(self) -> bool:
+        return self.unit == "percent"
+
+
+def curve(name: str, label: str, first_step: int = 1, unit: Unit = "percent") -> Metric:
+    return Metric(name, label, unit, curve=True, selectable=False, first_step=first_step)
+
+
+# Every family logs these under the class-incremental names gtep's tables and scores read (its own metrics copied
+# into them where its paper has other names: add_aliases).
+ACC, AVG_ACC = Metric("acc", "Acc"), Metric("avg_acc", "AvgAcc")
+ACC_T = curve("acc_t", "Acc after task t")
+
+
+@dataclass(frozen=True)
+class PhaseData:
+    """What a family's pre-flight check sees of one phase's data: its classes and their image counts, not
+    the pixels. `train_labels` are the dataset's training labels (the index space of a benchmark's index files)."""
+
+    phase: str
+    dataset: str
+    classes: tuple[int, ...]
+    train_counts: Mapping[int, int]
+    test_counts: Mapping[int, int]
+    train_labels: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the data cannot satisfy: the config field at fault and the message with the fix."""
+
+    field: str
+    message: str
+
+
+class ScenarioFamily:
+    """One setting: its generator, metrics and default criterion. Subclasses set the class variables and
+    override what differs; `options` are the family's section of the experiment file, as a mapping."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    data_flow: ClassVar[str] = "class_incremental"  # what a learner must support (IncrementalLearner.data_flows)
+    metrics: ClassVar[tuple[Metric, ...]]  # the family's metric table, scalars in the order tables show them
+    default_criterion: ClassVar[str] = "hmean_acc_avgacc"
+    headline: ClassVar[tuple[str, ...]] = ()  # metrics the terminal tables add beside Acc, AvgAcc and HM
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """Scalar per-ordering metrics, in the order tables show them."""
+        return tuple(m.name for m in self.metrics if not m.curve)
+
+    @property
+    def curve_metrics(self) -> tuple[str, ...]:
+        """Per-ordering lists (one value per task, or a curve)."""
+        return tuple(m.name for m in self.metrics if m.curve)
+
+    @property
+    def plain_metrics(self) -> frozenset[str]:
+        """Scalars that are not fractions (ratios, cross-entropies, operation counts): logged as they are."""
+        return frozenset(m.name for m in self.metrics if not m.curve and not m.percent)
+
+    def metric(self, name: str) -> Metric | None:
+        return next((m for m in self.metrics if m.name == name), None)
+
+    def increments(self, options: Mapping[str, Any]) -> list[int]:
+        """Classes per task; a phase needs exactly their sum of classes."""
+        raise NotImplementedError
+
+    def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
+        """Classes a phase's data must hold besides the phase's own (FLUID's pretrain classes); default none."""
+        return ()
+
+    def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
+        return build_scenario(classes, self.increments(options), seed, ordering)
+
+    def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
+                  tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
+        return metrics.summarize(matrix, test_counts)
+
+    def describe_tasks(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
+        """(what a task holds, its training images) in ordering 0, for `gtep check`; [] where the family's work
+        is not tasks of classes."""
+        out = []
+        for t in self.tasks(phase.classes, options, seed, 0):
+            counts = [phase.train_counts.get(c, 0) for c in t.new_classes]
+            images = sum(min(n, t.shots) if t.shots else n for n in counts)
+            out.append((f"{len(t.new_classes)} classes" + (f", {t.shots} shots each" if t.shots else ""), images))
+        return out
+
+    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+        """What a phase's data cannot give this family, before any compute. By default every class needs
+        training images (to learn it) and test images (else its accuracy is 0/0)."""
+        return [Problem(field, message) for field, message in empty_classes(phase)]
+
+
+def empty_classes(phase: PhaseData) -> list[tuple[str, str]]:
+    """A phase's classes with no training or no test images, as (field, message) with the fix."""
+    out = []
+    for split, counts in (("training", phase.train_counts), ("test", phase.test_counts)):
+        empty = [c for c in phase.classes if counts.get(c, 0) == 0]
+        if empty:
+            out.append(("datasets", f"the {phase.phase} phase's classes {empty[:5]} have no {split} images in "
+                        f"{phase.dataset}; leave them out (datasets.*.classes) or add their images"))
+    return out
+
+
+FAMILIES: Registry[ScenarioFamily] = Registry("scenario family")
+
+
+def known_metrics() -> dict[str, Metric]:
+    """Every registered family's metrics by name (a name two families share keeps the first one's row; they
+    agree on its unit, as the family contract test checks)."""
+    out: dict[str, Metric] = {}
+    for name in FAMILIES:
+        for metric in FAMILIES.get(name).metrics:
+            out.setdefault(metric.name, metric)
+    return out
+
+
+def metric_label(name: str) -> str:
+    """How tables and notes name a metric (its paper's name); a metric no family lists is shown by its name."""
+    metric = known_metrics().get(name)
+    return metric.label if metric else name
+
+
+def add_aliases(metrics: Mapping[str, Any], aliases: Mapping[str, str]) -> dict[str, Any]:
+    """A family's metrics plus the class-incremental names gtep's tables and scores read (acc, avg_acc, acc_t),
+    each a copy of the family's own metric it stands for (`aliases`: alias -> the family's name)."""
+    out = dict(metrics)
+    for alias, name in aliases.items():
+        if name in out:
+            out[alias] = out[name]
+    return out
+
+
+def register_family(family: type[ScenarioFamily]) -> type[ScenarioFamily]:
+    FAMILIES.register(family.name)(family())
+    return family
+
+
+# ---------------------------------------------------------------- FSCIL
+
+
+def family_of(name: str) -> ScenarioFamily:
+    return FAMILIES.get(name)

@@ -1,0 +1,166 @@
+"""Few-shot class-incremental learning (Tang et al., papers/fscil-gacc.txt): a base session with every image of its
+classes, then N-way K-shot sessions; the paper's aAcc, lAcc, tAcc, gAcc AUC, PD, RPD, KR (metrics.py) and H* by
+gAcc AUC. The shots of a class are drawn for (seed, ordering, class), or given by a benchmark's index file."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from gtep.protocol import metrics as matrix_metrics  # not `metrics`: the package's own submodule is that name
+from gtep.protocol.families.base import (
+    ACC,
+    ACC_T,
+    AVG_ACC,
+    Metric,
+    PhaseData,
+    Problem,
+    ScenarioFamily,
+    curve,
+    register_family,
+)
+from gtep.protocol.families.fscil import metrics as fscil_metrics
+from gtep.protocol.scenarios import TaskSpec, class_ordering, ordering_seed, split_tasks
+
+
+@dataclass(frozen=True)
+class FewShotOptions:
+    """scenario.fscil: a base session of `base_classes` with all their images, then `sessions` sessions of
+    `ways` classes with `shots` training images each (drawn per ordering, or given by `shot_index`)."""
+
+    base_classes: int
+    ways: int
+    shots: int
+    sessions: int
+    # The benchmarks' fixed split: classes in index order (the first base_classes form the base session), the
+    # same in every ordering; only the shots are drawn per ordering. Off: classes shuffled per ordering.
+    fixed_order: bool = False
+    shot_index: str | None = None  # JSON {class id: [training image indices]}: a benchmark's own shots
+    draw_missing_shots: bool = False  # classes the index file omits draw their shots (else refused)
+    # the index file's content, read by the config ({"<class id>": [positions in the dataset's training arrays]}),
+    # so workers and checks need no file
+    shots_given: Mapping[str, Sequence[int]] | None = None
+
+    @property
+    def given(self) -> dict[int, list[int]] | None:
+        """The benchmark's own shots: class id -> positions in the dataset's training arrays."""
+        if self.shots_given is None:
+            return None
+        return {int(c): [int(i) for i in v] for c, v in self.shots_given.items()}
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> "FewShotOptions":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in options.items() if k in known})
+
+    @property
+    def increments(self) -> list[int]:
+        return [self.base_classes] + [self.ways] * self.sessions
+
+
+
+@register_family
+class FewShotClassIncremental(ScenarioFamily):
+    name = "fscil"
+    description = "few-shot class-incremental: a base session, then N-way K-shot sessions (scenario.fscil)"
+    metrics = (Metric("gacc_auc", "gAcc AUC"), Metric("aacc", "aAcc"), Metric("lacc", "lAcc"), Metric("tacc", "tAcc"),
+               Metric("hacc", "hAcc"), Metric("novel_acc", "novel"), ACC, AVG_ACC, Metric("hmean", "HM"),
+               Metric("aacc_sample", "aAcc (samples)"), Metric("gacc_auc_exact", "gAcc AUC (exact)"),
+               Metric("pd", "PD"), Metric("rpd", "RPD", "ratio"), Metric("kr", "KR", "ratio"),
+               Metric("forgetting", "forgetting"),
+               ACC_T, curve("aacc_t", "aAcc after session t"), curve("gacc_alpha", "gAcc(alpha), alpha = k/12", 0))
+    default_criterion = "gacc_auc"
+    headline = ("gacc_auc", "aacc", "novel_acc")
+
+    def increments(self, options: Mapping[str, Any]) -> list[int]:
+        return FewShotOptions.of(options).increments
+
+    def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
+        spec = FewShotOptions.of(options)
+        ordered = sorted(classes) if spec.fixed_order else class_ordering(classes, seed, ordering)
+        return [TaskSpec(t.index, t.new_classes, t.seen_classes, None if t.index == 0 else spec.shots)
+                for t in split_tasks(ordered, spec.increments)]
+
+    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+        """Every class that can come in a few-shot session has K training images (a class with fewer would
+        make an N-way "K-shot" session silently hold fewer shots), and a shot index file fits the data."""
+        spec = FewShotOptions.of(options)
+        problems = super().check_data(phase, options)
+        # with fixed_order the base classes are the first ones; otherwise any class can land in a session
+        few_shot = sorted(phase.classes)[spec.base_classes:] if spec.fixed_order else list(phase.classes)
+        short = [(c, phase.train_counts.get(c, 0)) for c in few_shot if phase.train_counts.get(c, 0) < spec.shots]
+        if short:
+            listed = ", ".join(f"class {c} has {n}" for c, n in short[:5])
+            problems.append(Problem("scenario.fscil.shots", f"{spec.shots} shots per class, but in the {phase.phase} "
+                                    f"phase {listed} training images ({len(short)} classes short); lower shots "
+                                    "or leave those classes out"))
+        given = spec.given
+        if given is not None and phase.train_labels is not None:
+            problem = check_shot_index(given, phase.train_labels, few_shot, spec.shots, spec.draw_missing_shots)
+            if problem:
+                problems.append(Problem("scenario.fscil.shot_index", f"{problem} ({phase.phase} phase, "
+                                        f"{phase.dataset}; indices are positions in the dataset's training arrays)"))
+        return problems
+
+    def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
+                  tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
+        base, ways = len(tasks[0].new_classes), len(tasks[1].new_classes) if len(tasks) > 1 else 1
+        out = matrix_metrics.summarize(matrix, test_counts)
+        out.update(fscil_metrics.summarize_fscil(np.asarray(matrix, dtype=float), list(test_counts), base, ways))
+        return out
+
+
+
+def few_shot_indices(train_labels: np.ndarray, task: TaskSpec, seed: int, ordering: int,
+                     given: Mapping[int, Sequence[int]] | None = None) -> np.ndarray:
+    """The training images of a task (indices into the phase's training arrays, ascending): every image of its
+    classes, or `task.shots` per class: those `given` lists first (a benchmark's index file), else drawn
+    without replacement for (seed, ordering, class), so every set of the study sees the same shots."""
+    picked = []
+    for c in task.new_classes:
+        of_class = np.flatnonzero(train_labels == c)
+        if task.shots is None:
+            picked.append(of_class)
+        elif given is not None and c in given:
+            picked.append(np.asarray(given[c][: task.shots], dtype=np.int64))
+        else:
+            rng = np.random.default_rng([ordering_seed(seed, ordering), int(c)])
+            picked.append(rng.choice(of_class, size=min(task.shots, len(of_class)), replace=False))
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
+
+
+
+def shots_at_phase_positions(given: Mapping[int, Sequence[int]], train_index: np.ndarray) -> dict[int, list[int]]:
+    """An index file's dataset positions as positions in a phase's training arrays (`train_index`: each phase
+    image's dataset position, ascending). The pre-flight check has made sure every listed image is there."""
+    out = {}
+    for c, indices in given.items():
+        wanted = np.asarray(indices, dtype=np.int64)
+        at = np.searchsorted(train_index, wanted)
+        kept = at < len(train_index)
+        kept[kept] = train_index[at[kept]] == wanted[kept]
+        out[c] = [int(i) for i in at[kept]]
+    return out
+
+
+
+def check_shot_index(given: Mapping[int, Sequence[int]], train_labels: np.ndarray, classes: Sequence[int],
+                     shots: int, draw_missing: bool = False) -> str | None:
+    """What is wrong with an index file for the classes that can be in a few-shot session (None: nothing): every
+    listed image must be a training image of its class (indices into the dataset's training arrays), listed once;
+    each of those classes needs `shots` of them, and a class the file omits is an error unless `draw_missing`."""
+    for c, indices in given.items():
+        bad = [i for i in indices if not 0 <= i < len(train_labels) or train_labels[i] != c]
+        if bad:
+            return f"class {c}: training images {bad[:5]} are not of that class (or outside the training arrays)"
+        if len(set(indices)) != len(indices):
+            return f"class {c}: lists an image twice; list {shots} distinct training images"
+    short = [c for c in classes if c in given and len(given[c]) < shots]
+    if short:
+        return f"classes {short[:5]} list fewer than {shots} images"
+    missing = [c for c in classes if c not in given]
+    if missing and not draw_missing:
+        return (f"classes {missing[:5]} ({len(missing)} in all) are not in the file; list them, or set "
+                "scenario.fscil.draw_missing_shots: true to draw their shots")
+    return None
