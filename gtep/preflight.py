@@ -6,7 +6,7 @@ protocol's constraints: gtep/config/) what needs the data and the files:
 
 - each phase's data as its loader will hand it over (gtep/data/datasets.py: dtype and range, NaN, shapes,
   labels), with any conversion said in the plan, the log and the runs' params (`gtep.data_conversion`);
-- what the scenario family needs of each phase's classes (ScenarioFamily.check_data: images to train and test
+- what the scenario family needs of each phase's classes (ScenarioFamily.check: images to train and test
   every class, FSCIL's K shots and its shot index file, CFSL's samples per class, ...);
 - the backbone weights: a readable file whose tensors fit the backbone;
 - the study's folder: a name the filesystem takes, a path short enough for what gtep writes inside it, and a
@@ -81,22 +81,23 @@ def phase_data(spec: PhaseSpec, facts: DataFacts, extra: tuple[int, ...] = ()) -
                      {c: n[1] for c, n in counts.items()}, facts.train_labels)
 
 
-def check_phase(resolved: ResolvedExperiment, spec: PhaseSpec) -> PhasePlan:
-    """The phase's data as its family needs it; the first problem is the error."""
+def check_phases(resolved: ResolvedExperiment) -> tuple[PhasePlan, PhasePlan]:
+    """Both phases' data as their family needs it (ScenarioFamily.check: the first problem is the error), and
+    what ordering 0 of each will do."""
     cfg = resolved.config
-    facts = phase_facts(cfg, spec)
     options = cfg.scenario.family_options
-    data = phase_data(spec, facts, resolved.family.data_classes(options))
-    problems = resolved.family.check_data(data, options)
+    extra = resolved.family.data_classes(options)
+    specs = (resolved.tuning, resolved.evaluation)
+    facts = [phase_facts(cfg, spec) for spec in specs]
+    data = [phase_data(spec, fact, extra) for spec, fact in zip(specs, facts)]
+    problems = resolved.family.check(data, options)
     if problems:
         problem = problems[0]
-        field = dataset_field(cfg, spec.phase) if problem.field == "datasets" else problem.field
+        field = dataset_field(cfg, problem.phase) if problem.field == "datasets" else problem.field
         raise ConfigError(field, problem.message)
-    try:
-        tasks = tuple(resolved.family.describe_tasks(data, options, cfg.seed))
-    except (NotImplementedError, ValueError):  # work that is not tasks of classes alone (a stream, a hierarchy)
-        tasks = ()
-    return PhasePlan(spec, facts, tasks)
+    tuning, evaluation = (PhasePlan(spec, fact, tuple(resolved.family.describe(phase, options, cfg.seed)))
+                          for spec, fact, phase in zip(specs, facts, data))
+    return tuning, evaluation
 
 
 def check_pretrain_data(resolved: ResolvedExperiment) -> None:
@@ -176,7 +177,7 @@ def preflight(cfg: ExperimentConfig) -> StudyPlan:
     if cfg.weights is not None:
         check_weights_fit(cfg.weights, cfg.backbone)
     check_pretrain_data(resolved)
-    tuning, evaluation = check_phase(resolved, resolved.tuning), check_phase(resolved, resolved.evaluation)
+    tuning, evaluation = check_phases(resolved)
     plan = StudyPlan(resolved, tuning, evaluation)
     resolved = replace(resolved, data_conversions=data_conversions(plan))
     return replace(plan, resolved=resolved)

@@ -49,7 +49,7 @@ def test_the_cli_contract_names_every_command_module():
 
 def test_protocol_is_pure():
     for path in (PACKAGE / "protocol").rglob("*.py"):
-        assert imports_of(path) <= {"__future__", "dataclasses", "typing", "re", "math", "numpy", "gtep"}, path
+        assert imports_of(path) <= {"__future__", "abc", "dataclasses", "typing", "re", "math", "numpy", "gtep"}, path
 
 
 def test_no_unsafe_loading_or_eval():

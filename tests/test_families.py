@@ -11,7 +11,7 @@ from gtep.config import ConfigError, ExperimentConfig, resolve
 from gtep.data.shot_index import read_shot_index
 from gtep.engine.runner import OrderingRun
 from gtep.protocol.criteria import CRITERIA
-from gtep.protocol.families import FAMILIES, ScenarioFamily, register_family
+from gtep.protocol.families import ACC, AVG_ACC, FAMILIES, ScenarioFamily, register_family
 from gtep.protocol.families.fscil import check_shot_index, few_shot_indices
 from gtep.protocol.scenarios import TaskSpec, build_scenario
 from gtep.protocol.selection import OrderingResult, select_best
@@ -174,10 +174,24 @@ def test_an_algorithm_without_the_familys_data_flow_is_refused_naming_who_can(tm
         name = "test_open_world"
         description = "a family whose data no learner here can learn from"
         data_flow = "test_open_world_stream"
-        metric_names = ("acc", "avg_acc")
+        Options = dict
+        metrics = (ACC, AVG_ACC)
+        default_criterion = "hmean_acc_avgacc"
 
         def increments(self, options):
             return [5, 5]
+
+        def data_classes(self, options):
+            return ()
+
+        def check(self, phases, options):
+            return []
+
+        def describe(self, phase, options, seed):
+            return []
+
+        def example_options(self):
+            return {}
 
     try:
         with pytest.raises(ConfigError) as err:

@@ -18,7 +18,7 @@ from gtep.algorithms._distances import euclidean
 from gtep.config import ConfigError, resolve, validate_config
 from gtep.data import resolve_dataset
 from gtep.engine import OrderingJob, run_ordering
-from gtep.engine.stream import ComputeMeter, StreamRun
+from gtep.engine.flows.stream import ComputeMeter, StreamRun
 from gtep.models import create_backbone
 from gtep.protocol.families.fluid import metrics as fm
 from gtep.protocol.families import FAMILIES, PhaseData
@@ -270,35 +270,35 @@ def phase(train: dict[int, int], test: dict[int, int], classes=(3, 4, 5)) -> Pha
     return PhaseData("tune", "syn", tuple(classes), train, test)
 
 
-def test_check_data_names_what_a_stream_cannot_be_drawn_from():
+def test_check_names_what_a_stream_cannot_be_drawn_from():
     family = FAMILIES.get("fluid")
     good_train, good_test = {c: 20 for c in range(6)}, {c: 10 for c in range(6)}
     options = {**OPTIONS, "n_novel_classes": 3}
-    assert family.check_data(phase(good_train, good_test), options) == []
+    assert family.check([phase(good_train, good_test)], options) == []
     only_train = phase(good_train, {**good_test, 4: 0})  # a novel class needs images, not test images
-    assert family.check_data(only_train, options) == []
-    problems = family.check_data(phase({**good_train, 4: 0}, {**good_test, 4: 0}), options)
+    assert family.check([only_train], options) == []
+    problems = family.check([phase({**good_train, 4: 0}, {**good_test, 4: 0})], options)
     assert [p.field for p in problems] == ["datasets"] and "[4]" in problems[0].message
-    problems = family.check_data(phase(good_train, {**good_test, 1: 0}), options)
+    problems = family.check([phase(good_train, {**good_test, 1: 0})], options)
     assert [p.field for p in problems] == ["scenario.fluid.pretrain_classes"] and "[1]" in problems[0].message
-    problems = family.check_data(phase({**good_train, 2: 3}, good_test), {**options, "pretrain_holdout": 0.2})
+    problems = family.check([phase({**good_train, 2: 3}, good_test)], {**options, "pretrain_holdout": 0.2})
     assert [p.field for p in problems] == ["scenario.fluid.pretrain_holdout"] and "class 2 has 3" in \
         problems[0].message
     # the caps allow fewer samples than total_samples: no problem (the generator gives what they allow)
-    assert family.check_data(phase(good_train, good_test), {**options, "total_samples": 10_000}) == []
+    assert family.check([phase(good_train, good_test)], {**options, "total_samples": 10_000}) == []
 
 
-def test_describe_tasks_tells_the_stream_of_sequence_0():
+def test_describe_tells_the_stream_of_sequence_0():
     family = FAMILIES.get("fluid")
     options = {**OPTIONS, "n_novel_classes": 3}
     data = phase({c: 20 for c in range(6)}, {c: 10 for c in range(6)})
-    [(what, samples)] = family.describe_tasks(data, options, seed=0)
+    [(what, samples)] = family.describe(data, options, seed=0)
     assert samples == 60 and "a stream of 60 samples: 2 pretrain classes" in what and "3 novel classes" in what
-    [(what, samples)] = family.describe_tasks(data, {**options, "total_samples": 10_000}, seed=0)
+    [(what, samples)] = family.describe(data, {**options, "total_samples": 10_000}, seed=0)
     assert samples == 2 * 10 + 3 * 20 and "total_samples is 10000" in what  # capped at 20, pretrain: 10 tests
     # what it says is the stream the engine draws (the generator draws from the image counts alone)
     held = {**options, "pretrain_holdout": 0.25, "total_samples": 70}
-    [(what, samples)] = family.describe_tasks(data, held, seed=3)
+    [(what, samples)] = family.describe(data, held, seed=3)
     stream = phase_stream(np.repeat(np.arange(6), 20), np.repeat(np.arange(6), 10), [3, 4, 5],
                           FluidOptions.of(held), seed=3, ordering=0)
     assert samples == len(stream) and f"({100 * stream.pretrain.mean():.0f}% of the samples)" in what

@@ -1,7 +1,7 @@
 """The shared base of the continual few-shot learners (CFSL; gtep/protocol/families/cfsl/__init__.py).
 
 CFSL's data flow (papers/cfsl-task-definitions.txt section 2) differs from class-incremental learning, so these
-learners have their own steps, which gtep/engine/cfsl.py drives:
+learners have their own steps, which gtep/engine/flows/continual_few_shot.py drives:
 
     start_task(num_labels)   a new task: forget the last one's state, back to the pretrained backbone
     learn_support(x, y)      one support set (float images, labels in 0..num_labels-1); the engine calls it once
@@ -80,7 +80,7 @@ class FewShotLearner(IncrementalLearner[P]):
 
     def fit_task(self, task: TaskData, fit: FitFn) -> None:
         raise TypeError(f"{type(self).__name__} learns continual few-shot tasks (data flow {CONTINUAL_FEW_SHOT}); "
-                        "gtep.engine.cfsl drives it, not the class-incremental loop")
+                        "gtep.engine.flows.continual_few_shot drives it, not the class-incremental loop")
 
 
 def label_means(features: Tensor, labels: Tensor, num_labels: int) -> tuple[Tensor, Tensor]:

@@ -1,7 +1,7 @@
 """The shared base of FLUID's stream learners (papers/fluid.txt Sec. 4, App. B/C; notes 004.3).
 
-The data flow "stream" (gtep/protocol/families/fluid/__init__.py, run by gtep/engine/stream.py): images come one at a
-time; the learner predicts each (a class seen so far, or UNSEEN) before its label is revealed, then is told
+The data flow "stream" (gtep/protocol/families/fluid/, run by gtep/engine/flows/stream.py): images come one at
+a time; the learner predicts each (a class seen so far, or UNSEEN) before its label is revealed, then is told
 the label, and decides itself when to update. Labels are positions in order of first appearance: the
 engine maps dataset classes to them, so a new class is always position `self.total`.
 
@@ -39,7 +39,7 @@ MAX_SCORE = {"msp": 1.0, "mdt": 2.0}  # the largest unseen score each detector g
 
 
 class Meter(Protocol):
-    """What the engine's compute meter offers a learner (gtep/engine/stream.py ComputeMeter)."""
+    """What the engine's compute meter offers a learner (gtep/engine/flows/stream.py ComputeMeter)."""
 
     def inference(self, fn: Callable[[Tensor], Any], x: Tensor) -> Any:
         """fn(x), its MACs counted as inference."""

@@ -9,8 +9,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -20,12 +19,12 @@ from gtep.algorithms import ALGORITHMS, CommonParams, FitRecipe, IncrementalLear
 from gtep.algorithms.base import Scheduler, names_reaching_first_task
 from gtep.data import ImageSet
 from gtep.data.pipelines import Pipeline, PipelineSpec, choose_pipeline, normalisation, pretrained_normalisation
-from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, load_checkpoint, restore_rng, rng_state, save_checkpoint
+from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, restore_rng, rng_state
 from gtep.engine.device import describe_device, resolve_device
-from gtep.engine.first_task import RESUMED, REUSED, TRAINED, FirstTaskStore, first_task_key
+from gtep.engine.first_task import TRAINED, first_task_key
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
-from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, TaskFamily
 from gtep.protocol.families.fscil import FewShotOptions, few_shot_indices, shots_at_phase_positions
 from gtep.protocol.sampling import steplr_milestones
 from gtep.protocol.scenarios import TaskSpec, ordering_seed
@@ -74,10 +73,18 @@ class OrderingJob:
     def scenario_family(self) -> ScenarioFamily:
         return FAMILIES.get(self.family)
 
+    @property
+    def task_family(self) -> TaskFamily:
+        """The job's family as the accuracy-matrix flow needs it: tasks of classes, an accuracy matrix."""
+        family = self.scenario_family
+        if not isinstance(family, TaskFamily):
+            raise TypeError(f"the {family.name} family's data flow is {family.data_flow}, not class_incremental")
+        return family
+
     def tasks(self) -> list[TaskSpec]:
         """F(D, s): this ordering's tasks under the job's family."""
         options = {"increments": list(self.increments), **dict(self.family_options)}
-        tasks = self.scenario_family.tasks(self.classes, options, self.seed, self.ordering)
+        tasks = self.task_family.tasks(self.classes, options, self.seed, self.ordering)
         return tasks[:self.max_tasks] if self.max_tasks else tasks
 
 
@@ -290,55 +297,6 @@ class OrderingRun:
         outcome.train_seconds = float(sum(outcome.task_seconds))
         outcome.params_total, outcome.params_trainable = self.learner.parameter_counts()
         if outcome.acc_matrix and not outcome.diverged:
-            outcome.metrics = self.job.scenario_family.summarize(np.array(outcome.acc_matrix), outcome.test_counts,
+            outcome.metrics = self.job.task_family.summarize(np.array(outcome.acc_matrix), outcome.test_counts,
                                                                  self.tasks)
         return outcome
-
-
-# Data flows other than class-incremental -> the function that runs one ordering of them (same arguments as
-# run_ordering without checkpoint and first_tasks); gtep.engine.multilabel registers "multi_label".
-DATA_FLOW_RUNNERS: dict[str, Callable[[OrderingJob, ImageSet, Callable[[int, OrderingOutcome], None] | None],
-                                      OrderingOutcome]] = {}
-
-
-def run_ordering(job: OrderingJob, data: ImageSet,
-                 on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
-                 checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
-    """Train one ordering task by task; never raises for a diverged run.
-
-    With `checkpoint`, the learner and RNG states are saved there after every finished task, and a run
-    that finds a checkpoint of the same job continues after its last task with the same result. With
-    `first_tasks`, task 1 of a method with a fixed first-task recipe comes from the study's store when
-    another set trained it already (the same result as training it here), and is put there when this run
-    trains it.
-
-    A family with another data flow runs on the path registered for it in DATA_FLOW_RUNNERS (multi-label,
-    IIRC: gtep.engine.multilabel, without checkpoints or a shared first task)."""
-    flow = job.scenario_family.data_flow
-    if flow != CLASS_INCREMENTAL:
-        if flow not in DATA_FLOW_RUNNERS:
-            raise ValueError(f"no engine path runs the {flow} data flow; known: {sorted(DATA_FLOW_RUNNERS)}")
-        return DATA_FLOW_RUNNERS[flow](job, data, on_task_end)
-    run = OrderingRun(job, data)
-    saved = load_checkpoint(checkpoint, run.key, run.device) if checkpoint is not None else None
-    if saved is not None:
-        run.restore(saved, saved.first_task or RESUMED)
-        run.outcome.resumed_tasks = saved.tasks_done
-    elif first_tasks is not None and run.algorithm.fixed_first_task:
-        # (a method that trains task 1 with the sampled set would store one large model per set, for nothing)
-        stored, source = first_tasks.obtain(run.first_task_key(), run.train_first_task, run.device)
-        if stored is not None:
-            run.restore(stored, REUSED)
-        if on_task_end is not None and not run.outcome.diverged:
-            on_task_end(0, run.outcome)
-    for task in run.tasks[run.tasks_done:]:
-        if run.outcome.diverged:
-            break
-        run.train_task(task)
-        if run.outcome.diverged:
-            break
-        if checkpoint is not None and task.index + 1 < len(run.tasks):
-            save_checkpoint(checkpoint, run.snapshot(run.key))
-        if on_task_end is not None:
-            on_task_end(task.index, run.outcome)
-    return run.finish()

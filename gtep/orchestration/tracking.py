@@ -31,6 +31,7 @@ from gtep.protocol.criteria import DEFAULT_CRITERION, Criterion
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, known_metrics, metric_label
 from gtep.protocol.metrics import harmonic_mean
 from gtep.protocol.selection import OrderingResult, score_set
+from gtep.protocol.summary import ordering_statistics
 
 ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc",
                     "params_total", "params_trainable", "train_seconds")
@@ -280,7 +281,7 @@ class MlflowWriter(tune.Callback):
                   "orderings": score.orderings, "orderings_finished": score.finished_orderings,
                   "score": score.hmean_of_means, "score_mean_of_orderings": score.mean_of_hmeans}
         units = [u for u in self.manifest.units(self.phase) if u["set_index"] == set_index]
-        values.update(family_means(units, self.extra_metrics))
+        values.update(ordering_statistics(units, self.extra_metrics))
         # the time of its last unit: finishing the same trial again (a resumed study) writes the same points
         stamps = [u.get("finished_at") or 0 for u in self.manifest.units(self.phase) if u["set_index"] == set_index]
         state = "interrupted" if status == "KILLED" and score.status == "incomplete" else score.status
@@ -346,19 +347,6 @@ def ordering_result(unit: dict[str, Any]) -> OrderingResult:
                           float(unit.get("avg_acc") or 0.0), unit["status"] == "diverged", scalars)
 
 
-def family_means(units: list[dict[str, Any]], names: tuple[str, ...]) -> dict[str, float]:
-    """Mean and std over the finished orderings of each of a family's extra metrics (NaN once one diverged)."""
-    import numpy as np
-
-    finished = [u for u in units if u["status"] != "diverged"]
-    out: dict[str, float] = {}
-    for name in names:
-        values = [float(u[name]) for u in finished if _finite(u.get(name))]
-        out[name] = float(np.mean(values)) if values and len(finished) == len(units) else float("nan")
-        out[f"{name}_std"] = float(np.std(values)) if values else float("nan")
-    return out
-
-
 def summarize_units(units: list[dict[str, Any]], expected: int | None = None, family: ScenarioFamily | None = None,
                     criterion: Criterion = DEFAULT_CRITERION) -> dict[str, Any]:
     """Mean and std over the orderings of one set's units (the numbers the phase table prints). `expected` (S)
@@ -371,12 +359,11 @@ def summarize_units(units: list[dict[str, Any]], expected: int | None = None, fa
     finished = [u for u in units if u["status"] != "diverged"]
     out: dict[str, Any] = {"orderings": len(units), "diverged": len(units) - len(finished),
                              "expected": expected if expected is not None else len(units)}
-    for key in ("acc", "avg_acc"):
-        values = [float(u[key]) for u in finished]
-        out[key] = float(np.mean(values)) if values and len(finished) == len(units) else float("nan")
-        out[f"{key}_std"] = float(np.std(values)) if values else float("nan")
+    out.update(ordering_statistics(units, ("acc", "avg_acc")))
     out["hmean"] = harmonic_mean(out["acc"], out["avg_acc"])
-    out.update(family_means(units, family_extra_metrics(family)))
+    # every other scalar of the family's table (HM is that of the means)
+    others = tuple(m for m in family.metric_names if m not in ("acc", "avg_acc", "hmean"))
+    out.update(ordering_statistics(units, others))
     results = [ordering_result({**u, "set_index": 0}) for u in units]
     out["score"] = score_set(0, results, expected, criterion).hmean_of_means
     curves = [u.get("gacc_alpha") for u in units if u["status"] != "diverged" and u.get("gacc_alpha")]

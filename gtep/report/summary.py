@@ -14,8 +14,17 @@ import math
 import numpy as np
 import pandas as pd
 
-from gtep.orchestration.report_store import CLASS_INCREMENTAL, GACC_COLUMNS, default_criterion, family_metrics
+from gtep.orchestration.report_store import (
+    CLASS_INCREMENTAL,
+    GACC_COLUMNS,
+    ORDERING_METRICS,
+    default_criterion,
+    family_metrics,
+)
+from gtep.protocol.criteria import CRITERIA
+from gtep.protocol.families import FAMILIES
 from gtep.protocol.metrics import harmonic_mean, harmonic_mean_gap, kendall_tau_b
+from gtep.protocol.summary import ordering_statistics
 from gtep.report.collect import EVALUATE_LIKE, StoreData, best_trial_id
 
 GROUP = ["scenario", "pairing"]
@@ -24,17 +33,20 @@ COST_METRICS = ("params_total", "params_trainable", "train_seconds", "forgetting
 RANKED = ("hmean", "acc", "avg_acc")
 
 
-def summarize_orderings(rows: pd.DataFrame) -> dict[str, float]:
-    """Mean and population std over orderings, as `summarize_units` does when a phase ends: a diverged ordering
-    makes the means NaN (the paper's NaN for BEEF) while the std and costs describe the finished ones."""
+def summarize_orderings(rows: pd.DataFrame, family: str = CLASS_INCREMENTAL) -> dict[str, float]:
+    """Mean and population std over orderings of Acc, AvgAcc and the family's other ordering metrics (its table's
+    scalars that every ordering run logs: forgetting, old and new accuracy), as `summarize_units` does when a phase
+    ends: a diverged ordering makes the means NaN (the paper's NaN for BEEF) while the std and costs describe the
+    finished ones. HM is the harmonic mean of the means; hmean_std the std of the orderings' own HMs."""
     finished = rows[rows["status"] != "diverged"]
     diverged = len(rows) - len(finished)
     out: dict[str, float] = {"orderings": float(len(rows)), "diverged": float(diverged)}
-    for key in ("acc", "avg_acc"):
-        values = finished[key].to_numpy(dtype=float)
-        out[key] = float(np.mean(values)) if len(values) and not diverged else math.nan
-        out[f"{key}_std"] = float(np.std(values)) if len(values) else math.nan
+    scalars = FAMILIES.get(family).metric_names if family in FAMILIES else ()
+    names = ("acc", "avg_acc", *(n for n in scalars if n in ORDERING_METRICS and n not in ("acc", "avg_acc", "hmean")))
+    out.update(ordering_statistics(rows.to_dict("records"), names))
     out["hmean"] = harmonic_mean(out["acc"], out["avg_acc"])
+    hmeans = [harmonic_mean(float(a), float(b)) for a, b in zip(finished["acc"], finished["avg_acc"])]
+    out["hmean_std"] = float(np.std(hmeans)) if hmeans else math.nan
     for key in COST_METRICS:
         values = finished[key].dropna().to_numpy(dtype=float)
         out[key] = float(np.mean(values)) if len(values) else math.nan
@@ -69,14 +81,10 @@ def family_summary(data: StoreData, phase: pd.Series, rows: pd.DataFrame, stats:
     does for Acc (a diverged ordering makes the mean NaN), the phase run's own number where the orderings have none;
     and `score`, the value of the criterion H* was selected by (H*'s trial's, else the phase run's, else computed)."""
     family = family_of(phase)
-    finished = rows[rows["status"] != "diverged"]
-    out: dict[str, float] = {}
-    for name in family_metrics().get(family, ()):
-        values = finished[name].dropna().to_numpy(dtype=float) if name in finished else np.array([])
-        if len(values):
-            out[name] = float(np.mean(values)) if not stats["diverged"] else math.nan
-            out[f"{name}_std"] = float(np.std(values))
-        else:
+    names = family_metrics().get(family, ())
+    out = ordering_statistics(rows.to_dict("records"), names)
+    for name in names:
+        if math.isnan(out[f"{name}_std"]):  # no ordering has it: the phase run's own number
             out[name] = float(phase.get(name, math.nan))
             out[f"{name}_std"] = float(phase.get(f"{name}_std", math.nan))
     criterion = str(phase.get("criterion", "") or default_criterion(family))
@@ -86,10 +94,8 @@ def family_summary(data: StoreData, phase: pd.Series, rows: pd.DataFrame, stats:
         score = float(best.iloc[0]) if len(best) else math.nan
     if math.isnan(score):
         score = float(phase.get("score", math.nan))
-    if math.isnan(score) and not stats["diverged"]:
-        derived = {"gacc_auc": out.get("gacc_auc", math.nan), "hmean_acc_avgacc": stats["hmean"],
-                   "mean_target_acc": out.get("target_acc", math.nan)}
-        score = float(derived.get(criterion, out.get(criterion, math.nan)))
+    if math.isnan(score) and not stats["diverged"] and criterion in CRITERIA:
+        score = CRITERIA.get(criterion).of({**stats, **out})
     return {**out, "score": score}
 
 
@@ -104,7 +110,7 @@ def phase_summaries(data: StoreData) -> pd.DataFrame:
     rows = []
     for family, (_, phase) in zip(families, phases.iterrows()):
         units = phase_orderings(data, phase)
-        stats = summarize_orderings(units)
+        stats = summarize_orderings(units, family)
         tags: dict[str, str] = {}
         if mixed:
             tags = {"family": family, "criterion": str(phase.get("criterion", "") or default_criterion(family))}

@@ -1,4 +1,4 @@
-"""The CFSL data flow (gtep/engine/cfsl.py) and its learners: support sets seen once each, the target set scored
+"""The CFSL data flow (gtep/engine/flows/continual_few_shot.py) and its learners: support sets seen once each, the target set scored
 after the last, ATM and MACs as the learner's state and operations, the same metrics for the same seed."""
 import pytest
 import torch
@@ -11,7 +11,7 @@ from gtep.algorithms.cfsl_finetune import CfslFinetune, FinetuneParams
 from gtep.algorithms.cfsl_proto_tune import CfslProtoTune, ProtoTuneParams
 from gtep.algorithms.cfsl_prototypes import CfslPrototypes, PrototypeParams
 from gtep.engine import OrderingJob, run_ordering
-from gtep.engine.cfsl import CfslRun, SupportStream
+from gtep.engine.flows.continual_few_shot import CfslRun, SupportStream
 from gtep.models import create_backbone
 from gtep.protocol.families.cfsl.generator import SupportSet
 from tests.helpers import load

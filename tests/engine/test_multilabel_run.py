@@ -1,4 +1,4 @@
-"""The IIRC engine path (gtep/engine/multilabel.py) with tiny test-only multi-label learners, and the IIRC
+"""The IIRC engine path (gtep/engine/flows/multi_label.py) with tiny test-only multi-label learners, and the IIRC
 config: its section, the hierarchy source, the superclass split check and the data-flow check."""
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_orderings_differ_in_their_tasks_but_not_their_samples():
 
 def test_the_matrix_agrees_with_the_protocols_task_matrix():
     """R from the engine is iirc_metrics.task_matrix of the engine's own predictions and targets."""
-    from gtep.engine.multilabel import MultiLabelRun
+    from gtep.engine.flows.multi_label import MultiLabelRun
 
     run = MultiLabelRun(job(), load(DATA))
     for task in run.tasks[:2]:
@@ -129,7 +129,7 @@ def test_the_matrix_agrees_with_the_protocols_task_matrix():
 # ---------------------------------------------------------------- issue 31: memory, in-task validation, diagnostics
 
 def test_the_outcome_carries_the_papers_diagnostics(finetuned):
-    from gtep.engine.multilabel import MultiLabelRun
+    from gtep.engine.flows.multi_label import MultiLabelRun
     from gtep.protocol.families.iirc.generator import label_kinds
 
     outcome, _ = finetuned
@@ -147,7 +147,7 @@ def test_the_outcome_carries_the_papers_diagnostics(finetuned):
 
 
 def test_memory_per_class_gives_the_learner_the_papers_budget():
-    from gtep.engine.multilabel import MultiLabelRun
+    from gtep.engine.flows.multi_label import MultiLabelRun
 
     data = load(DATA)
     replay = MultiLabelRun(dataclasses.replace(job(memory_per_class=20), algorithm="iirc_replay", memory_size=0), data)
@@ -162,7 +162,7 @@ def validation_job(**options) -> OrderingJob:
 
 
 def test_held_out_images_are_never_trained_on_and_the_same_in_every_ordering():
-    from gtep.engine.multilabel import MultiLabelRun
+    from gtep.engine.flows.multi_label import MultiLabelRun
     from gtep.protocol.families.iirc.generator import task_training_indices
 
     data = load(DATA)
@@ -183,7 +183,7 @@ def test_held_out_images_are_never_trained_on_and_the_same_in_every_ordering():
 
 
 def test_a_plateau_of_the_in_task_validation_score_decays_the_lr():
-    from gtep.engine.multilabel import MultiLabelRun
+    from gtep.engine.flows.multi_label import MultiLabelRun
     from gtep.protocol.families.iirc.generator import task_training_indices
 
     run = MultiLabelRun(validation_job(), load(DATA))

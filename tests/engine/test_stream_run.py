@@ -1,4 +1,4 @@
-"""The stream runner (gtep/engine/stream.py): FLUID's Algorithm 1 end to end on a small synthetic stream, its
+"""The stream runner (gtep/engine/flows/stream.py): FLUID's Algorithm 1 end to end on a small synthetic stream, its
 order of events (predict, record, reveal, update), its compute accounting and its determinism."""
 import dataclasses
 import json
@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from gtep.data import resolve_dataset
 from gtep.engine import OrderingJob, run_ordering
-from gtep.engine.stream import StreamRun
+from gtep.engine.flows.stream import StreamRun
 from gtep.models import create_backbone
 from gtep.protocol.families.fluid import metrics as fluid_metrics
 

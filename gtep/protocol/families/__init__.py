@@ -18,6 +18,7 @@ from gtep.protocol.families.base import (
     PhaseData,
     Problem,
     ScenarioFamily,
+    TaskFamily,
     Unit,
     add_aliases,
     curve,
@@ -29,5 +30,5 @@ from gtep.protocol.families.base import (
 )
 
 __all__ = ["ACC", "ACC_T", "AVG_ACC", "CLASS_INCREMENTAL", "FAMILIES", "Metric", "PhaseData", "Problem",
-           "ScenarioFamily", "Unit", "add_aliases", "curve", "empty_classes", "family_of", "known_metrics",
-           "metric_label", "register_family"]
+           "ScenarioFamily", "TaskFamily", "Unit", "add_aliases", "curve", "empty_classes", "family_of",
+           "known_metrics", "metric_label", "register_family"]

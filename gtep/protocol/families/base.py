@@ -6,13 +6,13 @@ A family is pure (stdlib and numpy), so it is tested without Ray, MLflow or torc
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Mapping, Sequence
 
 import numpy as np
 
-from gtep.protocol import metrics
-from gtep.protocol.scenarios import TaskSpec, build_scenario
+from gtep.protocol.scenarios import TaskSpec
 from gtep.registry import Registry
 
 CLASS_INCREMENTAL = "class_incremental"
@@ -67,22 +67,52 @@ class PhaseData:
 
 @dataclass(frozen=True)
 class Problem:
-    """What the data cannot satisfy: the config field at fault and the message with the fix."""
+    """What the data cannot satisfy: the config field at fault, the message with the fix, and the phase whose data
+    it is ("datasets" as the field means that phase's dataset section)."""
 
     field: str
     message: str
+    phase: str = ""
 
 
-class ScenarioFamily:
-    """One setting: its generator, metrics and default criterion. Subclasses set the class variables and
-    override what differs; `options` are the family's section of the experiment file, as a mapping."""
+class ScenarioFamily(ABC):
+    """One setting: its options, generator, checks, description, metric table and default criterion. Every family
+    implements every method here (the family contract test runs each registered family through them); a family
+    whose orderings are tasks of classes scored by an accuracy matrix extends TaskFamily instead.
+
+    `options` are the family's section of the experiment file as a mapping (what `Options.of` reads)."""
 
     name: ClassVar[str]
     description: ClassVar[str]
-    data_flow: ClassVar[str] = "class_incremental"  # what a learner must support (IncrementalLearner.data_flows)
+    data_flow: ClassVar[str]  # what a learner must support (IncrementalLearner.data_flows); an engine flow runs it
+    Options: ClassVar[type]  # the options as a frozen dataclass with `of(mapping)`: the family's schema
     metrics: ClassVar[tuple[Metric, ...]]  # the family's metric table, scalars in the order tables show them
-    default_criterion: ClassVar[str] = "hmean_acc_avgacc"
+    default_criterion: ClassVar[str]  # H*'s criterion unless search.criterion says otherwise
     headline: ClassVar[tuple[str, ...]] = ()  # metrics the terminal tables add beside Acc, AvgAcc and HM
+
+    @abstractmethod
+    def increments(self, options: Mapping[str, Any]) -> list[int]:
+        """Classes (or labels) per task of a phase, as the study records them."""
+
+    @abstractmethod
+    def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
+        """Classes a phase's data must hold besides the phase's own (FLUID's pretrain classes)."""
+
+    @abstractmethod
+    def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
+        """What the phases' data cannot give this family, before any compute ([]: nothing)."""
+
+    @abstractmethod
+    def describe(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
+        """(what a unit of work holds, its training images) in ordering 0, for `gtep check`."""
+
+    @abstractmethod
+    def example_options(self) -> dict[str, Any]:
+        """A small valid options section (with any keys the resolution adds), for the docs and the contract test."""
+
+    def options(self, options: Mapping[str, Any]) -> Any:
+        """The options section as the family's Options."""
+        return getattr(self.Options, "of")(options)
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -102,24 +132,29 @@ class ScenarioFamily:
     def metric(self, name: str) -> Metric | None:
         return next((m for m in self.metrics if m.name == name), None)
 
-    def increments(self, options: Mapping[str, Any]) -> list[int]:
-        """Classes per task; a phase needs exactly their sum of classes."""
-        raise NotImplementedError
 
-    def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
-        """Classes a phase's data must hold besides the phase's own (FLUID's pretrain classes); default none."""
-        return ()
+class TaskFamily(ScenarioFamily):
+    """A family whose ordering is a list of tasks of classes and whose metrics come from the accuracy matrix (the
+    class_incremental data flow: gtep/engine/runner.py). Every class needs training and test images."""
 
+    data_flow = "class_incremental"
+
+    @abstractmethod
     def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
-        return build_scenario(classes, self.increments(options), seed, ordering)
+        """F(D, s): ordering s's tasks of the phase's classes."""
 
+    @abstractmethod
     def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
                   tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
-        return metrics.summarize(matrix, test_counts)
+        """An ordering's metrics (the family's table) from its accuracy matrix."""
 
-    def describe_tasks(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
-        """(what a task holds, its training images) in ordering 0, for `gtep check`; [] where the family's work
-        is not tasks of classes."""
+    def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
+        return ()
+
+    def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
+        return [problem for phase in phases for problem in empty_classes(phase)]
+
+    def describe(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
         out = []
         for t in self.tasks(phase.classes, options, seed, 0):
             counts = [phase.train_counts.get(c, 0) for c in t.new_classes]
@@ -127,20 +162,17 @@ class ScenarioFamily:
             out.append((f"{len(t.new_classes)} classes" + (f", {t.shots} shots each" if t.shots else ""), images))
         return out
 
-    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
-        """What a phase's data cannot give this family, before any compute. By default every class needs
-        training images (to learn it) and test images (else its accuracy is 0/0)."""
-        return [Problem(field, message) for field, message in empty_classes(phase)]
 
-
-def empty_classes(phase: PhaseData) -> list[tuple[str, str]]:
-    """A phase's classes with no training or no test images, as (field, message) with the fix."""
+def empty_classes(phase: PhaseData, splits: Sequence[str] = ("training", "test")) -> list[Problem]:
+    """A phase's classes with no training (or no test) images, with the fix."""
     out = []
-    for split, counts in (("training", phase.train_counts), ("test", phase.test_counts)):
+    for split in splits:
+        counts = phase.train_counts if split == "training" else phase.test_counts
         empty = [c for c in phase.classes if counts.get(c, 0) == 0]
         if empty:
-            out.append(("datasets", f"the {phase.phase} phase's classes {empty[:5]} have no {split} images in "
-                        f"{phase.dataset}; leave them out (datasets.*.classes) or add their images"))
+            out.append(Problem("datasets", f"the {phase.phase} phase's classes {empty[:5]} have no {split} images in "
+                               f"{phase.dataset}; leave them out (datasets.*.classes) or add their images",
+                               phase.phase))
     return out
 
 
@@ -177,8 +209,6 @@ def register_family(family: type[ScenarioFamily]) -> type[ScenarioFamily]:
     FAMILIES.register(family.name)(family())
     return family
 
-
-# ---------------------------------------------------------------- FSCIL
 
 
 def family_of(name: str) -> ScenarioFamily:

@@ -4,9 +4,9 @@ GTEP's two phases with CFSL tasks: an ordering s of a phase is `tasks_per_orderi
 phase's classes with (study seed, s) (generator.py), so a set H_r is scored on S x tasks_per_ordering
 tasks of D^HT, and H* on as many fresh ones of the disjoint D^E; both phases use the same task type.
 
-The data flow is "continual_few_shot" (gtep/engine/cfsl.py runs it): a learner starts each task afresh (from
-the study's pretrained backbone), sees the task's support sets one at a time through an iterator that yields
-each once, and only then scores the target set.
+The data flow is "continual_few_shot" (gtep/engine/flows/continual_few_shot.py runs it): a learner starts
+each task afresh (from the study's pretrained backbone), sees the task's support sets one at a time through an
+iterator that yields each once, and only then scores the target set.
 
 Metrics (gtep/protocol/families/cfsl/metrics.py): target_acc (mean over the ordering's tasks; H*'s default criterion
 mean_target_acc), its std and 95% interval over tasks (target_acc_task_std, target_acc_ci95), target_ce
@@ -23,8 +23,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping, Sequence
 
-import numpy as np
-
 from gtep.protocol.families.base import (
     ACC,
     ACC_T,
@@ -39,7 +37,6 @@ from gtep.protocol.families.base import (
 )
 from gtep.protocol.families.cfsl import metrics as cfsl_metrics
 from gtep.protocol.families.cfsl.generator import CfslOptions
-from gtep.protocol.scenarios import TaskSpec
 
 CFSL = "cfsl"
 CONTINUAL_FEW_SHOT = "continual_few_shot"
@@ -61,6 +58,7 @@ class ContinualFewShot(ScenarioFamily):
     description = ("continual few-shot learning: NSS support sets seen once each, then a target set "
                    "(scenario.cfsl)")
     data_flow = CONTINUAL_FEW_SHOT
+    Options = CfslOptions
     metrics = METRICS
     default_criterion = cfsl_metrics.DEFAULT_CRITERION_METRIC
     headline: ClassVar[tuple[str, ...]] = ("target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "atm",
@@ -71,7 +69,17 @@ class ContinualFewShot(ScenarioFamily):
         spec = CfslOptions.of(options)
         return [spec.ways] * spec.blocks
 
-    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+    def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
+        return ()
+
+    def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
+        return [problem for phase in phases for problem in self.pool_problems(phase, options)]
+
+    def example_options(self) -> dict[str, Any]:
+        return {"support_sets": 2, "ways": 2, "shots": 1, "target_shots": 1, "class_change_interval": 1,
+                "overwrite": False, "tasks_per_ordering": 2}
+
+    def pool_problems(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
         """A task takes CCI x (K_S + K_T) distinct images of each of its classes from the phase's pooled training
         and test images; any class of the phase can be drawn, so each needs them (a short class would otherwise
         fail inside a Ray trial, where resuming cannot help)."""
@@ -85,22 +93,13 @@ class ContinualFewShot(ScenarioFamily):
         return [Problem("scenario.cfsl", f"a task takes {need} images of each class (class_change_interval "
                         f"{spec.class_change_interval} x (shots {spec.shots} + target_shots {spec.target_shots})), "
                         f"but in the {phase.phase} phase {listed} ({len(short)} classes short, {phase.dataset}); "
-                        "lower shots or target_shots, or leave those classes out")]
+                        "lower shots or target_shots, or leave those classes out", phase.phase)]
 
-    def describe_tasks(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
+    def describe(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
         spec = CfslOptions.of(options)
         task = (f"{spec.support_sets} support sets of {spec.ways} ways x {spec.shots} shots, then a target set of "
                 f"{spec.target_shots} per class and support set")
         return [(task, spec.support_sets * spec.ways * spec.shots)] * spec.tasks_per_ordering
-
-    def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
-        raise NotImplementedError("CFSL tasks are drawn from the phase's images, not its classes alone: "
-                                  "gtep.protocol.families.cfsl.generator.ordering_tasks (gtep.engine.cfsl runs them)")
-
-    def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
-                  tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
-        raise NotImplementedError("CFSL's metrics need every task's target scores: gtep.engine.cfsl computes them "
-                                  "with gtep.protocol.families.cfsl.metrics")
 
 
 def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ AvgAcc, MLflow's per-task `acc_t` steps):
 
     acc      = overall_acc          avg_acc = mean_per_class_acc          acc_t = rolling_acc
 
-Data flow "stream" (gtep/engine/stream.py runs it). Pure: stdlib and numpy only.
+Data flow "stream" (gtep/engine/flows/stream.py runs it). Pure: stdlib and numpy only.
 """
 from __future__ import annotations
 
@@ -41,7 +41,6 @@ from gtep.protocol.families.base import (
     register_family,
 )
 from gtep.protocol.families.fluid.generator import StreamSpec, fluid_stream
-from gtep.protocol.scenarios import TaskSpec
 
 FLUID = "fluid"
 STREAM = "stream"
@@ -143,6 +142,7 @@ class FluidStream(ScenarioFamily):
     description = ("FLUID: an open-world, Zipf-tailed stream of pretrain and novel classes, each sample predicted "
                    "before its label is revealed (scenario.fluid)")
     data_flow = STREAM
+    Options = FluidOptions
     metrics = METRICS
     default_criterion = "mean_per_class_acc"
     headline: ClassVar[tuple[str, ...]] = ("mean_per_class_acc", "overall_acc", "unseen_auroc", "gmacs_total")
@@ -156,23 +156,30 @@ class FluidStream(ScenarioFamily):
         """Classes a phase's data must hold besides its own: the pretrain classes the streams show."""
         return FluidOptions.of(options).pretrain_classes
 
-    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+    def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
+        return [problem for phase in phases for problem in self.stream_problems(phase, options)]
+
+    def example_options(self) -> dict[str, Any]:
+        return {"pretrain_classes": [6, 7], "n_pretrain_classes": 2, "n_novel_classes": 3, "total_samples": 40,
+                "per_class_cap": 10}
+
+    def stream_problems(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
         """What the streams cannot be drawn from, before any compute: every novel class (the phase's) needs an
         image, every pretrain class test images (what the stream shows of it) and, with a holdout, training images
         to hold out. A stream shorter than total_samples is no problem: the caps and the classes' images may
-        allow fewer, and the generator gives every image they allow (describe_tasks says how many)."""
+        allow fewer, and the generator gives every image they allow (describe says how many)."""
         spec = FluidOptions.of(options)
         problems = []
         bare = [c for c in phase.classes if phase.train_counts.get(c, 0) + phase.test_counts.get(c, 0) == 0]
         if bare:
             problems.append(Problem("datasets", f"the {phase.phase} phase's classes {bare[:5]} have no images in "
                                     f"{phase.dataset}, so a stream cannot show them; leave them out "
-                                    "(datasets.*.classes) or add their images"))
+                                    "(datasets.*.classes) or add their images", phase.phase))
         untested = [c for c in spec.pretrain_classes if phase.test_counts.get(c, 0) == 0]
         if untested:
             problems.append(Problem("scenario.fluid.pretrain_classes", f"classes {untested[:5]} have no test images "
                                     f"in {phase.dataset}; the stream shows a pretrain class's test images (the "
-                                    "backbone never trained on them): list classes that have some"))
+                                    "backbone never trained on them): list classes that have some", phase.phase))
         if spec.pretrain_holdout > 0:
             none = [(c, phase.train_counts.get(c, 0)) for c in spec.pretrain_classes
                     if held_out_count(phase.train_counts.get(c, 0), spec.pretrain_holdout) == 0]
@@ -180,10 +187,11 @@ class FluidStream(ScenarioFamily):
                 listed = ", ".join(f"class {c} has {n}" for c, n in none[:5])
                 problems.append(Problem("scenario.fluid.pretrain_holdout", f"{spec.pretrain_holdout:g} of a pretrain "
                                         f"class's training images holds out none where {listed} ({phase.dataset}); "
-                                        "raise pretrain_holdout, list classes with more images, or set it to 0"))
+                                        "raise pretrain_holdout, list classes with more images, or set it to 0",
+                                        phase.phase))
         return problems
 
-    def describe_tasks(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
+    def describe(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
         """Sequence 0 of the phase as `gtep check` prints it: its samples and classes (the generator run on the
         classes' image counts, which is all it draws from)."""
         spec = FluidOptions.of(options)
@@ -200,11 +208,3 @@ class FluidStream(ScenarioFamily):
                 f"({100 * stream.pretrain.mean():.0f}% of the samples) + {spec.n_novel_classes} novel classes, "
                 f"{head} head classes (> {spec.head_cut} samples)")
         return [(what, len(stream))]
-
-    def tasks(self, classes: Sequence[int], options: Mapping[str, Any], seed: int, ordering: int) -> list[TaskSpec]:
-        raise NotImplementedError("a FLUID phase is a stream, not tasks; gtep.engine.stream runs it (phase_stream)")
-
-    def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
-                  tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
-        raise NotImplementedError("FLUID's metrics are over the stream's predictions; gtep.engine.stream computes "
-                                  "them with gtep.protocol.families.fluid.metrics")

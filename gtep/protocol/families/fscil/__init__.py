@@ -16,7 +16,7 @@ from gtep.protocol.families.base import (
     Metric,
     PhaseData,
     Problem,
-    ScenarioFamily,
+    TaskFamily,
     curve,
     register_family,
 )
@@ -61,9 +61,10 @@ class FewShotOptions:
 
 
 @register_family
-class FewShotClassIncremental(ScenarioFamily):
+class FewShotClassIncremental(TaskFamily):
     name = "fscil"
     description = "few-shot class-incremental: a base session, then N-way K-shot sessions (scenario.fscil)"
+    Options = FewShotOptions
     metrics = (Metric("gacc_auc", "gAcc AUC"), Metric("aacc", "aAcc"), Metric("lacc", "lAcc"), Metric("tacc", "tAcc"),
                Metric("hacc", "hAcc"), Metric("novel_acc", "novel"), ACC, AVG_ACC, Metric("hmean", "HM"),
                Metric("aacc_sample", "aAcc (samples)"), Metric("gacc_auc_exact", "gAcc AUC (exact)"),
@@ -82,11 +83,18 @@ class FewShotClassIncremental(ScenarioFamily):
         return [TaskSpec(t.index, t.new_classes, t.seen_classes, None if t.index == 0 else spec.shots)
                 for t in split_tasks(ordered, spec.increments)]
 
-    def check_data(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+    def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
+        return [*super().check(phases, options),
+                *(problem for phase in phases for problem in self.shot_problems(phase, options))]
+
+    def example_options(self) -> dict[str, Any]:
+        return {"base_classes": 4, "ways": 2, "shots": 2, "sessions": 2}
+
+    def shot_problems(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
         """Every class that can come in a few-shot session has K training images (a class with fewer would
         make an N-way "K-shot" session silently hold fewer shots), and a shot index file fits the data."""
         spec = FewShotOptions.of(options)
-        problems = super().check_data(phase, options)
+        problems = []
         # with fixed_order the base classes are the first ones; otherwise any class can land in a session
         few_shot = sorted(phase.classes)[spec.base_classes:] if spec.fixed_order else list(phase.classes)
         short = [(c, phase.train_counts.get(c, 0)) for c in few_shot if phase.train_counts.get(c, 0) < spec.shots]
@@ -94,13 +102,14 @@ class FewShotClassIncremental(ScenarioFamily):
             listed = ", ".join(f"class {c} has {n}" for c, n in short[:5])
             problems.append(Problem("scenario.fscil.shots", f"{spec.shots} shots per class, but in the {phase.phase} "
                                     f"phase {listed} training images ({len(short)} classes short); lower shots "
-                                    "or leave those classes out"))
+                                    "or leave those classes out", phase.phase))
         given = spec.given
         if given is not None and phase.train_labels is not None:
             problem = check_shot_index(given, phase.train_labels, few_shot, spec.shots, spec.draw_missing_shots)
             if problem:
                 problems.append(Problem("scenario.fscil.shot_index", f"{problem} ({phase.phase} phase, "
-                                        f"{phase.dataset}; indices are positions in the dataset's training arrays)"))
+                                        f"{phase.dataset}; indices are positions in the dataset's training arrays)",
+                                        phase.phase))
         return problems
 
     def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],

@@ -14,7 +14,7 @@ Tasks (`tasks`): task 0 holds `first_task_superclasses` superclasses, every late
 labels (generator.py `iirc_tasks`, seeded by (study seed, ordering)); training images are assigned
 once per phase with the study seed (`assign_samples`: the same in every ordering and set).
 
-Options beyond the scenario (gtep/engine/multilabel.py applies them): memory_per_class (the paper's budget of
+Options beyond the scenario (gtep/engine/flows/multi_label.py applies them): memory_per_class (the paper's budget of
 samples per seen label, in place of training.memory_size's fixed total) and in_task_validation with
 plateau_patience (the paper's in-task validation split and its learning-rate decay on a plateau).
 
@@ -30,7 +30,7 @@ MLflow's per-task `acc_t` steps):
     acc_t    = pw_js_t     the per-task curve
 
 So the generic HM column is the harmonic mean of final and mean pw-JS; H* is chosen by mean_pw_js unless
-search.criterion says otherwise. The data flow is "multi_label" (gtep/engine/multilabel.py runs it).
+search.criterion says otherwise. The data flow is "multi_label" (gtep/engine/flows/multi_label.py runs it).
 Pure: stdlib and numpy only.
 """
 from __future__ import annotations
@@ -38,9 +38,19 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Mapping, Sequence
 
-import numpy as np
-
-from gtep.protocol.families.base import ACC, ACC_T, AVG_ACC, Metric, ScenarioFamily, add_aliases, curve, register_family
+from gtep.protocol.families.base import (
+    ACC,
+    ACC_T,
+    AVG_ACC,
+    Metric,
+    PhaseData,
+    Problem,
+    ScenarioFamily,
+    add_aliases,
+    curve,
+    empty_classes,
+    register_family,
+)
 from gtep.protocol.families.iirc import metrics as iirc_metrics
 from gtep.protocol.families.iirc.generator import SUB_KEEP, SUPER_SHARE, Hierarchy, iirc_tasks
 from gtep.protocol.scenarios import TaskSpec
@@ -192,6 +202,7 @@ class IncrementalImplicitlyRefined(ScenarioFamily):
     description = ("IIRC: superclasses first, their subclasses in later tasks, multi-label with incomplete training "
                    "labels (scenario.iirc)")
     data_flow = MULTI_LABEL
+    Options = IircOptions
     metrics = METRICS
     default_criterion = iirc_metrics.DEFAULT_CRITERION_METRIC
     headline: ClassVar[tuple[str, ...]] = ("pw_js", "mean_pw_js", "js", "exact_match")
@@ -214,10 +225,26 @@ class IncrementalImplicitlyRefined(ScenarioFamily):
         under = {c for subs in tree.values() for c in subs}
         return Hierarchy.of(tree, [int(c) for c in sorted(classes) if int(c) not in under])
 
-    def summarize(self, matrix: np.ndarray, test_counts: Sequence[int],
-                  tasks: Sequence[TaskSpec]) -> dict[str, float | list[float]]:
-        raise NotImplementedError("IIRC's metrics need every sample's predicted label set, not the task matrix; "
-                                  "gtep.engine.multilabel computes them with gtep.protocol.families.iirc.metrics")
+    def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
+        return ()
+
+    def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
+        """Every class (a superclass, a subclass) needs training and test images; the phases' split of the
+        superclasses is checked with the config, which reads the hierarchy."""
+        return [problem for phase in phases for problem in empty_classes(phase)]
+
+    def describe(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
+        """The labels of ordering 0's tasks, where the options hold the phase's hierarchy (the resolved config
+        adds it per phase), with the training images of their classes before the superclass assignment."""
+        if options.get("superclasses") is None:
+            return []
+        return [(f"{len(t.new_classes)} labels", sum(phase.train_counts.get(c, 0) for c in t.new_classes))
+                for t in self.tasks(phase.classes, options, seed, 0)]
+
+    def example_options(self) -> dict[str, Any]:
+        # superclass ids come after the dataset's class ids (superclass_ids)
+        return {"first_task_superclasses": 1, "classes_per_task": 2, "superclasses": {6: [0, 1], 7: [2, 3]},
+                "classes": [0, 1, 2, 3, 4, 5]}
 
 
 def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:

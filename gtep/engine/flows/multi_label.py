@@ -31,6 +31,7 @@ per-task checkpoints (a retried unit restarts its ordering; finished units are s
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
@@ -43,8 +44,10 @@ from gtep.algorithms.base import FitFn, FitRecipe
 from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
+from gtep.engine.first_task import FirstTaskStore
+from gtep.engine.flows.base import FLOWS
 from gtep.engine.loop import DivergedError, Plateau, Precision, Trainer
-from gtep.engine.runner import DATA_FLOW_RUNNERS, OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
+from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
 from gtep.protocol.families.iirc import (
     MULTI_LABEL,
     PLATEAU_THRESHOLD,
@@ -226,8 +229,11 @@ class MultiLabelRun:
         return outcome
 
 
+@FLOWS.register(MULTI_LABEL)
 def run_multilabel_ordering(job: OrderingJob, data: ImageSet,
-                            on_task_end: Callable[[int, OrderingOutcome], None] | None = None) -> OrderingOutcome:
+                            on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
+                            checkpoint: Path | None = None,
+                            first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
     """Train one multi-label ordering task by task; never raises for a diverged run (module docstring)."""
     run = MultiLabelRun(job, data)
     for task in run.tasks:
@@ -238,5 +244,3 @@ def run_multilabel_ordering(job: OrderingJob, data: ImageSet,
             on_task_end(task.index, run.outcome)
     return run.finish()
 
-
-DATA_FLOW_RUNNERS[MULTI_LABEL] = run_multilabel_ordering

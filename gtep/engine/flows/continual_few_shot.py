@@ -25,6 +25,7 @@ Not supported on this path (as on the multi-label one): the shared first task an
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable, Iterator, Sequence, cast
 
 import numpy as np
@@ -37,7 +38,9 @@ from gtep.algorithms._cfsl import FewShotLearner
 from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
-from gtep.engine.runner import DATA_FLOW_RUNNERS, OrderingJob, OrderingOutcome, PhaseTensors
+from gtep.engine.first_task import FirstTaskStore
+from gtep.engine.flows.base import FLOWS
+from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors
 from gtep.protocol.families.cfsl import CONTINUAL_FEW_SHOT, with_aliases
 from gtep.protocol.families.cfsl import metrics as cfsl_metrics
 from gtep.protocol.families.cfsl.generator import CfslOptions, CfslTask, SupportSet, ordering_tasks
@@ -159,8 +162,10 @@ class CfslRun:
         return outcome
 
 
+@FLOWS.register(CONTINUAL_FEW_SHOT)
 def run_cfsl_ordering(job: OrderingJob, data: ImageSet,
-                      on_task_end: Callable[[int, OrderingOutcome], None] | None = None) -> OrderingOutcome:
+                      on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
+                      checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
     """Run one CFSL ordering's tasks one by one; never raises for a diverged run (module docstring)."""
     run = CfslRun(job, data)
     for task in run.tasks:
@@ -173,5 +178,3 @@ def run_cfsl_ordering(job: OrderingJob, data: ImageSet,
             on_task_end(task.index, run.outcome)
     return run.finish()
 
-
-DATA_FLOW_RUNNERS[CONTINUAL_FEW_SHOT] = run_cfsl_ordering

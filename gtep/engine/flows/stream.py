@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -35,9 +36,11 @@ from gtep.algorithms._stream import StreamLearner
 from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
+from gtep.engine.first_task import FirstTaskStore
+from gtep.engine.flows.base import FLOWS
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
-from gtep.engine.runner import DATA_FLOW_RUNNERS, OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
+from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
 from gtep.protocol.families.fluid import STREAM, FluidOptions, phase_stream, with_aliases
 from gtep.protocol.families.fluid import metrics as fluid_metrics
 from gtep.protocol.families.fluid.generator import UNSEEN, PredictThenReveal
@@ -144,13 +147,13 @@ class StreamRun:
             self.options.head_cut, self.options.window, self.meter.gmacs))
 
 
+@FLOWS.register(STREAM)
 def run_stream_ordering(job: OrderingJob, data: ImageSet,
-                        on_task_end: Callable[[int, OrderingOutcome], None] | None = None) -> OrderingOutcome:
+                        on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
+                        checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
     """Run one FLUID sequence; never raises for a diverged run (module docstring)."""
     outcome = StreamRun(job, data).run()
     if on_task_end is not None and not outcome.diverged:
         on_task_end(0, outcome)
     return outcome
 
-
-DATA_FLOW_RUNNERS[STREAM] = run_stream_ordering
