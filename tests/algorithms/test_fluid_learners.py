@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from gtep.algorithms import ALGORITHMS, FitRecipe
-from gtep.algorithms.fluid_finetune import top_blocks
+from gtep.algorithms.fluid.finetune import top_blocks
 from gtep.engine.loop import Precision, Trainer
 from gtep.models import create_backbone
 from gtep.protocol.families.fluid.generator import UNSEEN

@@ -1,4 +1,4 @@
-"""The IIRC multi-label learners (gtep/algorithms/_multilabel.py and iirc_*.py) on a tiny synthetic hierarchy.
+"""The IIRC multi-label learners (gtep/algorithms/iirc/base.py and iirc_*.py) on a tiny synthetic hierarchy.
 
 Three superclasses with two subclasses each. Each subclass is a fixed colour pattern (its superclass's pattern
 plus its own), and its 40 training images are split as IIRC's sample assignment does: the subclass keeps 80%,
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
-from gtep.algorithms._multilabel import MultiLabelLearner, MultiLabelMemory
+from gtep.algorithms.iirc.base import MultiLabelLearner, MultiLabelMemory
 from gtep.engine.loop import Trainer
 from gtep.spaces import load_space
 

@@ -5,11 +5,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gtep.algorithms import ALGORITHMS
-from gtep.algorithms._cfsl import FewShotLearner
+from gtep.algorithms.cfsl.base import FewShotLearner
 from gtep.algorithms.base import CommonParams
-from gtep.algorithms.cfsl_finetune import CfslFinetune, FinetuneParams
-from gtep.algorithms.cfsl_proto_tune import CfslProtoTune, ProtoTuneParams
-from gtep.algorithms.cfsl_prototypes import CfslPrototypes, PrototypeParams
+from gtep.algorithms.cfsl.finetune import CfslFinetune, FinetuneParams
+from gtep.algorithms.cfsl.proto_tune import CfslProtoTune, ProtoTuneParams
+from gtep.algorithms.cfsl.prototypes import CfslPrototypes, PrototypeParams
 from gtep.engine import OrderingJob, run_ordering
 from gtep.engine.flows.continual_few_shot import CfslRun, SupportStream
 from gtep.models import create_backbone

@@ -34,7 +34,7 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from gtep.algorithms import ALGORITHMS
-from gtep.algorithms._cfsl import FewShotLearner
+from gtep.algorithms.cfsl.base import FewShotLearner
 from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device

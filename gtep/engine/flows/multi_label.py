@@ -39,8 +39,8 @@ import torch
 from torch import nn
 
 from gtep.algorithms import ALGORITHMS, IncrementalLearner, TaskData
-from gtep.algorithms._multilabel import MultiLabelLearner
 from gtep.algorithms.base import FitFn, FitRecipe
+from gtep.algorithms.iirc.base import MultiLabelLearner
 from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device

@@ -32,7 +32,7 @@ from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode
 
 from gtep.algorithms import ALGORITHMS
-from gtep.algorithms._stream import StreamLearner
+from gtep.algorithms.fluid.base import StreamLearner
 from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gtep.algorithms._cfsl import FewShotLearner, label_means
 from gtep.algorithms.base import ALGORITHMS, CommonParams
+from gtep.algorithms.cfsl.base import FewShotLearner, label_means
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from gtep.algorithms._multilabel import MultiLabelLearner
 from gtep.algorithms.base import ALGORITHMS, CommonParams
+from gtep.algorithms.iirc.base import MultiLabelLearner
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms._cfsl import FewShotLearner, LastStage
 from gtep.algorithms.base import ALGORITHMS, CommonParams
+from gtep.algorithms.cfsl.base import FewShotLearner, LastStage
 
 
 @dataclass(frozen=True)

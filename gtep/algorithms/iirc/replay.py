@@ -3,8 +3,8 @@ current task plus a memory of randomly chosen samples per label, replayed with t
 (stale labels: a stored superclass sample is a negative for its subclass introduced later)."""
 from __future__ import annotations
 
-from gtep.algorithms._multilabel import MultiLabelLearner
 from gtep.algorithms.base import ALGORITHMS, CommonParams
+from gtep.algorithms.iirc.base import MultiLabelLearner
 
 
 @ALGORITHMS.register("iirc_replay")

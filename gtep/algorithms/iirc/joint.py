@@ -3,8 +3,8 @@ engine gives it every training image seen so far with its complete labels over t
 relabelled with the labels introduced since); it trains on all of it with BCE and keeps no memory."""
 from __future__ import annotations
 
-from gtep.algorithms._multilabel import MultiLabelLearner
 from gtep.algorithms.base import ALGORITHMS, CommonParams
+from gtep.algorithms.iirc.base import MultiLabelLearner
 
 
 @ALGORITHMS.register("iirc_joint")

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from gtep.algorithms._multilabel import CosineHead, MultiLabelNet
 from gtep.algorithms.base import ALGORITHMS
-from gtep.algorithms.iirc_icarl_cnn import IIRCICaRLCNN, IIRCICaRLParams
+from gtep.algorithms.iirc.base import CosineHead, MultiLabelNet
+from gtep.algorithms.iirc.icarl_cnn import IIRCICaRLCNN, IIRCICaRLParams
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gtep.algorithms._cfsl import label_means
 from gtep.algorithms.base import ALGORITHMS
-from gtep.algorithms.cfsl_finetune import FinetuneParams, HeadLearner
+from gtep.algorithms.cfsl.base import label_means
+from gtep.algorithms.cfsl.finetune import FinetuneParams, HeadLearner
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gtep.algorithms._distances import euclidean
-from gtep.algorithms._stream import StreamLearner, StreamParams
 from gtep.algorithms.base import ALGORITHMS
+from gtep.algorithms.fluid.base import StreamLearner, StreamParams
 
 
 @dataclass(frozen=True)

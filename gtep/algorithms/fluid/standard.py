@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gtep.algorithms.base import ALGORITHMS
-from gtep.algorithms.fluid_finetune import FinetuneParams, FluidFinetune
+from gtep.algorithms.fluid.finetune import FinetuneParams, FluidFinetune
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 only, no memory; the lower bound."""
 from __future__ import annotations
 
-from gtep.algorithms._multilabel import MultiLabelLearner
 from gtep.algorithms.base import ALGORITHMS, CommonParams
+from gtep.algorithms.iirc.base import MultiLabelLearner
 
 
 @ALGORITHMS.register("iirc_finetune")

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms._stream import Meter, StreamLearner, StreamParams
 from gtep.algorithms.base import ALGORITHMS, FitFn, FitRecipe
+from gtep.algorithms.fluid.base import Meter, StreamLearner, StreamParams
 
 
 @ALGORITHMS.register("fluid_et")

@@ -1,0 +1,2 @@
+"""Continual few-shot learners (papers/cfsl-task-definitions.txt): one module each on the CFSL base (base.py)."""
+from gtep.algorithms.cfsl import finetune, proto_tune, prototypes  # noqa: F401  (register)
