@@ -40,6 +40,7 @@ FAMILY_TAG, CRITERION_TAG = "gtep.family", "gtep.criterion"
 CLASS_INCREMENTAL, FSCIL = "class_incremental", "fscil"
 GACC_COLUMNS = ["run_id", "k", "alpha", "gacc"]
 GACC_STEPS = 12  # gacc_alpha is logged at step k for alpha = k / 12
+CURVE_COLUMNS = ["run_id", "metric", "step", "value"]
 # Accuracies are fractions inside the report. Runs tagged gtep.units=percent logged these metrics in percent (57.0
 # for 0.57); older runs logged fractions. Both are read into fractions here, so a report prints the same either way.
 UNITS_TAG = "gtep.units"
@@ -169,6 +170,26 @@ class RunStore:
                 for run_id in phase_ids for point in self.client.get_metric_history(run_id, "gacc_alpha")]
         frame = pd.DataFrame(rows, columns=GACC_COLUMNS)
         return frame.drop_duplicates(["run_id", "k"], keep="last").sort_values(["run_id", "k"]).reset_index(drop=True)
+
+    def family_curves(self, phases: pd.DataFrame) -> pd.DataFrame:
+        """Every curve of each phase run's family table (but acc_t, drawn from the orderings, and gacc_alpha, read
+        by gacc_alpha): the mean over the phase's orderings at each step, a fraction where the metric is a percent
+        one. One row per (run_id, metric, step, value)."""
+        rows = []
+        for _, phase in phases.iterrows():
+            family = str(phase.get("family") or CLASS_INCREMENTAL)
+            if family not in FAMILIES:
+                continue
+            for metric in FAMILIES.get(family).metrics:
+                if not metric.curve or metric.name in ("acc_t", "gacc_alpha"):
+                    continue
+                scale = 100.0 if metric.percent and bool(phase.get("percent")) else 1.0
+                rows += [{"run_id": phase["run_id"], "metric": metric.name, "step": int(point.step),
+                          "value": float(point.value) / scale}
+                         for point in self.client.get_metric_history(phase["run_id"], metric.name)]
+        frame = pd.DataFrame(rows, columns=CURVE_COLUMNS)
+        return frame.drop_duplicates(["run_id", "metric", "step"], keep="last").sort_values(
+            ["run_id", "metric", "step"]).reset_index(drop=True)
 
     def log_report(self, folder: Path, selectors: list[str], matrix: str | None, metrics: dict[str, float]) -> str:
         """One run in gtep/reports with every file of the report as an artifact, so the MLflow UI shows the tables

@@ -352,7 +352,6 @@ def summarize_units(units: list[dict[str, Any]], expected: int | None = None, fa
     """Mean and std over the orderings of one set's units (the numbers the phase table prints). `expected` (S)
     records how many there should be: the tables print finished/expected, so a phase that lost an ordering
     shows it. A family's own metrics (and H*'s criterion, `score`) come with their means and stds."""
-    import numpy as np
 
     family = family or FAMILIES.get(CLASS_INCREMENTAL)
 
@@ -366,10 +365,21 @@ def summarize_units(units: list[dict[str, Any]], expected: int | None = None, fa
     out.update(ordering_statistics(units, others))
     results = [ordering_result({**u, "set_index": 0}) for u in units]
     out["score"] = score_set(0, results, expected, criterion).hmean_of_means
-    curves = [u.get("gacc_alpha") for u in units if u["status"] != "diverged" and u.get("gacc_alpha")]
-    if curves and len(curves) == len(units):
-        out["gacc_alpha"] = [float(v) for v in np.mean(np.asarray(curves, dtype=float), axis=0)]
+    out.update(mean_curves(units, family.curve_metrics))
     out["family"], out["criterion"] = family.name, criterion.name
+    return out
+
+
+def mean_curves(units: list[dict[str, Any]], names: Iterable[str]) -> dict[str, list[float]]:
+    """The mean over the orderings of each curve all of them have at one length (a phase's gAcc(alpha), its
+    pw-JS after each task, ...); none once an ordering diverged or lacks it."""
+    import numpy as np
+
+    out = {}
+    for name in names:
+        curves = [list(u[name]) for u in units if u["status"] != "diverged" and u.get(name)]
+        if curves and len(curves) == len(units) and len({len(c) for c in curves}) == 1:
+            out[name] = [float(v) for v in np.mean(np.asarray(curves, dtype=float), axis=0)]
     return out
 
 

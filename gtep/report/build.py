@@ -21,6 +21,7 @@ from rich.markup import escape
 
 from gtep.config import ConfigError
 from gtep.orchestration.report_store import open_store
+from gtep.protocol.families import known_metrics, metric_label
 from gtep.report import importance as search
 from gtep.report import plots, tables
 from gtep.report import protocols as tp
@@ -52,6 +53,7 @@ class Report:
     left_out: pd.DataFrame = field(default_factory=pd.DataFrame)
     gacc: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=sm.GACC_CURVE_COLUMNS))
     protocols: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=tp.PROTOCOL_COLUMNS))
+    family_curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=sm.FAMILY_CURVE_COLUMNS))
     out: Path | None = None
     paths: list[Path] = field(default_factory=list)
     run_id: str | None = None
@@ -109,7 +111,7 @@ def build_frames(data: StoreData) -> Report:
     return Report(phases=data.phases, summary=summary, tables=paper, gaps=gaps, ranking=sm.rankings(summary),
                   curves=sm.task_curves(data, summary), importance=importance, convergence=convergence,
                   sets=sm.set_counts(data, labelled), left_out=data.left_out, gacc=sm.gacc_curves(data, summary),
-                  protocols=tp.protocol_rows(data, summary))
+                  protocols=tp.protocol_rows(data, summary), family_curves=sm.family_curves(data, summary))
 
 
 def _part(frame: pd.DataFrame, group: tuple[str, str]) -> pd.DataFrame:
@@ -226,6 +228,12 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
         plots.gacc_alpha(_part(report.gacc, group), folder / "gacc_alpha.png",
                          plots.title("FSCIL gAcc(alpha), tuning dashed, evaluation solid", scenario, pairing)),
     ]
+    curves = _part(report.family_curves, group)
+    for metric in dict.fromkeys(curves["metric"]):  # every other curve of the families' tables, one figure each
+        drawn.append(plots.family_curve(curves[curves["metric"] == metric], folder / f"{metric}.png",
+                                        plots.title(f"{metric_label(metric)}, tuning dashed, evaluation solid",
+                                                    scenario, pairing), metric_label(metric),
+                                        percent=known_metrics()[metric].percent))
     for png in drawn:
         if png is not None:
             written += [png, png.with_suffix(".pdf")]
@@ -339,6 +347,9 @@ def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Pat
         if not report.gacc.empty:  # FSCIL only: a class-incremental report writes the files it always did
             report.gacc.to_csv(out / "gacc_alpha.csv", index=False)
             written.append(out / "gacc_alpha.csv")
+        if not report.family_curves.empty:  # a class-incremental report writes the files it always did
+            report.family_curves.to_csv(out / "family_curves.csv", index=False)
+            written.append(out / "family_curves.csv")
     if "md" in formats:
         (out / "report.md").write_text(markdown_report(report, folders, out))
         written.append(out / "report.md")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from gtep.config import ConfigError
-from gtep.orchestration.report_store import FSCIL, GACC_COLUMNS, PREFIX, RunStore
+from gtep.orchestration.report_store import CURVE_COLUMNS, FSCIL, GACC_COLUMNS, PREFIX, RunStore
 
 EVALUATE_LIKE = ("evaluate", "original", "conventional")  # phases that train one set over S orderings
 NOT_A_RESULT = ("incomplete", "interrupted")  # a phase run's gtep.status when fewer than S orderings finished
@@ -26,7 +26,8 @@ class StoreData:
     under the selected phases; `steps`: acc_t of the evaluation-like orderings and of H*'s tuning orderings, long
     (run, t, acc), a fraction; `left_out`: the phase runs not reported (incomplete, interrupted, crashed, running)
     that no later usable run of their label replaced, with the reason in `note`; `gacc`: gAcc(alpha) of the selected
-    FSCIL phase runs, long (run, k, alpha = k/12, gacc), a fraction."""
+    FSCIL phase runs, long (run, k, alpha = k/12, gacc), a fraction; `family_curves`: every other curve of the
+    phase runs' family tables (RunStore.family_curves)."""
     phases: pd.DataFrame
     trials: pd.DataFrame
     hparams: pd.DataFrame
@@ -34,6 +35,7 @@ class StoreData:
     steps: pd.DataFrame
     left_out: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEFT_OUT_COLUMNS))
     gacc: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=GACC_COLUMNS))
+    family_curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CURVE_COLUMNS))
 
 
 # ---------------------------------------------------------------- the experiments a report names
@@ -180,6 +182,7 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
     data.steps = store.accuracy_steps(drawn["run_id"].tolist(), drawn.loc[drawn["percent"].astype(bool), "run_id"])
     fscil = phases[phases["family"] == FSCIL]
     data.gacc = store.gacc_alpha(fscil["run_id"].tolist(), fscil.loc[fscil["percent"].astype(bool), "run_id"])
+    data.family_curves = store.family_curves(phases)
     return data
 
 

@@ -198,3 +198,30 @@ def gacc_alpha(curves: pd.DataFrame, path: Path, heading: str) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return _save(figure, path)
+
+
+def family_curve(curves: pd.DataFrame, path: Path, heading: str, label: str, percent: bool) -> Path | None:
+    """One curve of a family's table (IIRC's pw-JS after each task, FLUID's rolling accuracy, CFSL's target accuracy
+    after each task) against its step, mean over the phase's orderings: one colour per algorithm, the tuning phase
+    dashed and the evaluation phase solid, as gAcc(alpha) is drawn."""
+    curves = curves[curves["phase"].isin(GACC_STYLES)] if not curves.empty else curves
+    if curves.empty or curves["value"].isna().all():
+        return None
+    colour = _colours(curves["label"].unique())
+    order = {p: i for i, p in enumerate(GACC_STYLES)}
+    figure = _figure(6.0, 4.4)
+    ax = figure.add_subplot()
+    keys = sorted(curves[["label", "phase"]].drop_duplicates().itertuples(index=False),
+                  key=lambda key: (key[0], order[key[1]]))
+    for name, phase in keys:
+        rows = curves[(curves["label"] == name) & (curves["phase"] == phase)].sort_values("step")
+        ax.plot(rows["step"], (100 if percent else 1) * rows["value"], linestyle=GACC_STYLES[phase], marker=".",
+                color=colour[name], label=f"{name}, {GACC_PHASES[phase]}")
+    ax.set(xlabel="step (task, or window)", ylabel=f"{label}{' (%)' if percent else ''}, mean over orderings",
+           title=heading)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole tasks or windows
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return _save(figure, path)

@@ -187,6 +187,7 @@ def task_curves(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
 
 
 GACC_CURVE_COLUMNS = [*GROUP, "label", "phase", *GACC_COLUMNS[1:]]
+FAMILY_CURVE_COLUMNS = [*GROUP, "label", "phase", "metric", "step", "value"]
 
 
 def gacc_curves(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
@@ -228,3 +229,14 @@ def set_counts(data: StoreData, phases: pd.DataFrame) -> pd.DataFrame:
 
 def groups(summary: pd.DataFrame) -> list[tuple[str, str]]:
     return [tuple(g) for g in summary[GROUP].drop_duplicates().itertuples(index=False)]
+
+
+def family_curves(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
+    """The reported phases' family curves (pw-JS after each task, rolling accuracy, ...), long: (scenario, pairing,
+    label, phase, metric, step, value); empty when no reported phase logged one."""
+    if data.family_curves.empty or summary.empty:
+        return pd.DataFrame(columns=FAMILY_CURVE_COLUMNS)
+    keys = summary[[*GROUP, "label", "phase", "run_id"]]
+    frame = keys.merge(data.family_curves, on="run_id", how="inner")
+    return frame[FAMILY_CURVE_COLUMNS].sort_values([*GROUP, "label", "metric", "phase", "step"],
+                                                   kind="stable").reset_index(drop=True)

@@ -5,8 +5,12 @@ and ratios and counts as they were. No family is named here: a new family is cov
 import math
 import zlib
 
+import matplotlib
 import pytest
-from mlflow.tracking import MlflowClient
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
 
 from gtep.orchestration.tracking import as_logged, phase_metrics, step_points, summarize_units
 from gtep.protocol.criteria import CRITERIA
@@ -66,7 +70,8 @@ class StoreWriter:
         summary = summarize_units(units, S, self.family, CRITERIA.get(self.criterion))
         run_id = self.run(experiment_id, "phase", {"gtep.phase": phase, "gtep.study": study, "gtep.status": "finished",
                                                    "gtep.orderings": f"{S}/{S}", **tags},
-                          {**phase_metrics(units, summary), "diverged": 0, "orderings": S}, params=params)
+                          {**phase_metrics(units, summary), "diverged": 0, "orderings": S}, params=params,
+                          steps=step_points(summary))  # the mean curves, as phases.py logs them
         # what the phase run logs beside the summary: the std of the orderings' own HMs (percent in MLflow)
         return run_id, {**summary, "hmean_std": phase_metrics(units, summary)["hmean_std"] / 100}
 
@@ -119,6 +124,19 @@ def test_the_report_reads_every_metric_of_the_family_table(tmp_path, name):
             assert row[metric] == pytest.approx(want, abs=1e-6), (phase, metric)
             assert row[f"{metric}_std"] == pytest.approx(expected[phase][f"{metric}_std"], abs=1e-6), (phase, metric)
     assert (report.out / "report.md").exists()
+    # every curve of the table but acc_t (drawn per task from the orderings) and gAcc(alpha) (its own figure): the
+    # phase's mean over its orderings, step by step, as a frame and as a figure a person opens
+    drawn = [m for m in family.metrics if m.curve and m.name not in ("acc_t", "gacc_alpha")]
+    curves = report.family_curves
+    for metric in drawn:
+        for phase, units in (("tune", expected["tune"]), ("evaluate", expected["evaluate"])):
+            rows = curves[(curves["metric"] == metric.name) & (curves["phase"] == phase)].sort_values("step")
+            assert list(rows["step"]) == [metric.first_step + i for i in range(3)], (metric.name, phase)
+            assert list(rows["value"]) == pytest.approx(units[metric.name], abs=1e-6), (metric.name, phase)
+        [figure] = list(report.out.rglob(f"{metric.name}.png"))
+        image = plt.imread(figure)
+        assert image.shape[0] > 200 and image.shape[1] > 200 and image[..., :3].std() > 0.01  # not blank
+    assert set(curves["metric"]) == {m.name for m in drawn}
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
