@@ -8,7 +8,7 @@ ConfigError naming the field and the fix.
 The modules, each importing only those listed before it:
 
     base           ConfigError, and the strict model base of every section
-    scenario       the scenario section: the family and the family sections (fscil, iirc, fluid, cfsl)
+    scenario       the scenario section: the family and each family's section, built from its Options
     schema         ExperimentConfig and its other sections; `_validate` (data -> config or one ConfigError)
     files          experiment YAML files, presets, configs from data, recorded configs' added defaults
     phases         each phase's dataset and classes, the weights and the pretrain section against the data
@@ -21,7 +21,6 @@ Importers take every name from `gtep.config`.
 from gtep.config.base import ConfigError
 from gtep.config.checks import TRACKING_SCHEMES, check_device, check_output, check_tracking_uri
 from gtep.config.files import (
-    ADDED_IIRC_FIELDS,
     ADDED_SEARCH_FIELDS,
     _expand_env,
     load_config,
@@ -34,7 +33,7 @@ from gtep.config.files import (
 )
 from gtep.config.phases import PhaseSpec, PretrainPlan, _phase_classes, check_weights_file, phase_pipeline
 from gtep.config.resolution import ResolvedExperiment, resolve
-from gtep.config.scenario import CfslSpec, FluidSpec, FscilSpec, IircSpec, ScenarioSpec, read_hierarchy
+from gtep.config.scenario import SECTIONS, ScenarioSpec, section_model
 from gtep.config.schema import (
     NAME_RULE,
     PRUNERS,
@@ -55,13 +54,13 @@ from gtep.config.schema import (
 )
 
 __all__ = [
-    "ADDED_IIRC_FIELDS", "ADDED_SEARCH_FIELDS", "NAME_RULE", "PRUNERS", "TRACKING_SCHEMES",
-    "CfslSpec", "ComputeSpec", "ConfigError", "DatasetsSpec", "ExperimentConfig", "FirstTaskConfig", "FluidSpec",
-    "FscilSpec", "IircSpec", "PhaseDataset", "PhaseSpec", "PipelineName", "PretrainPlan", "PretrainSection",
+    "ADDED_SEARCH_FIELDS", "NAME_RULE", "PRUNERS", "SECTIONS", "TRACKING_SCHEMES",
+    "ComputeSpec", "ConfigError", "DatasetsSpec", "ExperimentConfig", "FirstTaskConfig",
+    "PhaseDataset", "PhaseSpec", "PipelineName", "PretrainPlan", "PretrainSection",
     "PrunerOptions", "ResolvedExperiment", "ScenarioSpec", "SchedulerOptions", "SearchSpec", "SplitSpec",
     "TrackingSpec", "TrainingSpec",
     "check_device", "check_output", "check_tracking_uri", "check_weights_file", "load_config", "load_preset",
-    "phase_pipeline", "preset_names", "preset_text", "read_hierarchy", "read_yaml", "resolve", "validate_config",
+    "phase_pipeline", "preset_names", "preset_text", "read_yaml", "resolve", "section_model", "validate_config",
     "with_added_defaults",
     # private, for gtep.matrix and the tests
     "_expand_env", "_phase_classes", "_validate",

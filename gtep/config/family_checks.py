@@ -36,13 +36,11 @@ def _check_iirc(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec)
     differ, and its jobs compute their own)."""
     from gtep.protocol.families.iirc import IircOptions, ordering_tasks, phase_hierarchy, split_problem, task_sizes
 
-    spec = cfg.scenario.iirc
-    assert spec is not None
+    spec = options = IircOptions.of(cfg.scenario.family_options)
     if spec.memory_per_class is not None and cfg.training.memory_size:
         raise ConfigError("scenario.iirc.memory_per_class", f"is {spec.memory_per_class} per label but "
                           f"training.memory_size gives a fixed total ({cfg.training.memory_size}) too; give one "
                           "budget: remove training.memory_size, or memory_per_class for the fixed total")
-    options = IircOptions.of(cfg.scenario.family_options)
     sizes: list[tuple[int, ...]] = []
     metadata = []
     for phase in (tuning, evaluation):
@@ -79,8 +77,9 @@ def _check_fluid(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec
                  pretraining: PretrainPlan | None) -> None:
     """FLUID before any compute: the pretrain classes exist, are kept out of both phases and (with a pretrain
     section) are classes the backbone is pretrained on, and every phase has the classes a sequence draws."""
-    spec = cfg.scenario.fluid
-    assert spec is not None
+    from gtep.protocol.families.fluid import FluidOptions
+
+    spec = FluidOptions.of(cfg.scenario.family_options)
     if pretraining is not None:
         foreign = sorted(set(spec.pretrain_classes) - set(pretraining.classes))
         if foreign:
@@ -98,7 +97,7 @@ def _check_fluid(cfg: ExperimentConfig, tuning: PhaseSpec, evaluation: PhaseSpec
                           f"lists {len(spec.pretrain_classes)}; lower it or list more classes")
     for phase in (tuning, evaluation):
         available = len(_source("scenario.fluid.pretrain_classes", phase.dataset).class_names)
-        _check_classes("scenario.fluid.pretrain_classes", spec.pretrain_classes, available)
+        _check_classes("scenario.fluid.pretrain_classes", list(spec.pretrain_classes), available)
         shared = sorted(set(spec.pretrain_classes) & set(phase.classes))
         if shared:
             raise ConfigError("scenario.fluid.pretrain_classes", f"{len(shared)} of them are {phase.phase} classes "

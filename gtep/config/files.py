@@ -11,21 +11,25 @@ from typing import Any
 import yaml
 
 from gtep.config.base import ConfigError
-from gtep.config.scenario import IircSpec
+from gtep.config.scenario import SECTIONS
 from gtep.config.schema import ExperimentConfig, SearchSpec, _validate
 
 ADDED_SEARCH_FIELDS = ("scheduler", "scheduler_options", "protocol", "protocol_tasks",  # issue 24
                        "pruner", "pruner_options", "fidelity")
-ADDED_IIRC_FIELDS = ("memory_per_class", "in_task_validation", "plateau_patience")  # issue 31
 
 
 def with_added_defaults(stored: dict[str, Any]) -> dict[str, Any]:
-    """A recorded config (a manifest's) with the search fields (and scenario.iirc's) added since, at their
-    defaults: a study recorded before them compares equal to the same config today (resume, matrix cells)."""
+    """A recorded config (a manifest's) with the search fields (and every field with a default of its family's
+    section, scenario.iirc's memory_per_class say) added since, at their defaults: a study recorded before them
+    compares equal to the same config today (resume, matrix cells)."""
     scenario = stored.get("scenario")
-    if isinstance(scenario, dict) and isinstance(scenario.get("iirc"), dict):
-        iirc = {name: IircSpec.model_fields[name].default for name in ADDED_IIRC_FIELDS}
-        stored = {**stored, "scenario": {**scenario, "iirc": {**iirc, **scenario["iirc"]}}}
+    if isinstance(scenario, dict):
+        for key, model in SECTIONS.items():
+            if isinstance(scenario.get(key), dict):
+                defaults = {name: field.default for name, field in model.model_fields.items()
+                            if not field.is_required() and field.default_factory is None}
+                scenario = {**scenario, key: {**defaults, **scenario[key]}}
+        stored = {**stored, "scenario": scenario}
     if not isinstance(stored.get("search"), dict):
         return stored
     defaults = SearchSpec().model_dump(mode="json")

@@ -1,162 +1,118 @@
-"""The scenario section: the family, and each family's own section (fscil, iirc, fluid, cfsl) with its checks."""
+"""The scenario section: the family, scenario.increments, and one section a registered family with a `section`
+(gtep/protocol/families/base.py), whose model is built from the family's Options: the Options dataclass is the one
+schema of a family's options (each field's constraints and description are its dataclasses.field metadata), so a
+new family touches nothing here."""
 from __future__ import annotations
 
+import dataclasses
 import os
-from pathlib import Path
-from typing import Any, Literal
+import typing
+from typing import TYPE_CHECKING, Any, Optional
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from gtep.config.base import _Strict
+from gtep.protocol.families import FAMILIES, ScenarioFamily
 from gtep.protocol.scenarios import parse_increments
 
+if os.environ.get("GTEP_PLUGINS"):  # a plugin's family registers when its module is imported (gtep.algorithms)
+    import gtep.algorithms  # noqa: F401
 
-class FscilSpec(_Strict):
-    """scenario.fscil: few-shot class-incremental sessions (papers/fscil-gacc.txt; gtep/protocol/families/)."""
-
-    base_classes: int = Field(ge=1, description="classes of the base session, with all their training images")
-    ways: int = Field(ge=1, description="N: classes per few-shot session")
-    shots: int = Field(ge=1, description="K: training images per class in a few-shot session")
-    sessions: int = Field(ge=1, description="few-shot sessions after the base session")
-    fixed_order: bool = False  # the benchmarks' split: classes in index order in every ordering (shots still drawn)
-    # JSON {"<class id>": [indices into the dataset's training arrays]}: a benchmark's own shots
-    shot_index: Path | None = None
-    draw_missing_shots: bool = False  # classes shot_index omits draw their shots (else the file is refused)
-
-    @field_validator("shot_index")
-    @classmethod
-    def _readable(cls, value: Path | None) -> Path | None:
-        if value is None:
-            return None
-        from gtep.data.shot_index import read_shot_index
-
-        path = Path(os.path.expanduser(value))
-        if not path.is_file():
-            raise ValueError(f"{value} does not exist; give a JSON file {{\"<class id>\": [training image indices]}}")
-        try:
-            read_shot_index(path)
-        except (ValueError, TypeError, AttributeError) as err:
-            raise ValueError(f"{value} is not a shot index ({err}); write {{\"<class id>\": [indices], ...}}") from None
-        return path
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The family's options: these fields, and the shot index file's content as `shots_given` (workers and
-        the pre-flight checks need no file)."""
-        from gtep.data.shot_index import read_shot_index
-
-        options = self.model_dump(mode="json")
-        if self.shot_index is not None:
-            options["shots_given"] = {str(c): v for c, v in read_shot_index(self.shot_index).items()}
-        return options
+# the metadata keys of an Options field that pydantic's Field takes; the others mark files (gtep.data.option_files)
+FIELD_KEYS = ("description", "ge", "gt", "le", "lt", "min_length")
+OPTION_PROBLEM = "option_problem"  # a family's option_problems: ctx["field"] is the config field at fault
 
 
-class IircSpec(_Strict):
-    """scenario.iirc: Incremental Implicitly-Refined Classification (gtep/protocol/families/iirc/).
-    The phase's
-    classes are the subclasses; `hierarchy` gives their superclasses."""
+def _file_check(name: str, reader: str, unless: Any) -> Any:
+    def check(cls: type, value: Any) -> Any:
+        from gtep.data.option_files import OPTION_FILES
 
-    first_task_superclasses: int = Field(ge=1, description="superclasses of task 0 (superclasses only)")
-    classes_per_task: int = Field(ge=1, description="labels (superclasses and subclasses) of every later task")
-    # "groups": each class group of the dataset (Omniglot's alphabets) is a superclass; else a JSON file
-    # {"<superclass name>": ["<subclass class name or id>", ...]} (classes it does not list are standalone)
-    hierarchy: str = "groups"
-    sub_keep: float = Field(0.8, gt=0, le=1, description="share of a subclass's training images it keeps")
-    super_share: float = Field(0.4, gt=0, le=1, description="share of each subclass's images its superclass gets")
-    # The replay budget as the paper keeps it (20 per seen label, growing with the labels), in place of
-    # training.memory_size's fixed total: give one of the two (config.resolve refuses both).
-    memory_per_class: int | None = Field(None, ge=1, description="replay samples kept per seen label")
-    in_task_validation: float = Field(0.0, ge=0, lt=1, description="share of each subclass's training images held "
-                                      "out to validate in-task; its pw-JS plateau decays the lr (0: off)")
-    plateau_patience: int = Field(10, ge=1, description="epochs without a validation gain before the lr decays "
-                                  "(scaled by epoch_scale)")
-
-    @field_validator("hierarchy")
-    @classmethod
-    def _hierarchy_source(cls, value: str) -> str:
-        from gtep.protocol.families.iirc import GROUPS
-
-        if value == GROUPS:
+        if value is None or value == unless:
             return value
-        path = Path(os.path.expanduser(value))
-        if not path.is_file():
-            raise ValueError(f"{value} is neither 'groups' nor an existing file; give 'groups' or a JSON file "
-                             "{\"<superclass name>\": [\"<subclass class name or id>\", ...]}")
-        read_hierarchy(path)
-        return str(path.resolve())
+        return OPTION_FILES.get(reader).check(value)
 
-    @property
-    def options(self) -> dict[str, Any]:
-        """The family's options: these fields, and a hierarchy file's content as `tree` (workers need no file)."""
-        options = self.model_dump(mode="json")
-        if self.hierarchy != "groups":
-            options["tree"] = read_hierarchy(Path(self.hierarchy))
-        return options
+    return field_validator(name)(classmethod(check))
 
 
-class CfslSpec(_Strict):
-    """scenario.cfsl: continual few-shot tasks (gtep/protocol/families/cfsl/generator.py, the CFSL spec's
-    Algorithm 1); an ordering
-    of a phase is tasks_per_ordering tasks drawn with (study seed, ordering)."""
-
-    support_sets: int = Field(ge=1, description="NSS: support sets per task")
-    ways: int = Field(ge=1, description="NC: classes per support set")
-    shots: int = Field(ge=1, description="K_S: samples per class in a support set")
-    target_shots: int = Field(ge=1, description="K_T: target samples per class per support set")
-    class_change_interval: int = Field(1, ge=1, description="CCI: support sets per class block")
-    overwrite: bool = Field(False, description="O: every class block reuses labels 0..NC-1")
-    tasks_per_ordering: int = Field(10, ge=1, description="tasks that make one GTEP ordering")
-
-    @model_validator(mode="after")
-    def _blocks(self) -> "CfslSpec":
-        if self.support_sets % self.class_change_interval:
-            raise ValueError(f"support_sets ({self.support_sets}) must be a multiple of class_change_interval "
-                             f"({self.class_change_interval}): a class block spans CCI support sets")
+def _problems(family: ScenarioFamily) -> Any:
+    def problems(self: _Strict) -> _Strict:
+        found = family.option_problems(self.model_dump(mode="json"))
+        if found:
+            raise PydanticCustomError(OPTION_PROBLEM, found[0].message, {"field": found[0].field})
         return self
 
-
-def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
-    """An IIRC hierarchy file: JSON {"<superclass name>": ["<subclass class name or id>", ...]}."""
-    import json
-
-    from gtep.protocol.families.iirc import parse_hierarchy
-
-    try:
-        return parse_hierarchy(json.loads(path.read_text()))
-    except (ValueError, TypeError, AttributeError, OSError) as err:
-        raise ValueError(f"{path} is not a hierarchy file ({err})") from None
+    return model_validator(mode="after")(problems)
 
 
-class FluidSpec(_Strict):
-    """scenario.fluid: FLUID's open-world stream (papers/fluid.txt; gtep/protocol/families/fluid/__init__.py)."""
+def section_model(family: ScenarioFamily) -> type[_Strict]:
+    """scenario.<section>: the family's Options fields (those the config fills from files left out), with their
+    metadata's constraints and descriptions, the file fields' checks and the family's option_problems."""
+    options = family.Options
+    hints = typing.get_type_hints(options)
+    fields: dict[str, Any] = {}
+    validators: dict[str, Any] = {"option_problems": _problems(family)}
+    for f in dataclasses.fields(options):
+        if "filled_from" in f.metadata:
+            continue
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+            hint = typing.List[args[0]]  # type: ignore[valid-type]  # a YAML list (an Options tuple: hashable)
+        constraints = {k: v for k, v in f.metadata.items() if k in FIELD_KEYS}
+        if f.default is not dataclasses.MISSING:
+            fields[f.name] = (hint, Field(f.default, **constraints))
+        elif f.default_factory is not dataclasses.MISSING:
+            fields[f.name] = (hint, Field(default_factory=f.default_factory, **constraints))
+        else:
+            fields[f.name] = (hint, Field(..., **constraints))
+        if "file" in f.metadata:
+            validators[f"file_{f.name}"] = _file_check(f.name, f.metadata["file"], f.metadata.get("unless"))
+    assert family.section is not None
+    return create_model(f"{family.section.title()}Spec", __base__=_Strict, __module__=__name__,
+                        __doc__=options.__doc__, __validators__=validators, **fields)
 
-    pretrain_classes: list[int] = Field(min_length=1, description="the backbone's pretraining classes, kept out "
-                                        "of both phases; the streams show their test images")
-    n_pretrain_classes: int = Field(ge=0, description="pretrain classes per sequence")
-    n_novel_classes: int = Field(ge=1, description="novel classes per sequence (from the phase's classes)")
-    total_samples: int = Field(ge=1, description="samples per sequence (fewer if the caps allow fewer)")
-    per_class_cap: int = Field(ge=1, description="at most this many samples of one class")
-    zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of images per class (the paper's 1)")
-    head_cut: int = Field(50, ge=0, description="head classes have more samples than this (the paper's 50)")
-    window: int = Field(100, ge=1, description="steps per window of the rolling accuracy")
-    backward_factor: float = Field(1.0, ge=0, description="a backward pass costs this many forward passes")
-    unseen_positives: Literal["novel", "all"] = Field(
-        "novel", description="the unseen detector's positives: first sightings of novel classes (the paper's App. "
-        "H) or of every class, pretrain classes included")
-    pretrain_holdout: float = Field(0.0, ge=0, lt=1, description="share of each pretrain class's training images "
-                                    "that pretraining leaves out and the streams may show beside its test images")
+
+def _sectioned() -> dict[str, ScenarioFamily]:
+    """Section key -> its family, for every registered family with a section."""
+    out: dict[str, ScenarioFamily] = {}
+    for name in FAMILIES:
+        family = FAMILIES.get(name)
+        if family.section is not None:
+            out[family.section] = family
+    return out
 
 
-class ScenarioSpec(_Strict):
-    # gtep/protocol/families/: class_incremental (the paper's; needs increments), fscil (needs the fscil
-    # section), iirc (needs the iirc section) or cfsl (needs the cfsl section)
+SECTIONS: dict[str, type[_Strict]] = {key: section_model(family) for key, family in _sectioned().items()}
+# each section model a name of this module (FscilSpec, ...), so pickle finds it (Ray sends configs to workers)
+globals().update({model.__name__: model for model in SECTIONS.values()})
+
+
+def _flow(value: Any) -> str:
+    """A value as YAML's flow style writes it (the examples of the messages)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(map(_flow, value)) + "]"
+    return str(value)
+
+
+def _example(family: ScenarioFamily, section: str) -> str:
+    model = SECTIONS[section]
+    shown = {k: v for k, v in family.example_options().items() if k in model.model_fields}
+    return f"{section}: {{" + ", ".join(f"{k}: {_flow(v)}" for k, v in shown.items()) + "}"
+
+
+class ScenarioBase(_Strict):
+    """What every scenario has; ScenarioSpec adds one optional field a registered family's section."""
+
+    # gtep/protocol/families/: class_incremental (the paper's; needs increments), or a family with a section
+    # (fscil, iirc, fluid, cfsl: needs its section, named as the family)
     family: str = "class_incremental"
     increments: str | list[int] | None = Field(
         None, description="classes per task: '10x10', 'C50xT1+C10xT5' or a list (class_incremental)")
-    fscil: FscilSpec | None = None
-    iirc: IircSpec | None = None
-    fluid: FluidSpec | None = None
-    cfsl: CfslSpec | None = None
 
     @field_validator("increments")
     @classmethod
@@ -166,88 +122,66 @@ class ScenarioSpec(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _family_and_its_section(self) -> "ScenarioSpec":
-        from gtep.protocol.families import FAMILIES
-
+    def _family_and_its_section(self) -> "ScenarioBase":
         if self.family not in FAMILIES:
             raise ValueError(f"family {self.family!r} is unknown; choose from {FAMILIES.names()}")
-        if self.iirc is not None and self.family != "iirc":
-            raise ValueError("the iirc section needs family: iirc; remove it or set the family")
-        if self.fluid is not None and self.family != "fluid":
-            raise ValueError("the fluid section needs family: fluid; remove it or set the family")
-        if self.cfsl is not None and self.family != "cfsl":
-            raise ValueError("the cfsl section needs family: cfsl; remove it or set the family")
-        if self.family == "class_incremental":
-            if self.increments is None:
-                raise ValueError("a class_incremental scenario needs increments, e.g. increments: 10x10")
-            if self.fscil is not None:
-                raise ValueError("the fscil section needs family: fscil; remove it or set the family")
-        elif self.family == "fscil":
-            if self.fscil is None:
-                raise ValueError("family fscil needs its section, e.g. fscil: {base_classes: 60, ways: 5, shots: 5, "
-                                 "sessions: 8}")
-            if self.increments is not None:
-                raise ValueError("an fscil scenario takes its tasks from the fscil section; remove increments")
-        elif self.family == "iirc":
-            if self.iirc is None:
-                raise ValueError("family iirc needs its section, e.g. iirc: {first_task_superclasses: 2, "
-                                 "classes_per_task: 10, hierarchy: groups}")
-            if self.increments is not None or self.fscil is not None:
-                raise ValueError("an iirc scenario takes its tasks from the iirc section; remove increments/fscil")
-        elif self.family == "fluid":
-            if self.fluid is None:
-                raise ValueError("family fluid needs its section, e.g. fluid: {pretrain_classes: [0, 1, 2], "
-                                 "n_pretrain_classes: 2, n_novel_classes: 10, total_samples: 500, per_class_cap: 100}")
-            if self.increments is not None or self.fscil is not None or self.iirc is not None:
-                raise ValueError("a fluid scenario takes its stream from the fluid section; remove "
-                                 "increments/fscil/iirc")
-        elif self.family == "cfsl":
-            if self.cfsl is None:
-                raise ValueError("family cfsl needs its section, e.g. cfsl: {support_sets: 10, ways: 5, shots: 1, "
-                                 "target_shots: 5, class_change_interval: 1, overwrite: false}")
-            if self.increments is not None or self.fscil is not None:
-                raise ValueError("a cfsl scenario takes its tasks from the cfsl section; remove increments/fscil")
+        family = FAMILIES.get(self.family)
+        for key, owner in _sectioned().items():
+            if key != family.section and getattr(self, key, None) is not None:
+                raise ValueError(f"the {key} section needs family: {owner.name}; remove it or set the family")
+        if family.section is None:
+            needed = {f.name for f in dataclasses.fields(family.Options)
+                      if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                      } if dataclasses.is_dataclass(family.Options) else set()
+            if "increments" in needed and self.increments is None:
+                raise ValueError(f"a {family.name} scenario needs increments, e.g. increments: 10x10")
+            return self
+        if self.section() is None:
+            raise ValueError(f"family {family.name} needs its section, e.g. {_example(family, family.section)}")
+        if self.increments is not None:
+            raise ValueError(f"a {family.name} scenario takes its options from the {family.section} section; "
+                             "remove increments")
         return self
+
+    def section(self) -> _Strict | None:
+        """The family's section (None: the family has none)."""
+        key = FAMILIES.get(self.family).section
+        return None if key is None else getattr(self, key, None)
 
     @property
     def family_options(self) -> dict[str, Any]:
-        """The family's options as the generator takes them (plain values, paths as strings)."""
-        if self.family == "fscil" and self.fscil is not None:
-            return self.fscil.options
-        if self.family == "iirc" and self.iirc is not None:
-            return self.iirc.options
-        if self.family == "fluid" and self.fluid is not None:
-            return self.fluid.model_dump(mode="json")
-        if self.family == "cfsl" and self.cfsl is not None:
-            return self.cfsl.model_dump(mode="json")
-        return {"increments": self.increments}
+        """The family's options as the generator takes them (plain values, paths as strings), the files they name
+        read into the options that hold their content (workers and the pre-flight checks need no file)."""
+        from gtep.data.option_files import OPTION_FILES
+
+        family = FAMILIES.get(self.family)
+        section = self.section()
+        if section is None:
+            return {"increments": self.increments}
+        options = section.model_dump(mode="json")
+        fields = dataclasses.fields(family.Options)
+        for f in fields:
+            if "file" not in f.metadata:
+                continue
+            value = options.get(f.name)
+            if value is None or value == f.metadata.get("unless"):
+                continue
+            into = next(g.name for g in fields if g.metadata.get("filled_from") == f.name)
+            options[into] = OPTION_FILES.get(f.metadata["file"]).read(value)
+        return options
 
     @property
     def increment_list(self) -> list[int]:
-        from gtep.protocol.families import FAMILIES
-
         return FAMILIES.get(self.family).increments(self.family_options)
 
     def describe(self) -> str:
         """The scenario in one phrase, for terminals and run names: '10x10', 'fscil 20+4x5-way 5-shot'."""
-        if self.family == "fscil" and self.fscil is not None:
-            f = self.fscil
-            return f"fscil {f.base_classes}+{f.sessions}x{f.ways}-way {f.shots}-shot"
-        if self.family == "iirc" and self.iirc is not None:
-            i = self.iirc
-            source = "groups" if i.hierarchy == "groups" else Path(i.hierarchy).name
-            extras = ([f"{i.memory_per_class}/label memory"] if i.memory_per_class is not None else []) + (
-                [f"{i.in_task_validation:.0%} in-task validation"] if i.in_task_validation else [])
-            return (f"iirc {i.first_task_superclasses} superclasses+{i.classes_per_task}/task ({source})"
-                    + "".join(f", {e}" for e in extras))
-        if self.family == "fluid" and self.fluid is not None:
-            stream = self.fluid
-            return (f"fluid {stream.n_pretrain_classes} pretrain+{stream.n_novel_classes} novel classes, "
-                    f"{stream.total_samples} samples, zipf s={stream.zipf_s:g}")
-        if self.family == "cfsl" and self.cfsl is not None:
-            from gtep.protocol.families.cfsl.generator import CfslOptions
+        return FAMILIES.get(self.family).summary(self.family_options)
 
-            return CfslOptions.of(self.family_options).describe()
-        increments = self.increments
-        text = increments if isinstance(increments, str) else "+".join(map(str, increments or []))
-        return text if self.family == "class_incremental" else f"{self.family} {text}"
+
+if TYPE_CHECKING:
+    ScenarioSpec = ScenarioBase
+else:
+    ScenarioSpec = create_model(
+        "ScenarioSpec", __base__=ScenarioBase, __module__=__name__, __doc__=ScenarioBase.__doc__,
+        **{key: (Optional[model], None) for key, model in SECTIONS.items()})

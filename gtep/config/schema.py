@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gtep.config.base import ConfigError, _Strict
-from gtep.config.scenario import ScenarioSpec
+from gtep.config.scenario import OPTION_PROBLEM, ScenarioSpec
 
 
 class PhaseDataset(_Strict):
@@ -286,7 +286,9 @@ def _validate(data: dict[str, Any], source: str) -> ExperimentConfig:
         first = err.errors()[0]
         field = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-")) or "config"
         message = first["msg"]
-        if first["type"] == "extra_forbidden":
+        if first["type"] == OPTION_PROBLEM:  # a family's option_problems name the field at fault
+            field = first.get("ctx", {}).get("field", field)
+        elif first["type"] == "extra_forbidden":
             message = "is not a known field; remove it or check its spelling"
         elif first["type"] == "missing":
             message = "is required; add it to the experiment file"

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from gtep.config import ConfigError, ResolvedExperiment
+from gtep.protocol.families.fluid import FLUID, FluidOptions
 
 CACHE_VERSION = 1  # bump when the pretraining code changes what a spec produces
 
@@ -27,7 +28,8 @@ def pretrain_spec(resolved: ResolvedExperiment):
     cfg, plan = resolved.config, resolved.pretraining
     assert cfg.pretrain is not None and plan is not None
     section = cfg.pretrain
-    fluid = cfg.scenario.fluid  # a FLUID stream may show training images pretraining leaves out
+    # a FLUID stream may show training images pretraining leaves out
+    fluid = FluidOptions.of(cfg.scenario.family_options) if cfg.scenario.family == FLUID else None
     holdout = fluid.pretrain_holdout if fluid is not None and fluid.pretrain_holdout > 0 else None
     return default_spec(cfg.backbone, plan.classes, epochs=section.epochs, lr=section.lr,
                         batch_size=section.batch_size, weight_decay=section.weight_decay, seed=section.seed,

@@ -89,6 +89,12 @@ class ScenarioFamily(ABC):
     metrics: ClassVar[tuple[Metric, ...]]  # the family's metric table, scalars in the order tables show them
     default_criterion: ClassVar[str]  # H*'s criterion unless search.criterion says otherwise
     headline: ClassVar[tuple[str, ...]] = ()  # metrics the terminal tables add beside Acc, AvgAcc and HM
+    # The YAML key of the family's section of scenario (its name), whose schema is Options: each field's
+    # constraints and description are in its dataclasses.field metadata (pydantic Field's keys: description, ge,
+    # gt, le, lt, min_length), {"file": <reader>} marks a file path the config reads ({"unless": <value>}: the value
+    # that names no file), {"filled_from": <field>} the option that holds that file's content (no key of the
+    # section). None: no section; the options are scenario.increments (class_incremental).
+    section: ClassVar[str | None] = None
 
     @abstractmethod
     def increments(self, options: Mapping[str, Any]) -> list[int]:
@@ -113,6 +119,15 @@ class ScenarioFamily(ABC):
     def options(self, options: Mapping[str, Any]) -> Any:
         """The options section as the family's Options."""
         return getattr(self.Options, "of")(options)
+
+    def option_problems(self, options: Mapping[str, Any]) -> list[Problem]:
+        """What is wrong across the options' fields (each field's own constraints are in Options' metadata), as
+        the config reports it ([]: nothing)."""
+        return []
+
+    def summary(self, options: Mapping[str, Any]) -> str:
+        """The scenario in one phrase, for terminals and run names: 'fscil 20+4x5-way 5-shot'."""
+        return f"{self.name} {increments_text(options.get('increments'))}"
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -161,6 +176,11 @@ class TaskFamily(ScenarioFamily):
             images = sum(min(n, t.shots) if t.shots else n for n in counts)
             out.append((f"{len(t.new_classes)} classes" + (f", {t.shots} shots each" if t.shots else ""), images))
         return out
+
+
+def increments_text(increments: str | Sequence[int] | None) -> str:
+    """scenario.increments as written: '10x10', or a list as '50+10+10'."""
+    return increments if isinstance(increments, str) else "+".join(map(str, increments or []))
 
 
 def empty_classes(phase: PhaseData, splits: Sequence[str] = ("training", "test")) -> list[Problem]:

@@ -55,6 +55,7 @@ METRICS = (Metric("target_acc", "target acc"), Metric("target_acc_task_std", "ta
 @register_family
 class ContinualFewShot(ScenarioFamily):
     name = CFSL
+    section = CFSL
     description = ("continual few-shot learning: NSS support sets seen once each, then a target set "
                    "(scenario.cfsl)")
     data_flow = CONTINUAL_FEW_SHOT
@@ -78,6 +79,13 @@ class ContinualFewShot(ScenarioFamily):
     def example_options(self) -> dict[str, Any]:
         return {"support_sets": 2, "ways": 2, "shots": 1, "target_shots": 1, "class_change_interval": 1,
                 "overwrite": False, "tasks_per_ordering": 2}
+
+    def option_problems(self, options: Mapping[str, Any]) -> list[Problem]:
+        problem = CfslOptions.of(options).problem()
+        return [Problem("scenario.cfsl", problem)] if problem else []
+
+    def summary(self, options: Mapping[str, Any]) -> str:
+        return CfslOptions.of(options).describe()
 
     def pool_problems(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
         """A task takes CCI x (K_S + K_T) distinct images of each of its classes from the phase's pooled training

@@ -38,7 +38,7 @@ same tasks, and GTEP's ordering s is a set of `tasks_per_ordering` tasks. Pure: 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -48,15 +48,19 @@ from gtep.protocol.scenarios import ordering_seed
 
 @dataclass(frozen=True)
 class CfslOptions:
-    """scenario.cfsl (gtep.config CfslSpec validates it): one task type and how many tasks an ordering has."""
+    """scenario.cfsl: continual few-shot tasks (the CFSL spec's Algorithm 1); an ordering of a phase is
+    tasks_per_ordering tasks drawn with (study seed, ordering). One task type and how many tasks an ordering has
+    (the config validates the section against these fields' metadata, and `problem`)."""
 
-    support_sets: int  # NSS
-    ways: int  # NC
-    shots: int  # K_S
-    target_shots: int  # K_T
-    class_change_interval: int = 1  # CCI
-    overwrite: bool = False  # O
-    tasks_per_ordering: int = 10
+    support_sets: int = field(metadata={"ge": 1, "description": "NSS: support sets per task"})
+    ways: int = field(metadata={"ge": 1, "description": "NC: classes per support set"})
+    shots: int = field(metadata={"ge": 1, "description": "K_S: samples per class in a support set"})
+    target_shots: int = field(metadata={"ge": 1, "description": "K_T: target samples per class per support set"})
+    class_change_interval: int = field(default=1, metadata={"ge": 1, "description": "CCI: support sets per class "
+                                                                                    "block"})
+    overwrite: bool = field(default=False, metadata={"description": "O: every class block reuses labels 0..NC-1"})
+    tasks_per_ordering: int = field(default=10, metadata={"ge": 1, "description": "tasks that make one GTEP "
+                                                                                  "ordering"})
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> "CfslOptions":

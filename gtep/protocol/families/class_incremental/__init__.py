@@ -2,7 +2,7 @@
 classes, Acc / AvgAcc / HM and H* by their harmonic mean (paper sections 3-4)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -15,6 +15,7 @@ from gtep.protocol.families.base import (
     CLASS_INCREMENTAL,
     Metric,
     TaskFamily,
+    increments_text,
     register_family,
 )
 from gtep.protocol.scenarios import TaskSpec, build_scenario, parse_increments
@@ -27,7 +28,8 @@ CLASS_INCREMENTAL_METRICS = (ACC, AVG_ACC, Metric("hmean", "HM"), Metric("forget
 class ClassIncrementalOptions:
     """scenario.increments: classes per task, as '10x10', 'C50xT1+C10xT5' or a list."""
 
-    increments: str | list[int]
+    increments: str | list[int] = field(metadata={
+        "description": "classes per task: '10x10', 'C50xT1+C10xT5' or a list (class_incremental)"})
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> "ClassIncrementalOptions":
@@ -54,3 +56,6 @@ class ClassIncremental(TaskFamily):
 
     def example_options(self) -> dict[str, Any]:
         return {"increments": "2x3"}
+
+    def summary(self, options: Mapping[str, Any]) -> str:
+        return increments_text(ClassIncrementalOptions.of(options).increments)

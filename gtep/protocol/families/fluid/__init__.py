@@ -23,7 +23,7 @@ Data flow "stream" (gtep/engine/flows/stream.py runs it). Pure: stdlib and numpy
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -60,19 +60,34 @@ METRICS = (Metric("mean_per_class_acc", "mean per-class"), Metric("overall_acc",
 
 @dataclass(frozen=True)
 class FluidOptions:
-    """scenario.fluid as the family takes it (gtep/config.py FluidSpec validates it)."""
+    """scenario.fluid: FLUID's open-world stream (papers/fluid.txt; the config validates the section against these
+    fields' metadata)."""
 
-    pretrain_classes: tuple[int, ...]
-    n_pretrain_classes: int
-    n_novel_classes: int
-    total_samples: int
-    per_class_cap: int
-    zipf_s: float = 1.0
-    head_cut: int = 50  # head: more than head_cut samples in the sequence (the paper's text)
-    window: int = 100  # rolling accuracy's window, in steps
-    backward_factor: float = 1.0  # a backward pass costs this many forward passes (notes 004.2: the paper's ~1)
-    unseen_positives: str = "novel"  # the detector's positives: novel classes' first sightings (App. H), or "all"
-    pretrain_holdout: float = 0.0  # share of each pretrain class's training images kept for the stream
+    pretrain_classes: tuple[int, ...] = field(metadata={
+        "min_length": 1, "description": "the backbone's pretraining classes, kept out of both phases; the streams "
+        "show their test images"})
+    n_pretrain_classes: int = field(metadata={"ge": 0, "description": "pretrain classes per sequence"})
+    n_novel_classes: int = field(metadata={"ge": 1, "description": "novel classes per sequence (from the phase's "
+                                                                   "classes)"})
+    total_samples: int = field(metadata={"ge": 1, "description": "samples per sequence (fewer if the caps allow "
+                                                                 "fewer)"})
+    per_class_cap: int = field(metadata={"ge": 1, "description": "at most this many samples of one class"})
+    zipf_s: float = field(default=1.0, metadata={"ge": 0, "description": "Zipf exponent of images per class (the "
+                                                                         "paper's 1)"})
+    # head: more than head_cut samples in the sequence (the paper's text)
+    head_cut: int = field(default=50, metadata={"ge": 0, "description": "head classes have more samples than this "
+                                                                        "(the paper's 50)"})
+    window: int = field(default=100, metadata={"ge": 1, "description": "steps per window of the rolling accuracy"})
+    # notes 004.2: the paper's ~1
+    backward_factor: float = field(default=1.0, metadata={"ge": 0, "description": "a backward pass costs this many "
+                                                                                  "forward passes"})
+    # one of UNSEEN_POSITIVES (FluidStream.option_problems)
+    unseen_positives: str = field(default="novel", metadata={
+        "description": "the unseen detector's positives: first sightings of novel classes (the paper's App. H) or "
+        "of every class, pretrain classes included"})
+    pretrain_holdout: float = field(default=0.0, metadata={
+        "ge": 0, "lt": 1, "description": "share of each pretrain class's training images that pretraining leaves "
+        "out and the streams may show beside its test images"})
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> "FluidOptions":
@@ -81,6 +96,8 @@ class FluidOptions:
         values["pretrain_classes"] = tuple(int(c) for c in values.get("pretrain_classes", ()))
         return cls(**values)
 
+
+UNSEEN_POSITIVES = ("novel", "all")
 
 HOLDOUT_SEED = 31  # held-out images depend on the class alone: pretraining and every study draw the same
 
@@ -139,6 +156,7 @@ def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
 @register_family
 class FluidStream(ScenarioFamily):
     name = FLUID
+    section = FLUID
     description = ("FLUID: an open-world, Zipf-tailed stream of pretrain and novel classes, each sample predicted "
                    "before its label is revealed (scenario.fluid)")
     data_flow = STREAM
@@ -162,6 +180,17 @@ class FluidStream(ScenarioFamily):
     def example_options(self) -> dict[str, Any]:
         return {"pretrain_classes": [6, 7], "n_pretrain_classes": 2, "n_novel_classes": 3, "total_samples": 40,
                 "per_class_cap": 10}
+
+    def option_problems(self, options: Mapping[str, Any]) -> list[Problem]:
+        value = FluidOptions.of(options).unseen_positives
+        if value not in UNSEEN_POSITIVES:
+            return [Problem("scenario.fluid.unseen_positives", f"should be 'novel' or 'all', not {value!r}")]
+        return []
+
+    def summary(self, options: Mapping[str, Any]) -> str:
+        stream = FluidOptions.of(options)
+        return (f"fluid {stream.n_pretrain_classes} pretrain+{stream.n_novel_classes} novel classes, "
+                f"{stream.total_samples} samples, zipf s={stream.zipf_s:g}")
 
     def stream_problems(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
         """What the streams cannot be drawn from, before any compute: every novel class (the phase's) needs an

@@ -3,7 +3,7 @@ classes, then N-way K-shot sessions; the paper's aAcc, lAcc, tAcc, gAcc AUC, PD,
 gAcc AUC. The shots of a class are drawn for (seed, ordering, class), or given by a benchmark's index file."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -29,18 +29,21 @@ class FewShotOptions:
     """scenario.fscil: a base session of `base_classes` with all their images, then `sessions` sessions of
     `ways` classes with `shots` training images each (drawn per ordering, or given by `shot_index`)."""
 
-    base_classes: int
-    ways: int
-    shots: int
-    sessions: int
+    base_classes: int = field(metadata={"ge": 1, "description": "classes of the base session, with all their training "
+                                                          "images"})
+    ways: int = field(metadata={"ge": 1, "description": "N: classes per few-shot session"})
+    shots: int = field(metadata={"ge": 1, "description": "K: training images per class in a few-shot session"})
+    sessions: int = field(metadata={"ge": 1, "description": "few-shot sessions after the base session"})
     # The benchmarks' fixed split: classes in index order (the first base_classes form the base session), the
     # same in every ordering; only the shots are drawn per ordering. Off: classes shuffled per ordering.
     fixed_order: bool = False
-    shot_index: str | None = None  # JSON {class id: [training image indices]}: a benchmark's own shots
+    # JSON {"<class id>": [indices into the dataset's training arrays]}: a benchmark's own shots (the config checks
+    # and reads the file: gtep/data/option_files.py)
+    shot_index: str | None = field(default=None, metadata={"file": "shot_index"})
     draw_missing_shots: bool = False  # classes the index file omits draw their shots (else refused)
     # the index file's content, read by the config ({"<class id>": [positions in the dataset's training arrays]}),
     # so workers and checks need no file
-    shots_given: Mapping[str, Sequence[int]] | None = None
+    shots_given: Mapping[str, Sequence[int]] | None = field(default=None, metadata={"filled_from": "shot_index"})
 
     @property
     def given(self) -> dict[int, list[int]] | None:
@@ -63,6 +66,7 @@ class FewShotOptions:
 @register_family
 class FewShotClassIncremental(TaskFamily):
     name = "fscil"
+    section = "fscil"
     description = "few-shot class-incremental: a base session, then N-way K-shot sessions (scenario.fscil)"
     Options = FewShotOptions
     metrics = (Metric("gacc_auc", "gAcc AUC"), Metric("aacc", "aAcc"), Metric("lacc", "lAcc"), Metric("tacc", "tAcc"),
@@ -89,6 +93,10 @@ class FewShotClassIncremental(TaskFamily):
 
     def example_options(self) -> dict[str, Any]:
         return {"base_classes": 4, "ways": 2, "shots": 2, "sessions": 2}
+
+    def summary(self, options: Mapping[str, Any]) -> str:
+        f = FewShotOptions.of(options)
+        return f"fscil {f.base_classes}+{f.sessions}x{f.ways}-way {f.shots}-shot"
 
     def shot_problems(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
         """Every class that can come in a few-shot session has K training images (a class with fewer would

@@ -35,7 +35,7 @@ Pure: stdlib and numpy only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Mapping, Sequence
 
 from gtep.protocol.families.base import (
@@ -75,23 +75,36 @@ PLATEAU_THRESHOLD = 1e-3
 
 @dataclass(frozen=True)
 class IircOptions:
-    """scenario.iirc as the family takes it (gtep/config.py IircSpec validates it)."""
+    """scenario.iirc: Incremental Implicitly-Refined Classification. The phase's classes are the subclasses;
+    `hierarchy` gives their superclasses (the config validates the section against these fields' metadata)."""
 
-    first_task_superclasses: int
-    classes_per_task: int
-    hierarchy: str = GROUPS  # "groups" or the hierarchy file's path (as recorded)
-    sub_keep: float = SUB_KEEP
-    super_share: float = SUPER_SHARE
-    tree: Mapping[str, Sequence[str | int]] | None = None  # the file's content (config reads it; workers need not)
+    first_task_superclasses: int = field(metadata={"ge": 1, "description": "superclasses of task 0 (superclasses "
+                                                                           "only)"})
+    classes_per_task: int = field(metadata={"ge": 1, "description": "labels (superclasses and subclasses) of every "
+                                                                    "later task"})
+    # "groups": each class group of the dataset (Omniglot's alphabets) is a superclass; else a JSON file
+    # {"<superclass name>": ["<subclass class name or id>", ...]} (classes it does not list are standalone), recorded
+    # as its resolved path (the config checks and reads it: gtep/data/option_files.py)
+    hierarchy: str = field(default=GROUPS, metadata={"file": "iirc_hierarchy", "unless": GROUPS})
+    sub_keep: float = field(default=SUB_KEEP, metadata={"gt": 0, "le": 1, "description": "share of a subclass's "
+                                                        "training images it keeps"})
+    super_share: float = field(default=SUPER_SHARE, metadata={"gt": 0, "le": 1, "description": "share of each "
+                                                              "subclass's images its superclass gets"})
+    # the file's content (config reads it; workers need not)
+    tree: Mapping[str, Sequence[str | int]] | None = field(default=None, metadata={"filled_from": "hierarchy"})
     # replay budget: samples kept per seen label (the paper's 20: the memory grows with the labels); None: the
     # run's fixed total (training.memory_size) spread over the seen labels
-    memory_per_class: int | None = None
+    memory_per_class: int | None = field(default=None, metadata={"ge": 1, "description": "replay samples kept per "
+                                                                 "seen label"})
     # share of each subclass's training images held out as the in-task validation set (the paper's 0.1 on
     # CIFAR): it is never trained on, and the lr of every training stage is decayed (by the recipe's lr_decay)
     # when its pw-JS has not improved for plateau_patience epochs (scaled by epoch_scale), in place of the
     # recipe's schedule. 0: no validation split, the recipe's schedule.
-    in_task_validation: float = 0.0
-    plateau_patience: int = PLATEAU_PATIENCE
+    in_task_validation: float = field(default=0.0, metadata={
+        "ge": 0, "lt": 1, "description": "share of each subclass's training images held out to validate in-task; "
+        "its pw-JS plateau decays the lr (0: off)"})
+    plateau_patience: int = field(default=PLATEAU_PATIENCE, metadata={
+        "ge": 1, "description": "epochs without a validation gain before the lr decays (scaled by epoch_scale)"})
 
     @property
     def source(self) -> "str | Mapping[str, Sequence[str | int]]":
@@ -199,6 +212,7 @@ def ordering_tasks(hierarchy: Hierarchy, options: IircOptions, seed: int, orderi
 @register_family
 class IncrementalImplicitlyRefined(ScenarioFamily):
     name = IIRC
+    section = IIRC
     description = ("IIRC: superclasses first, their subclasses in later tasks, multi-label with incomplete training "
                    "labels (scenario.iirc)")
     data_flow = MULTI_LABEL
@@ -245,6 +259,14 @@ class IncrementalImplicitlyRefined(ScenarioFamily):
         # superclass ids come after the dataset's class ids (superclass_ids)
         return {"first_task_superclasses": 1, "classes_per_task": 2, "superclasses": {6: [0, 1], 7: [2, 3]},
                 "classes": [0, 1, 2, 3, 4, 5]}
+
+    def summary(self, options: Mapping[str, Any]) -> str:
+        i = IircOptions.of(options)
+        source = GROUPS if i.hierarchy == GROUPS else i.hierarchy.replace("\\", "/").rsplit("/", 1)[-1]
+        extras = ([f"{i.memory_per_class}/label memory"] if i.memory_per_class is not None else []) + (
+            [f"{i.in_task_validation:.0%} in-task validation"] if i.in_task_validation else [])
+        return (f"iirc {i.first_task_superclasses} superclasses+{i.classes_per_task}/task ({source})"
+                + "".join(f", {e}" for e in extras))
 
 
 def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
