@@ -11,9 +11,9 @@ study can refuse weights pretrained on the classes it evaluates and feed them as
 * A CNN (the ResNets of gtep.models.backbones): SGD with momentum and a cosine schedule, fed by the pipeline
   gtep.data.pipelines chooses for it (PyCIL's: padded crops, flips, brightness), as PyCIL trains them.
 
-`holdout` > 0 leaves that share of the training images of `holdout_classes` out (gtep.protocol.families.fluid
-.held_out: the same images whatever the seed), so a FLUID stream can show them as images the backbone never saw
-(scenario.fluid.pretrain_holdout); the weights' metadata records it.
+`holdout` > 0 leaves that share of the training images of `holdout_classes` out (gtep.protocol.holdout: the
+same images whatever the seed), so a scenario can show them as images the backbone never saw (its family's
+ScenarioFamily.pretrain_holdout); the weights' metadata records it.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from gtep.engine.loop import Trainer
 from gtep.engine.runner import PhaseTensors
 from gtep.models import create_backbone
 from gtep.models.vit import PromptableViT, is_vit
-from gtep.protocol.families.fluid import held_out
+from gtep.protocol.holdout import held_out
 
 
 @dataclass(frozen=True)

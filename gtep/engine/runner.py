@@ -25,9 +25,8 @@ from gtep.engine.first_task import TRAINED, first_task_key
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, TaskFamily
-from gtep.protocol.families.fscil import FewShotOptions, few_shot_indices, shots_at_phase_positions
 from gtep.protocol.sampling import steplr_milestones
-from gtep.protocol.scenarios import TaskSpec, ordering_seed
+from gtep.protocol.scenarios import TaskSpec, few_shot_indices, ordering_seed, shots_at_phase_positions
 
 
 @dataclass(frozen=True)
@@ -198,7 +197,7 @@ class OrderingRun:
         self.seed = ordering_seed(job.seed, job.ordering)
         self.tasks: list[TaskSpec] = job.tasks()
         # a shot index file's positions are the dataset's training arrays'; the run holds the phase's subset
-        given = FewShotOptions.of(dict(job.family_options)).given if job.family == "fscil" else None
+        given = job.task_family.given_shots(dict(job.family_options))  # a benchmark's own shots, or None
         self.given_shots = shots_at_phase_positions(given, data.dataset_train_index()) if given else None
         order = list(self.tasks[-1].seen_classes)
         self.outcome = OrderingOutcome(job.ordering, "finished", order, device=describe_device(self.device))

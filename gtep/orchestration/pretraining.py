@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable
 
 from gtep.config import ConfigError, ResolvedExperiment
-from gtep.protocol.families.fluid import FLUID, FluidOptions
 
 CACHE_VERSION = 1  # bump when the pretraining code changes what a spec produces
 
@@ -28,13 +27,11 @@ def pretrain_spec(resolved: ResolvedExperiment):
     cfg, plan = resolved.config, resolved.pretraining
     assert cfg.pretrain is not None and plan is not None
     section = cfg.pretrain
-    # a FLUID stream may show training images pretraining leaves out
-    fluid = FluidOptions.of(cfg.scenario.family_options) if cfg.scenario.family == FLUID else None
-    holdout = fluid.pretrain_holdout if fluid is not None and fluid.pretrain_holdout > 0 else None
+    # the scenario may show training images pretraining leaves out (FLUID's stream)
+    share, classes = resolved.family.pretrain_holdout(cfg.scenario.family_options)
     return default_spec(cfg.backbone, plan.classes, epochs=section.epochs, lr=section.lr,
                         batch_size=section.batch_size, weight_decay=section.weight_decay, seed=section.seed,
-                        device=cfg.training.device, holdout=holdout,
-                        holdout_classes=tuple(fluid.pretrain_classes) if holdout and fluid else None)
+                        device=cfg.training.device, holdout=share or None, holdout_classes=classes or None)
 
 
 def cache_root(resolved: ResolvedExperiment) -> Path:

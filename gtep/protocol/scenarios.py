@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -128,3 +128,35 @@ def split_groups_in_two(
 def shared_classes(first: Sequence[object], second: Sequence[object]) -> list[object]:
     """Classes present in both phases; GTEP requires this to be empty (D^HT and D^E are disjoint)."""
     return sorted(set(first) & set(second), key=str)
+
+
+def few_shot_indices(train_labels: np.ndarray, task: TaskSpec, seed: int, ordering: int,
+                     given: Mapping[int, Sequence[int]] | None = None) -> np.ndarray:
+    """The training images of a task (indices into the phase's training arrays, ascending): every image of its
+    classes, or `task.shots` per class: those `given` lists first (a benchmark's index file), else drawn
+    without replacement for (seed, ordering, class), so every set of the study sees the same shots."""
+    picked = []
+    for c in task.new_classes:
+        of_class = np.flatnonzero(train_labels == c)
+        if task.shots is None:
+            picked.append(of_class)
+        elif given is not None and c in given:
+            picked.append(np.asarray(given[c][: task.shots], dtype=np.int64))
+        else:
+            rng = np.random.default_rng([ordering_seed(seed, ordering), int(c)])
+            picked.append(rng.choice(of_class, size=min(task.shots, len(of_class)), replace=False))
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
+
+
+
+def shots_at_phase_positions(given: Mapping[int, Sequence[int]], train_index: np.ndarray) -> dict[int, list[int]]:
+    """An index file's dataset positions as positions in a phase's training arrays (`train_index`: each phase
+    image's dataset position, ascending). The pre-flight check has made sure every listed image is there."""
+    out = {}
+    for c, indices in given.items():
+        wanted = np.asarray(indices, dtype=np.int64)
+        at = np.searchsorted(train_index, wanted)
+        kept = at < len(train_index)
+        kept[kept] = train_index[at[kept]] == wanted[kept]
+        out[c] = [int(i) for i in at[kept]]
+    return out

@@ -15,6 +15,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from gtep.protocol.criteria import CRITERIA
+from gtep.protocol.families import FAMILIES  # noqa: F401  (registers the families and their criteria)
 from gtep.report.collect import StoreData
 from gtep.report.summary import GROUP
 
@@ -23,7 +25,6 @@ PROTOCOL_COLUMNS = [*GROUP, "algorithm", "label", "study", "protocol", "best_set
                     "compute_seconds", "compute_ratio", "tuning_score", "reported_score", "evaluation_score",
                     "evaluation_std"]
 # the ordering-run column whose std over orderings goes with a criterion's score
-CRITERION_COLUMN = {"hmean_acc_avgacc": "hmean", "gacc_auc": "gacc_auc", "mean_target_acc": "target_acc"}
 
 
 def protocol_name(phase: pd.Series) -> str:
@@ -52,12 +53,12 @@ def phase_score(summary_row: pd.Series | None) -> float:
 
 def score_std(data: StoreData, phase_run_id: str, criterion: str) -> float:
     """Std over a phase's finished orderings of its criterion's per-ordering value (the HM for class-incremental)."""
-    column = CRITERION_COLUMN.get(criterion or "hmean_acc_avgacc", "")
+    name = criterion or "hmean_acc_avgacc"
     rows = data.orderings[(data.orderings["phase_run_id"] == phase_run_id) & (data.orderings["status"] != "diverged")]
-    if not column or column not in rows or rows.empty:
+    if name not in CRITERIA or rows.empty:
         return math.nan
-    values = rows[column].dropna().to_numpy(dtype=float)
-    return float(np.std(values)) if len(values) else math.nan
+    values = [v for v in (CRITERIA.get(name).of(r) for r in rows.to_dict("records")) if not math.isnan(v)]
+    return float(np.std(values)) if values else math.nan
 
 
 def compute_seconds(data: StoreData, phase: pd.Series) -> float:

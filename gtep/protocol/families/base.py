@@ -129,6 +129,11 @@ class ScenarioFamily(ABC):
         """The scenario in one phrase, for terminals and run names: 'fscil 20+4x5-way 5-shot'."""
         return f"{self.name} {increments_text(options.get('increments'))}"
 
+    def pretrain_holdout(self, options: Mapping[str, Any]) -> tuple[float, tuple[int, ...]]:
+        """(share, classes): training images of those classes the `pretrain:` section must leave out, because the
+        scenario shows them as images the backbone never saw (gtep.protocol.holdout); (0, ()) for none."""
+        return 0.0, ()
+
     @property
     def metric_names(self) -> tuple[str, ...]:
         """Scalar per-ordering metrics, in the order tables show them."""
@@ -165,6 +170,11 @@ class TaskFamily(ScenarioFamily):
 
     def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
         return ()
+
+    def given_shots(self, options: Mapping[str, Any]) -> dict[int, list[int]] | None:
+        """A benchmark's own shots for tasks with `shots` (class id -> positions in the dataset's training arrays),
+        or None: every task draws its shots (gtep.protocol.scenarios.few_shot_indices)."""
+        return None
 
     def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
         return [problem for phase in phases for problem in empty_classes(phase)]

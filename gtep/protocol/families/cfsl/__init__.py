@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Mapping, Sequence
 
+from gtep.protocol.criteria import Criterion, register_criterion
 from gtep.protocol.families.base import (
     ACC,
     ACC_T,
@@ -50,6 +51,11 @@ METRICS = (Metric("target_acc", "target acc"), Metric("target_acc_task_std", "ta
            Metric("target_ce_ci95", "target CE 95% CI", "ratio"), Metric("atm", "ATM (bytes)", "ratio"),
            Metric("atm_count", "ATM (count)", "ratio"), Metric("macs", "MACs", "count", selectable=False),
            ACC, AVG_ACC, curve("target_acc_t", "target acc after task t"), ACC_T)
+
+
+# the criteria of this family's metrics (search.criterion)
+register_criterion(Criterion("mean_target_acc", ("target_acc",),
+               "CFSL: target-set accuracy after the last support set, mean over the ordering's tasks"))
 
 
 @register_family

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from gtep.protocol.criteria import Criterion, register_criterion
 from gtep.protocol.families.base import (
     ACC,
     ACC_T,
@@ -41,6 +42,7 @@ from gtep.protocol.families.base import (
     register_family,
 )
 from gtep.protocol.families.fluid.generator import StreamSpec, fluid_stream
+from gtep.protocol.holdout import held_out, held_out_count  # noqa: F401  (held_out: re-exported)
 
 FLUID = "fluid"
 STREAM = "stream"
@@ -99,27 +101,6 @@ class FluidOptions:
 
 UNSEEN_POSITIVES = ("novel", "all")
 
-HOLDOUT_SEED = 31  # held-out images depend on the class alone: pretraining and every study draw the same
-
-
-def held_out_count(n: int, holdout: float) -> int:
-    """Training images held out of a class's n: floor(holdout x n) (1e-9: 0.2 x 500 is 100, not 99.99...)."""
-    return int(np.floor(holdout * n + 1e-9))
-
-
-def held_out(y_train: np.ndarray, classes: Sequence[int], holdout: float) -> np.ndarray:
-    """Positions in `y_train` of the training images pretraining must not use (the stream may show them):
-    floor(holdout x n) of each class's n, drawn by (HOLDOUT_SEED, class) among the class's images in array order.
-    A subset of the dataset that keeps a class's images in order (ImageSet.subset) holds out the same images."""
-    picked = [np.zeros(0, dtype=np.int64)]
-    for c in classes:
-        of_class = np.flatnonzero(y_train == c)
-        k = held_out_count(len(of_class), holdout)
-        if k:
-            rng = np.random.default_rng([HOLDOUT_SEED, int(c)])
-            picked.append(of_class[rng.choice(len(of_class), size=k, replace=False)])
-    return np.sort(np.concatenate(picked))
-
 
 def class_pools(y_train: np.ndarray, y_test: np.ndarray, classes: Sequence[int],
                 with_train: bool, holdout: float = 0.0) -> dict[int, np.ndarray]:
@@ -153,6 +134,11 @@ def with_aliases(metrics: Mapping[str, Any]) -> dict[str, Any]:
     return add_aliases(metrics, ALIASES)
 
 
+# the criteria of this family's metrics (search.criterion)
+register_criterion(Criterion("mean_per_class_acc", ("mean_per_class_acc",),
+               "FLUID: mean over the stream's classes of their prequential accuracy (papers/fluid.txt Table 1)"))
+
+
 @register_family
 class FluidStream(ScenarioFamily):
     name = FLUID
@@ -169,6 +155,11 @@ class FluidStream(ScenarioFamily):
         """One 'task': the classes of a sequence (recorded as the study's increments)."""
         spec = FluidOptions.of(options)
         return [spec.n_pretrain_classes + spec.n_novel_classes]
+
+    def pretrain_holdout(self, options: Mapping[str, Any]) -> tuple[float, tuple[int, ...]]:
+        """scenario.fluid.pretrain_holdout of each pretrain class's training images, which the stream may show."""
+        spec = FluidOptions.of(options)
+        return (spec.pretrain_holdout, spec.pretrain_classes) if spec.pretrain_holdout > 0 else (0.0, ())
 
     def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
         """Classes a phase's data must hold besides its own: the pretrain classes the streams show."""

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from gtep.protocol import metrics as matrix_metrics  # not `metrics`: the package's own submodule is that name
+from gtep.protocol.criteria import Criterion, register_criterion
 from gtep.protocol.families.base import (
     ACC,
     ACC_T,
@@ -21,7 +22,13 @@ from gtep.protocol.families.base import (
     register_family,
 )
 from gtep.protocol.families.fscil import metrics as fscil_metrics
-from gtep.protocol.scenarios import TaskSpec, class_ordering, ordering_seed, split_tasks
+from gtep.protocol.scenarios import (  # noqa: F401  (few_shot_indices, shots_at_phase_positions: re-exported)
+    TaskSpec,
+    class_ordering,
+    few_shot_indices,
+    shots_at_phase_positions,
+    split_tasks,
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,12 @@ class FewShotOptions:
         return [self.base_classes] + [self.ways] * self.sessions
 
 
+# the criteria of this family's metrics (search.criterion)
+register_criterion(Criterion("gacc_auc", ("gacc_auc",),
+                             "area under gAcc(alpha) (FSCIL paper Eq. 5-6, the paper's trapezoid)"))
+register_criterion(Criterion("aacc", ("aacc",),
+                             "aAcc: FSCIL's class-weighted accuracy averaged over sessions (paper Eq. 1-3)"))
+
 
 @register_family
 class FewShotClassIncremental(TaskFamily):
@@ -93,6 +106,9 @@ class FewShotClassIncremental(TaskFamily):
 
     def example_options(self) -> dict[str, Any]:
         return {"base_classes": 4, "ways": 2, "shots": 2, "sessions": 2}
+
+    def given_shots(self, options: Mapping[str, Any]) -> dict[int, list[int]] | None:
+        return FewShotOptions.of(options).given
 
     def summary(self, options: Mapping[str, Any]) -> str:
         f = FewShotOptions.of(options)
@@ -126,40 +142,6 @@ class FewShotClassIncremental(TaskFamily):
         out = matrix_metrics.summarize(matrix, test_counts)
         out.update(fscil_metrics.summarize_fscil(np.asarray(matrix, dtype=float), list(test_counts), base, ways))
         return out
-
-
-
-def few_shot_indices(train_labels: np.ndarray, task: TaskSpec, seed: int, ordering: int,
-                     given: Mapping[int, Sequence[int]] | None = None) -> np.ndarray:
-    """The training images of a task (indices into the phase's training arrays, ascending): every image of its
-    classes, or `task.shots` per class: those `given` lists first (a benchmark's index file), else drawn
-    without replacement for (seed, ordering, class), so every set of the study sees the same shots."""
-    picked = []
-    for c in task.new_classes:
-        of_class = np.flatnonzero(train_labels == c)
-        if task.shots is None:
-            picked.append(of_class)
-        elif given is not None and c in given:
-            picked.append(np.asarray(given[c][: task.shots], dtype=np.int64))
-        else:
-            rng = np.random.default_rng([ordering_seed(seed, ordering), int(c)])
-            picked.append(rng.choice(of_class, size=min(task.shots, len(of_class)), replace=False))
-    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
-
-
-
-def shots_at_phase_positions(given: Mapping[int, Sequence[int]], train_index: np.ndarray) -> dict[int, list[int]]:
-    """An index file's dataset positions as positions in a phase's training arrays (`train_index`: each phase
-    image's dataset position, ascending). The pre-flight check has made sure every listed image is there."""
-    out = {}
-    for c, indices in given.items():
-        wanted = np.asarray(indices, dtype=np.int64)
-        at = np.searchsorted(train_index, wanted)
-        kept = at < len(train_index)
-        kept[kept] = train_index[at[kept]] == wanted[kept]
-        out[c] = [int(i) for i in at[kept]]
-    return out
-
 
 
 def check_shot_index(given: Mapping[int, Sequence[int]], train_labels: np.ndarray, classes: Sequence[int],

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Mapping, Sequence
 
+from gtep.protocol.criteria import Criterion, register_criterion
 from gtep.protocol.families.base import (
     ACC,
     ACC_T,
@@ -207,6 +208,11 @@ def task_sizes(hierarchy: Hierarchy, options: IircOptions) -> list[int]:
 
 def ordering_tasks(hierarchy: Hierarchy, options: IircOptions, seed: int, ordering: int) -> list[TaskSpec]:
     return iirc_tasks(hierarchy, options.first_task_superclasses, options.classes_per_task, seed, ordering)
+
+
+# the criteria of this family's metrics (search.criterion)
+register_criterion(Criterion("mean_pw_js", ("mean_pw_js",),
+                             "IIRC: mean over tasks of the pw-JS on all labels seen so far"))
 
 
 @register_family
