@@ -8,13 +8,7 @@ from typing import TYPE_CHECKING
 
 from gtep.config.base import ConfigError
 from gtep.config.checks import check_device, check_output, check_tracking_uri
-from gtep.config.family_checks import (
-    _check_cfsl,
-    _check_family,
-    _check_first_task_sets_differ,
-    _check_fluid,
-    _check_iirc,
-)
+from gtep.config.family_checks import _check_family, _check_first_task_sets_differ, phase_layout
 from gtep.config.phases import (
     PhaseSpec,
     PretrainPlan,
@@ -25,6 +19,7 @@ from gtep.config.phases import (
     phase_pipeline,
 )
 from gtep.config.schema import ExperimentConfig
+from gtep.protocol.families import FAMILIES, StudyLayout
 
 if TYPE_CHECKING:
     from gtep.data.pipelines import PipelineSpec
@@ -93,36 +88,22 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     check_output(cfg.tracking.output, "tracking.output")
     check_tracking_uri(cfg.tracking_uri, "tracking.tracking_uri")
     _check_family(cfg)
-    iirc = cfg.scenario.family == "iirc"
-    fluid = cfg.scenario.family == "fluid"
-    cfsl = cfg.scenario.family == "cfsl"
-    increments = () if iirc else tuple(cfg.scenario.increment_list)
+    family = FAMILIES.get(cfg.scenario.family)
+    options = cfg.scenario.family_options
     tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
     pretraining = _check_pretrain(cfg, (tuning, evaluation))  # first: it refuses weights given beside it
     _check_weights(cfg, (tuning, evaluation))
-    if iirc:
-        increments = _check_iirc(cfg, tuning, evaluation)
-    if fluid:
-        _check_fluid(cfg, tuning, evaluation, pretraining)
-    if cfsl:
-        _check_cfsl(cfg, tuning, evaluation)
-    for phase in (tuning, evaluation) if not (iirc or fluid or cfsl) else ():
-        if sum(increments) != len(phase.classes):
-            own = "tuning" if phase.phase == "tune" else "evaluation"
-            field = "datasets.split" if cfg.datasets.split else f"datasets.{own}"
-            if cfg.scenario.family == "class_incremental":
-                raise ConfigError("scenario.increments", f"sum to {sum(increments)} classes but the {phase.phase} "
-                                  f"phase has {len(phase.classes)} ({phase.dataset}); change the increments or "
-                                  f"restrict the classes in {field}")
-            raise ConfigError(f"scenario.{cfg.scenario.family}", f"its sessions take {sum(increments)} classes "
-                              f"({'+'.join(map(str, increments))}) but the {phase.phase} phase has "
-                              f"{len(phase.classes)} ({phase.dataset}); change base_classes, ways or sessions, or "
-                              f"restrict the classes in {field}")
-    if cfg.search.fidelity == "tasks" and cfg.scenario.family != "class_incremental":
+    layouts = [phase_layout(cfg, phase) for phase in (tuning, evaluation)]
+    study = StudyLayout(cfg.seed, cfg.training.memory_size, tuple(pretraining.classes) if pretraining else None)
+    problems = family.check_layout(layouts, study, options)
+    if problems:
+        raise ConfigError(problems[0].field, problems[0].message)
+    increments = tuple(family.phase_increments(layouts, study, options))
+    if cfg.search.fidelity == "tasks" and not family.reports_per_task:
         raise ConfigError("search.fidelity", f"tasks reports a score after each task of a class-incremental "
                           f"ordering; the {cfg.scenario.family} family reports after each ordering: use orderings")
     if cfg.search.protocol == "first_task":
-        if cfg.scenario.family != "class_incremental":
+        if not family.reports_per_task:
             raise ConfigError("search.protocol", f"first_task compares sets on the first tasks of a class-incremental "
                               f"scenario; the {cfg.scenario.family} family has its own sessions, use gtep")
         if cfg.search.protocol_tasks >= len(increments):

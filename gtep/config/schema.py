@@ -242,12 +242,20 @@ class ExperimentConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _one_memory_budget(cls, data: Any) -> Any:
-        """scenario.iirc.memory_per_class is the whole budget: a training.memory_size left out is 0, not the
-        fixed total's default (resolve refuses a memory_size given beside it). Written into the data, so a
-        config dumped and read again (a manifest, command-line overrides) means the same."""
+        """A family option that is the whole replay budget (ScenarioFamily.memory_budget_option: IIRC's
+        memory_per_class), when given, makes a training.memory_size left out 0, not the fixed total's default (the
+        family's layout check refuses a memory_size given beside it). Written into the data, so a config dumped
+        and read again (a manifest, command-line overrides) means the same."""
+        from gtep.protocol.families import FAMILIES
+
         scenario = data.get("scenario") if isinstance(data, dict) else None
-        iirc = scenario.get("iirc") if isinstance(scenario, dict) else None
-        if not isinstance(iirc, dict) or iirc.get("memory_per_class") is None:
+        name = scenario.get("family") if isinstance(scenario, dict) else None
+        if not isinstance(scenario, dict) or not isinstance(name, str) or name not in FAMILIES:
+            return data
+        family = FAMILIES.get(name)
+        section = scenario.get(family.section) if family.section else None
+        option = family.memory_budget_option
+        if option is None or not isinstance(section, dict) or section.get(option) is None:
             return data
         training = data.get("training") or {}
         if isinstance(training, dict) and "memory_size" not in training:

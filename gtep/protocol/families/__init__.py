@@ -16,8 +16,10 @@ from gtep.protocol.families.base import (
     FAMILIES,
     Metric,
     PhaseData,
+    PhaseLayout,
     Problem,
     ScenarioFamily,
+    StudyLayout,
     TaskFamily,
     Unit,
     add_aliases,
@@ -29,6 +31,6 @@ from gtep.protocol.families.base import (
     register_family,
 )
 
-__all__ = ["ACC", "ACC_T", "AVG_ACC", "CLASS_INCREMENTAL", "FAMILIES", "Metric", "PhaseData", "Problem",
-           "ScenarioFamily", "TaskFamily", "Unit", "add_aliases", "curve", "empty_classes", "family_of",
+__all__ = ["ACC", "ACC_T", "AVG_ACC", "CLASS_INCREMENTAL", "FAMILIES", "Metric", "PhaseData", "PhaseLayout", "Problem",
+           "ScenarioFamily", "StudyLayout", "TaskFamily", "Unit", "add_aliases", "curve", "empty_classes", "family_of",
            "known_metrics", "metric_label", "register_family"]

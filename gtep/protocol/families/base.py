@@ -75,6 +75,29 @@ class Problem:
     phase: str = ""
 
 
+@dataclass(frozen=True)
+class PhaseLayout:
+    """What the config knows of a phase before any image is read: its dataset's class names and groups and the
+    phase's classes, for the checks a family makes against the layout of both phases (`check_layout`)."""
+
+    phase: str
+    dataset: str
+    dataset_field: str  # the config field that names the phase's dataset
+    identity: str  # two phases with one identity draw from one class pool
+    classes: tuple[int, ...]
+    class_names: tuple[str, ...]
+    class_groups: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class StudyLayout:
+    """The study-wide settings a family's layout checks read."""
+
+    seed: int
+    memory_size: int  # training.memory_size
+    pretrain_classes: tuple[int, ...] | None  # the pretrain section's classes; None: no pretrain section
+
+
 class ScenarioFamily(ABC):
     """One setting: its options, generator, checks, description, metric table and default criterion. Every family
     implements every method here (the family contract test runs each registered family through them); a family
@@ -129,6 +152,21 @@ class ScenarioFamily(ABC):
         """The scenario in one phrase, for terminals and run names: 'fscil 20+4x5-way 5-shot'."""
         return f"{self.name} {increments_text(options.get('increments'))}"
 
+    # whether the family's orderings report after each task (search.fidelity: tasks, search.protocol: first_task)
+    reports_per_task: ClassVar[bool] = False
+    # the option that replaces training.memory_size as the whole replay budget when given (IIRC's memory_per_class)
+    memory_budget_option: ClassVar[str | None] = None
+
+    def check_layout(self, phases: Sequence[PhaseLayout], study: StudyLayout,
+                     options: Mapping[str, Any]) -> list[Problem]:
+        """What the phases' classes (not their images: `check` does those) cannot give this family ([]: nothing)."""
+        return []
+
+    def phase_increments(self, phases: Sequence[PhaseLayout], study: StudyLayout,
+                         options: Mapping[str, Any]) -> list[int]:
+        """The study's recorded classes (or labels) per task, once the phases are known (default: `increments`)."""
+        return self.increments(options)
+
     def pretrain_holdout(self, options: Mapping[str, Any]) -> tuple[float, tuple[int, ...]]:
         """(share, classes): training images of those classes the `pretrain:` section must leave out, because the
         scenario shows them as images the backbone never saw (gtep.protocol.holdout); (0, ()) for none."""
@@ -170,6 +208,18 @@ class TaskFamily(ScenarioFamily):
 
     def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
         return ()
+
+    def check_layout(self, phases: Sequence[PhaseLayout], study: StudyLayout,
+                     options: Mapping[str, Any]) -> list[Problem]:
+        """The tasks take exactly the phase's classes."""
+        increments = self.increments(options)
+        return [self.classes_problem(phase, increments) for phase in phases if sum(increments) != len(phase.classes)]
+
+    def classes_problem(self, phase: PhaseLayout, increments: Sequence[int]) -> Problem:
+        """A phase whose classes the tasks do not take exactly, with the fix."""
+        return Problem("scenario.increments", f"sum to {sum(increments)} classes but the {phase.phase} phase has "
+                       f"{len(phase.classes)} ({phase.dataset}); change the increments or restrict the classes in "
+                       f"{phase.dataset_field.rsplit('.', 1)[0]}", phase.phase)
 
     def given_shots(self, options: Mapping[str, Any]) -> dict[int, list[int]] | None:
         """A benchmark's own shots for tasks with `shots` (class id -> positions in the dataset's training arrays),

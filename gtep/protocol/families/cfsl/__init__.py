@@ -30,8 +30,10 @@ from gtep.protocol.families.base import (
     AVG_ACC,
     Metric,
     PhaseData,
+    PhaseLayout,
     Problem,
     ScenarioFamily,
+    StudyLayout,
     add_aliases,
     curve,
     register_family,
@@ -78,6 +80,17 @@ class ContinualFewShot(ScenarioFamily):
 
     def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
         return ()
+
+    def check_layout(self, phases: Sequence[PhaseLayout], study: StudyLayout,
+                     options: Mapping[str, Any]) -> list[Problem]:
+        """A task takes NC * NSS / CCI classes of its phase: each phase must have them (each class's images are
+        counted by `check`)."""
+        spec = CfslOptions.of(options)
+        return [Problem("scenario.cfsl", f"a task takes {spec.classes_per_task} classes (ways {spec.ways} x "
+                        f"support_sets {spec.support_sets} / class_change_interval {spec.class_change_interval}) but "
+                        f"the {phase.phase} phase has {len(phase.classes)} ({phase.dataset}); lower ways or "
+                        "support_sets, raise class_change_interval, or give the phase more classes")
+                for phase in phases if len(phase.classes) < spec.classes_per_task]
 
     def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
         return [problem for phase in phases for problem in self.pool_problems(phase, options)]

@@ -43,6 +43,7 @@ class ClassIncremental(TaskFamily):
     Options = ClassIncrementalOptions
     metrics = CLASS_INCREMENTAL_METRICS
     default_criterion = "hmean_acc_avgacc"
+    reports_per_task = True
 
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         return parse_increments(ClassIncrementalOptions.of(options).increments)

@@ -35,8 +35,10 @@ from gtep.protocol.families.base import (
     AVG_ACC,
     Metric,
     PhaseData,
+    PhaseLayout,
     Problem,
     ScenarioFamily,
+    StudyLayout,
     add_aliases,
     curve,
     register_family,
@@ -164,6 +166,42 @@ class FluidStream(ScenarioFamily):
     def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
         """Classes a phase's data must hold besides its own: the pretrain classes the streams show."""
         return FluidOptions.of(options).pretrain_classes
+
+    def check_layout(self, phases: Sequence[PhaseLayout], study: StudyLayout,
+                     options: Mapping[str, Any]) -> list[Problem]:
+        """The pretrain classes exist, are kept out of both phases and (with a pretrain section) are classes the
+        backbone is pretrained on, and every phase has the classes a sequence draws."""
+        spec = FluidOptions.of(options)
+        field = "scenario.fluid.pretrain_classes"
+        if study.pretrain_classes is not None:
+            foreign = sorted(set(spec.pretrain_classes) - set(study.pretrain_classes))
+            if foreign:
+                return [Problem(field, f"{foreign[:5]} are not among the pretrain section's classes; the stream's "
+                                "pretrain classes are those the backbone was pretrained on: list them in "
+                                "pretrain.classes too")]
+        if spec.pretrain_holdout > 0 and study.pretrain_classes is None:
+            return [Problem("scenario.fluid.pretrain_holdout", f"is {spec.pretrain_holdout:g}, but only the pretrain "
+                            "section leaves those training images out of pretraining (a weights file may have "
+                            "trained on them): pretrain with the pretrain section, or set it to 0")]
+        if len(set(spec.pretrain_classes)) != len(spec.pretrain_classes):
+            return [Problem(field, "lists a class twice; give each class id once")]
+        if spec.n_pretrain_classes > len(spec.pretrain_classes):
+            return [Problem("scenario.fluid.n_pretrain_classes", f"is {spec.n_pretrain_classes} but pretrain_classes "
+                            f"lists {len(spec.pretrain_classes)}; lower it or list more classes")]
+        for phase in phases:
+            available = len(phase.class_names)
+            bad = [c for c in spec.pretrain_classes if not 0 <= c < available]
+            if bad:
+                return [Problem(field, f"class ids {bad[:5]} are outside 0..{available - 1}; use ids of the dataset")]
+            shared = sorted(set(spec.pretrain_classes) & set(phase.classes))
+            if shared:
+                return [Problem(field, f"{len(shared)} of them are {phase.phase} classes (e.g. {shared[:5]}); keep "
+                                "the pretrain classes out of both phases (restrict datasets.split.classes to the "
+                                "others)")]
+            if spec.n_novel_classes > len(phase.classes):
+                return [Problem("scenario.fluid.n_novel_classes", f"is {spec.n_novel_classes} but the {phase.phase} "
+                                f"phase has {len(phase.classes)} classes; lower it or give the phase more classes")]
+        return []
 
     def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
         return [problem for phase in phases for problem in self.stream_problems(phase, options)]

@@ -16,6 +16,7 @@ from gtep.protocol.families.base import (
     AVG_ACC,
     Metric,
     PhaseData,
+    PhaseLayout,
     Problem,
     TaskFamily,
     curve,
@@ -106,6 +107,12 @@ class FewShotClassIncremental(TaskFamily):
 
     def example_options(self) -> dict[str, Any]:
         return {"base_classes": 4, "ways": 2, "shots": 2, "sessions": 2}
+
+    def classes_problem(self, phase: PhaseLayout, increments: Sequence[int]) -> Problem:
+        return Problem("scenario.fscil", f"its sessions take {sum(increments)} classes "
+                       f"({'+'.join(map(str, increments))}) but the {phase.phase} phase has {len(phase.classes)} "
+                       f"({phase.dataset}); change base_classes, ways or sessions, or restrict the classes in "
+                       f"{phase.dataset_field.rsplit('.', 1)[0]}", phase.phase)
 
     def given_shots(self, options: Mapping[str, Any]) -> dict[int, list[int]] | None:
         return FewShotOptions.of(options).given

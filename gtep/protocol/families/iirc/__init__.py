@@ -45,8 +45,10 @@ from gtep.protocol.families.base import (
     AVG_ACC,
     Metric,
     PhaseData,
+    PhaseLayout,
     Problem,
     ScenarioFamily,
+    StudyLayout,
     add_aliases,
     curve,
     empty_classes,
@@ -223,6 +225,7 @@ class IncrementalImplicitlyRefined(ScenarioFamily):
                    "labels (scenario.iirc)")
     data_flow = MULTI_LABEL
     Options = IircOptions
+    memory_budget_option = "memory_per_class"
     metrics = METRICS
     default_criterion = iirc_metrics.DEFAULT_CRITERION_METRIC
     headline: ClassVar[tuple[str, ...]] = ("pw_js", "mean_pw_js", "js", "exact_match")
@@ -247,6 +250,47 @@ class IncrementalImplicitlyRefined(ScenarioFamily):
 
     def data_classes(self, options: Mapping[str, Any]) -> tuple[int, ...]:
         return ()
+
+    def check_layout(self, phases: Sequence[PhaseLayout], study: StudyLayout,
+                     options: Mapping[str, Any]) -> list[Problem]:
+        """One replay budget; each phase's hierarchy (its classes are the subclasses) and a task sequence for it; no
+        superclass with subclasses in both phases of one dataset."""
+        spec = IircOptions.of(options)
+        if spec.memory_per_class is not None and study.memory_size:
+            return [Problem("scenario.iirc.memory_per_class", f"is {spec.memory_per_class} per label but "
+                            f"training.memory_size gives a fixed total ({study.memory_size}) too; give one budget: "
+                            "remove training.memory_size, or memory_per_class for the fixed total")]
+        for phase in phases:
+            try:
+                hierarchy = phase_hierarchy(phase.classes, spec.source, phase.class_names, phase.class_groups)
+            except ValueError as err:
+                return [Problem("scenario.iirc.hierarchy", f"{err} ({phase.phase} phase, {phase.dataset})")]
+            n_super = len(hierarchy.superclasses)
+            if spec.first_task_superclasses > n_super:
+                return [Problem("scenario.iirc.first_task_superclasses", f"is {spec.first_task_superclasses} but "
+                                f"the {phase.phase} phase has {n_super} superclasses; lower it to at most {n_super}")]
+            try:
+                ordering_tasks(hierarchy, spec, study.seed, 0)
+            except ValueError as err:
+                return [Problem("scenario.iirc", f"{err} ({phase.phase} phase: {n_super} superclasses, "
+                                f"{len(hierarchy.subclasses)} subclasses); change first_task_superclasses or "
+                                "classes_per_task")]
+        tuning, evaluation = phases
+        if tuning.identity == evaluation.identity:
+            problem = split_problem(tuning.classes, evaluation.classes, spec.source, tuning.class_names,
+                                    tuning.class_groups)
+            if problem:
+                return [Problem("scenario.iirc.hierarchy", f"{problem}: GTEP's phases must split the superclasses; "
+                                "split by group (datasets.split.by: group) or give disjoint whole superclasses")]
+        return []
+
+    def phase_increments(self, phases: Sequence[PhaseLayout], study: StudyLayout,
+                         options: Mapping[str, Any]) -> list[int]:
+        """The tuning phase's labels per task (the same in every ordering; the evaluation phase's may differ, and
+        its jobs compute their own)."""
+        spec = IircOptions.of(options)
+        tuning = phases[0]
+        return task_sizes(phase_hierarchy(tuning.classes, spec.source, tuning.class_names, tuning.class_groups), spec)
 
     def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
         """Every class (a superclass, a subclass) needs training and test images; the phases' split of the
