@@ -1,4 +1,4 @@
-"""Files a scenario family's options name (a benchmark's shot index, an IIRC hierarchy), found by the name the
+"""Files a scenario family's options name (a benchmark's shot index, a class hierarchy), found by the name the
 option's metadata gives ({"file": <name>}, gtep/protocol/families/base.py): the config checks the path with
 `check` when it validates the section and reads the content with `read` into the option marked
 {"filled_from": <the path's option>}, so workers and the pre-flight checks need no file."""
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gtep.data.shot_index import read_shot_index
+from gtep.protocol.hierarchy import parse_hierarchy
 from gtep.registry import Registry
 
 
@@ -42,9 +43,7 @@ def _read_shot_index(value: str) -> dict[str, list[int]]:
 
 
 def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
-    """An IIRC hierarchy file: JSON {"<superclass name>": ["<subclass class name or id>", ...]}."""
-    from gtep.protocol.families.iirc import parse_hierarchy
-
+    """A class hierarchy file: JSON {"<superclass name>": ["<subclass class name or id>", ...]}."""
     try:
         return parse_hierarchy(json.loads(Path(path).read_text()))
     except (ValueError, TypeError, AttributeError, OSError) as err:
@@ -61,4 +60,4 @@ def _check_hierarchy(value: str) -> str:
 
 
 OPTION_FILES.register("shot_index")(OptionFile(_check_shot_index, _read_shot_index))
-OPTION_FILES.register("iirc_hierarchy")(OptionFile(_check_hierarchy, lambda value: read_hierarchy(Path(value))))
+OPTION_FILES.register("class_hierarchy")(OptionFile(_check_hierarchy, lambda value: read_hierarchy(Path(value))))

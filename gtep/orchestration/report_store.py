@@ -37,7 +37,7 @@ ORDERING_METRICS = ("acc", "avg_acc", "hmean", "forgetting", "old_acc", "new_acc
 # `score` (the criterion's value). Percent metrics are in percent in a gtep.units=percent run; ratios and counts
 # as they are. Every list below is read from the registered families' tables, none is kept here.
 FAMILY_TAG, CRITERION_TAG = "gtep.family", "gtep.criterion"
-CLASS_INCREMENTAL, FSCIL = "class_incremental", "fscil"
+CLASS_INCREMENTAL = "class_incremental"
 GACC_COLUMNS = ["run_id", "k", "alpha", "gacc"]
 GACC_STEPS = 12  # gacc_alpha is logged at step k for alpha = k / 12
 CURVE_COLUMNS = ["run_id", "metric", "step", "value"]

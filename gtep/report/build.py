@@ -21,7 +21,7 @@ from rich.markup import escape
 
 from gtep.config import ConfigError
 from gtep.orchestration.report_store import open_store
-from gtep.protocol.families import known_metrics, metric_label
+from gtep.protocol.families import FAMILIES, known_metrics, metric_label
 from gtep.report import importance as search
 from gtep.report import plots, tables
 from gtep.report import protocols as tp
@@ -226,7 +226,7 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
         plots.importance(_part(report.importance, group), folder / "importance.png",
                          plots.title("Hyperparameter importance (fANOVA)", scenario, pairing, tuning)),
         plots.gacc_alpha(_part(report.gacc, group), folder / "gacc_alpha.png",
-                         plots.title("FSCIL gAcc(alpha), tuning dashed, evaluation solid", scenario, pairing)),
+                         plots.title("gAcc(alpha), tuning dashed, evaluation solid", scenario, pairing)),
     ]
     curves = _part(report.family_curves, group)
     for metric in dict.fromkeys(curves["metric"]):  # every other curve of the families' tables, one figure each
@@ -241,15 +241,21 @@ def write_group(report: Report, group: tuple[str, str], folder: Path, formats: t
 
 
 def family_note(report: Report, group: tuple[str, str]) -> str:
-    """What a family's columns mean, with the criteria H* was selected by; '' for a class-incremental group."""
+    """What a family's table columns mean (its table_note), with the criteria H* was selected by; '' for a group
+    whose families add no columns (class-incremental)."""
     summary = _part(report.summary, group)
-    if "family" not in summary or not (summary["family"] == "fscil").any():
+    if "family" not in summary:
         return ""
-    fscil = summary[summary["family"] == "fscil"]
-    criteria = fscil.groupby("criterion", sort=True)["label"].agg(lambda labels: ", ".join(sorted(set(labels))))
-    named = "; ".join(f"{criterion} ({labels})" if len(criteria) > 1 else str(criterion)
-                      for criterion, labels in criteria.items())
-    return f"{tables.FSCIL_NOTE} ({named})."
+    notes = []
+    for family in dict.fromkeys(summary["family"]):
+        if family not in FAMILIES or not FAMILIES.get(family).table_note:
+            continue
+        rows = summary[summary["family"] == family]
+        criteria = rows.groupby("criterion", sort=True)["label"].agg(lambda labels: ", ".join(sorted(set(labels))))
+        named = "; ".join(f"{criterion} ({labels})" if len(criteria) > 1 else str(criterion)
+                          for criterion, labels in criteria.items())
+        notes.append(f"{FAMILIES.get(family).table_note} ({named}).")
+    return " ".join(notes)
 
 
 def group_sections(report: Report, group: tuple[str, str]) -> list[tuple[str, pd.DataFrame | None, list[str]]]:
@@ -344,7 +350,7 @@ def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Pat
             path = out / f"{name}.csv"
             getattr(report, name).to_csv(path, index=False)
             written.append(path)
-        if not report.gacc.empty:  # FSCIL only: a class-incremental report writes the files it always did
+        if not report.gacc.empty:  # a report without gAcc(alpha) writes the files it always did
             report.gacc.to_csv(out / "gacc_alpha.csv", index=False)
             written.append(out / "gacc_alpha.csv")
         if not report.family_curves.empty:  # a class-incremental report writes the files it always did

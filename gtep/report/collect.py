@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from gtep.config import ConfigError
-from gtep.orchestration.report_store import CURVE_COLUMNS, FSCIL, GACC_COLUMNS, PREFIX, RunStore
+from gtep.orchestration.report_store import CURVE_COLUMNS, GACC_COLUMNS, PREFIX, RunStore
+from gtep.protocol.families import FAMILIES
 
 EVALUATE_LIKE = ("evaluate", "original", "conventional")  # phases that train one set over S orderings
 NOT_A_RESULT = ("incomplete", "interrupted")  # a phase run's gtep.status when fewer than S orderings finished
@@ -180,8 +181,10 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
     best = [best_trial_id(data, phase) for _, phase in phases[phases["phase"] == "tune"].iterrows()]
     drawn = orderings[orderings["phase_run_id"].isin(evaluated) | orderings["trial_run_id"].isin(best)]
     data.steps = store.accuracy_steps(drawn["run_id"].tolist(), drawn.loc[drawn["percent"].astype(bool), "run_id"])
-    fscil = phases[phases["family"] == FSCIL]
-    data.gacc = store.gacc_alpha(fscil["run_id"].tolist(), fscil.loc[fscil["percent"].astype(bool), "run_id"])
+    draws_gacc = phases["family"].map(lambda f: f in FAMILIES and FAMILIES.get(f).metric("gacc_alpha") is not None)
+    with_gacc = phases[draws_gacc.astype(bool)]
+    data.gacc = store.gacc_alpha(with_gacc["run_id"].tolist(),
+                                 with_gacc.loc[with_gacc["percent"].astype(bool), "run_id"])
     data.family_curves = store.family_curves(phases)
     return data
 

@@ -149,9 +149,6 @@ def paper_table(summary: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
     return table.sort_index().fillna("-")
 
 
-FAMILY_COLUMNS = {"fscil": (("aAcc", "aacc"), ("gAcc AUC", "gacc_auc"))}  # family: (header, metric) beside HM
-FSCIL_NOTE = ("FSCIL: aAcc (average accuracy over sessions) and gAcc AUC (area under gAcc(alpha), alpha in [0, 1]) "
-              "in %, mean (std) over orderings; criterion: the value of the criterion H* was selected by, %")
 
 
 def mean_std_cell(mean: float, std: float) -> str:
@@ -162,18 +159,19 @@ def mean_std_cell(mean: float, std: float) -> str:
 
 
 def family_columns(part: pd.DataFrame, header: str) -> dict[str, dict[str, str]]:
-    """The columns a family adds after a phase's HM (FSCIL: aAcc, gAcc AUC and H*'s criterion), only for the rows
-    of that family: a class-incremental phase adds none, so its table is the paper's as before."""
+    """The columns a family adds after a phase's HM (its table_metrics, e.g. FSCIL's aAcc and gAcc AUC, and H*'s
+    criterion), only for the rows of that family: a family with none (class-incremental) adds none, so its table
+    is the paper's as before."""
     columns: dict[str, dict[str, str]] = {}
     if "family" not in part:
         return columns
-    for family, metrics in FAMILY_COLUMNS.items():
-        rows = part[part["family"] == family]
-        if rows.empty:
+    for family in dict.fromkeys(part["family"]):
+        if family not in FAMILIES or not FAMILIES.get(family).table_metrics:
             continue
-        for name, metric in metrics:
-            columns[f"{name} {header}"] = {r["label"]: mean_std_cell(r[metric], r[f"{metric}_std"])
-                                           for _, r in rows.iterrows()}
+        rows = part[part["family"] == family]
+        for metric in FAMILIES.get(family).table_metrics:
+            columns[f"{metric_label(metric)} {header}"] = {r["label"]: mean_std_cell(r[metric], r[f"{metric}_std"])
+                                                           for _, r in rows.iterrows()}
         columns[f"criterion {header}"] = {r["label"]: pct(r["score"]) for _, r in rows.iterrows()}
     return columns
 

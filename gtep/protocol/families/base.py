@@ -152,6 +152,9 @@ class ScenarioFamily(ABC):
         """The scenario in one phrase, for terminals and run names: 'fscil 20+4x5-way 5-shot'."""
         return f"{self.name} {increments_text(options.get('increments'))}"
 
+    # the metrics the paper-shaped report table adds after each phase's HM, and the note that says what they mean
+    table_metrics: ClassVar[tuple[str, ...]] = ()
+    table_note: ClassVar[str] = ""
     # whether the family's orderings report after each task (search.fidelity: tasks, search.protocol: first_task)
     reports_per_task: ClassVar[bool] = False
     # the option that replaces training.memory_size as the whole replay budget when given (IIRC's memory_per_class)

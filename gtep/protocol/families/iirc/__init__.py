@@ -56,6 +56,7 @@ from gtep.protocol.families.base import (
 )
 from gtep.protocol.families.iirc import metrics as iirc_metrics
 from gtep.protocol.families.iirc.generator import SUB_KEEP, SUPER_SHARE, Hierarchy, iirc_tasks
+from gtep.protocol.hierarchy import parse_hierarchy
 from gtep.protocol.scenarios import TaskSpec
 
 IIRC = "iirc"
@@ -88,7 +89,7 @@ class IircOptions:
     # "groups": each class group of the dataset (Omniglot's alphabets) is a superclass; else a JSON file
     # {"<superclass name>": ["<subclass class name or id>", ...]} (classes it does not list are standalone), recorded
     # as its resolved path (the config checks and reads it: gtep/data/option_files.py)
-    hierarchy: str = field(default=GROUPS, metadata={"file": "iirc_hierarchy", "unless": GROUPS})
+    hierarchy: str = field(default=GROUPS, metadata={"file": "class_hierarchy", "unless": GROUPS})
     sub_keep: float = field(default=SUB_KEEP, metadata={"gt": 0, "le": 1, "description": "share of a subclass's "
                                                         "training images it keeps"})
     super_share: float = field(default=SUPER_SHARE, metadata={"gt": 0, "le": 1, "description": "share of each "
@@ -122,17 +123,6 @@ class IircOptions:
     def of(cls, options: Mapping[str, Any]) -> "IircOptions":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in options.items() if k in known})
-
-
-def parse_hierarchy(data: Any) -> dict[str, list[str | int]]:
-    """A hierarchy file's parsed JSON: {"<superclass name>": ["<subclass class name or id>", ...], ...}."""
-    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
-        raise ValueError("a hierarchy is a JSON object {\"<superclass name>\": [\"<class name or id>\", ...]}")
-    for name, subs in data.items():
-        bad = [s for s in subs if not isinstance(s, (str, int)) or isinstance(s, bool)]
-        if bad:
-            raise ValueError(f"superclass {name!r} lists {bad[:3]}; give class names or ids")
-    return {str(k): list(v) for k, v in data.items()}
 
 
 def dataset_superclasses(source: str | Mapping[str, Sequence[str | int]], class_names: Sequence[str],
