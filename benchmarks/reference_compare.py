@@ -36,9 +36,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+from fidelity import job_for  # noqa: E402
 from scipy import stats  # noqa: E402
 
-from fidelity import job_for  # noqa: E402
 from gtep.data import resolve_dataset  # noqa: E402
 from gtep.engine.runner import OrderingRun  # noqa: E402
 from gtep.protocol.scenarios import parse_increments  # noqa: E402
@@ -68,7 +68,8 @@ def run_gtep(args: argparse.Namespace, data, seed: int) -> tuple[list[float], li
     return [100 * a for a in outcome.metrics.get("acc_t", [])], order, time.perf_counter() - tic
 
 
-def run_pycil(args: argparse.Namespace, method: str, seed: int, order: list[int], npz: str) -> tuple[list[float], float]:
+def run_pycil(args: argparse.Namespace, method: str, seed: int, order: list[int],
+              npz: str) -> tuple[list[float], float]:
     """(Acc_t in %, seconds) of PyCIL's method on the same classes, order and recipe."""
     milestones = [max(1, args.epochs // 2), max(1, args.epochs * 3 // 4)]
     increments = parse_increments(args.increments)
