@@ -365,7 +365,9 @@ def summarize_units(units: list[dict[str, Any]], expected: int | None = None, fa
     out.update(ordering_statistics(units, others))
     results = [ordering_result({**u, "set_index": 0}) for u in units]
     out["score"] = score_set(0, results, expected, criterion).hmean_of_means
-    out.update(mean_curves(units, family.curve_metrics))
+    # the family's curves but acc_t, which the orderings carry (a phase run that logged it too would crowd the
+    # MLflow compare view's metric names past what it shows)
+    out.update(mean_curves(units, tuple(m for m in family.curve_metrics if m != "acc_t")))
     out["family"], out["criterion"] = family.name, criterion.name
     return out
 
