@@ -175,14 +175,12 @@ GACC_STYLES = {"tune": "--", "evaluate": "-", "conventional": "-.", "original": 
 GACC_PHASES = {"tune": "tuning", "conventional": "conventional", "evaluate": "evaluation", "original": "Original"}
 
 
-def gacc_alpha(curves: pd.DataFrame, path: Path, heading: str) -> Path | None:
-    """FSCIL's gAcc(alpha) against alpha in [0, 1] (logged at alpha = k/12), averaged over sessions and orderings:
-    one line per algorithm and phase, one colour per algorithm,
-    the tuning phase (D^HT) dashed and the evaluation phase (D^E) solid, so the overestimation shows as the gap
-    between an algorithm's two lines. The area under a line is its gAcc AUC."""
+def phase_lines(curves: pd.DataFrame, x: str, y: str, scale: float):
+    """A figure with one line per algorithm and phase of a long frame (label, phase, x, y), one colour per
+    algorithm, the tuning phase (D^HT) dashed and the evaluation phase (D^E) solid; None when nothing to draw."""
     curves = curves[curves["phase"].isin(GACC_STYLES)] if not curves.empty else curves
-    if curves.empty or curves["gacc"].isna().all():
-        return None
+    if curves.empty or curves[y].isna().all():
+        return None, None
     colour = _colours(curves["label"].unique())
     order = {p: i for i, p in enumerate(GACC_STYLES)}
     figure = _figure(6.0, 4.4)
@@ -190,38 +188,35 @@ def gacc_alpha(curves: pd.DataFrame, path: Path, heading: str) -> Path | None:
     keys = sorted(curves[["label", "phase"]].drop_duplicates().itertuples(index=False),
                   key=lambda key: (key[0], order[key[1]]))
     for label, phase in keys:
-        rows = curves[(curves["label"] == label) & (curves["phase"] == phase)].sort_values("alpha")
-        ax.plot(rows["alpha"], 100 * rows["gacc"], linestyle=GACC_STYLES[phase], marker=".", color=colour[label],
+        rows = curves[(curves["label"] == label) & (curves["phase"] == phase)].sort_values(x)
+        ax.plot(rows[x], scale * rows[y], linestyle=GACC_STYLES[phase], marker=".", color=colour[label],
                 label=f"{label}, {GACC_PHASES[phase]}")
-    ax.set(xlabel="alpha", ylabel="gAcc(alpha) (%), mean over sessions and orderings",
-           xlim=(0, 1), title=heading)
     ax.grid(alpha=0.3)
+    return figure, ax
+
+
+def gacc_alpha(curves: pd.DataFrame, path: Path, heading: str) -> Path | None:
+    """FSCIL's gAcc(alpha) against alpha in [0, 1] (logged at alpha = k/12), averaged over sessions and orderings:
+    one line per algorithm and phase (`phase_lines`), so the overestimation shows as the gap between an
+    algorithm's two lines. The area under a line is its gAcc AUC."""
+    figure, ax = phase_lines(curves, "alpha", "gacc", 100)
+    if figure is None:
+        return None
+    ax.set(xlabel="alpha", ylabel="gAcc(alpha) (%), mean over sessions and orderings", xlim=(0, 1), title=heading)
     ax.legend(fontsize="small")
     return _save(figure, path)
 
 
 def family_curve(curves: pd.DataFrame, path: Path, heading: str, label: str, percent: bool) -> Path | None:
     """One curve of a family's table (IIRC's pw-JS after each task, FLUID's rolling accuracy, CFSL's target accuracy
-    after each task) against its step, mean over the phase's orderings: one colour per algorithm, the tuning phase
-    dashed and the evaluation phase solid, as gAcc(alpha) is drawn."""
-    curves = curves[curves["phase"].isin(GACC_STYLES)] if not curves.empty else curves
-    if curves.empty or curves["value"].isna().all():
-        return None
-    colour = _colours(curves["label"].unique())
-    order = {p: i for i, p in enumerate(GACC_STYLES)}
-    figure = _figure(6.0, 4.4)
-    ax = figure.add_subplot()
-    keys = sorted(curves[["label", "phase"]].drop_duplicates().itertuples(index=False),
-                  key=lambda key: (key[0], order[key[1]]))
-    for name, phase in keys:
-        rows = curves[(curves["label"] == name) & (curves["phase"] == phase)].sort_values("step")
-        ax.plot(rows["step"], (100 if percent else 1) * rows["value"], linestyle=GACC_STYLES[phase], marker=".",
-                color=colour[name], label=f"{name}, {GACC_PHASES[phase]}")
-    ax.set(xlabel="step (task, or window)", ylabel=f"{label}{' (%)' if percent else ''}, mean over orderings",
-           title=heading)
+    after each task) against its step, mean over the phase's orderings, drawn as gAcc(alpha) is (`phase_lines`)."""
     from matplotlib.ticker import MaxNLocator
 
+    figure, ax = phase_lines(curves, "step", "value", 100 if percent else 1)
+    if figure is None:
+        return None
+    ax.set(xlabel="step (task, or window)", ylabel=f"{label}{' (%)' if percent else ''}, mean over orderings",
+           title=heading)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole tasks or windows
-    ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return _save(figure, path)
