@@ -28,10 +28,21 @@ def prototype_logits(queries: Tensor, support: Tensor, support_y: Tensor) -> Ten
     return 2 * (queries @ means.t()) - queries.pow(2).sum(1, keepdim=True) - means.pow(2).sum(1)[None, :]
 
 
-def class_indices(y: Tensor, need: int) -> list[Tensor]:
-    """The indices of each class of y that has at least `need` images (classes in sorted order)."""
+def class_indices(y: Tensor, ways: int, need: int) -> list[Tensor]:
+    """The indices of each class of y that has at least `need` images (classes in sorted order); fewer than `ways`
+    such classes is a ValueError naming the shortfall."""
     found = [torch.nonzero(y == c).flatten() for c in torch.unique(y, sorted=True)]
-    return [idx for idx in found if len(idx) >= need]
+    usable = [idx for idx in found if len(idx) >= need]
+    if len(usable) < ways:
+        raise ValueError(f"episodes of {ways} ways need {ways} classes with at least shots + queries = {need} images "
+                         f"each; y has {len(usable)} such classes ({ways - len(usable)} short)")
+    return usable
+
+
+def generator_from_global_rng() -> torch.Generator:
+    """A CPU generator seeded from torch's global RNG, which the engine seeds per ordering: the same seed draws
+    the same episodes, and drawing them leaves every other use of the global RNG where it was, but one draw."""
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,)).item()))
 
 
 def draw_episode(by_class: list[Tensor], ways: int, shots: int, queries: int,
@@ -64,11 +75,7 @@ def train_prototypical(net: torch.nn.Module, embed: Callable[[Tensor], Tensor], 
     for name, value in (("ways", ways), ("shots", shots), ("queries", queries)):
         if value < 1:
             raise ValueError(f"{name} must be at least 1, got {value}")
-    by_class = class_indices(y, shots + queries)
-    if len(by_class) < ways:
-        raise ValueError(f"episodes of {ways} ways need {ways} classes with at least shots + queries = "
-                         f"{shots + queries} images each; y has {len(by_class)} such classes "
-                         f"({ways - len(by_class)} short)")
+    by_class = class_indices(y, ways, shots + queries)
     trainable = [p for p in net.parameters() if p.requires_grad]
     if not trainable:
         raise ValueError("the net has no parameter with requires_grad: nothing to meta-train")
