@@ -74,6 +74,7 @@ class StreamLearner(IncrementalLearner[P]):
         self.seen_y: list[int] = []
         self.seen_features: list[Tensor] = []
         self.centroid_sum = torch.zeros(0, dim, device=device)
+        self.feature_sum = torch.zeros(0, dim, device=device)  # of the raw features: class_means()
         self.class_count = torch.zeros(0, device=device)
         self.last_features: Tensor | None = None
         self.last_x: Tensor | None = None
@@ -124,6 +125,7 @@ class StreamLearner(IncrementalLearner[P]):
         self.seen_y.append(y)
         self.seen_features.append(self.last_features)
         self.centroid_sum[y] += F.normalize(self.last_features, dim=1)[0]
+        self.feature_sum[y] += self.last_features[0]
         self.class_count[y] += 1
 
     def due(self, step: int) -> bool:
@@ -145,6 +147,7 @@ class StreamLearner(IncrementalLearner[P]):
         self.net.to(self.device)
         dim = self.centroid_sum.shape[1]
         self.centroid_sum = torch.cat([self.centroid_sum, torch.zeros(1, dim, device=self.device)])
+        self.feature_sum = torch.cat([self.feature_sum, torch.zeros(1, dim, device=self.device)])
         self.class_count = torch.cat([self.class_count, torch.zeros(1, device=self.device)])
 
     def update(self, fit: FitFn, recipe: FitRecipe, meter: Meter) -> None:
@@ -154,6 +157,10 @@ class StreamLearner(IncrementalLearner[P]):
     def centroids(self) -> Tensor:
         """Mean L2-normalised feature of each seen class (total, dim)."""
         return self.centroid_sum / self.class_count.clamp(min=1).unsqueeze(1)
+
+    def class_means(self) -> Tensor:
+        """Mean raw (unnormalised) feature of each seen class (total, dim): ProtoNet's prototypes, OLTR's memory."""
+        return self.feature_sum / self.class_count.clamp(min=1).unsqueeze(1)
 
     def unseen_score(self, logits: Tensor, features: Tensor) -> float:
         if self.stream_params.detector == "msp":
@@ -172,3 +179,12 @@ class StreamLearner(IncrementalLearner[P]):
         x, y = self.seen()
         meter.training(lambda f: loss(f, y[:1]), x[:1], len(x) * recipe.epochs)
         fit(parameters, loss, x, y, recipe, augment=False, modules=[])
+
+    def train_network(self, fit: FitFn, recipe: FitRecipe, meter: Meter, modules: list[nn.Module],
+                      loss: Callable[[Tensor, Tensor], Tensor], forward: Callable[[Tensor], Any]) -> None:
+        """`recipe.epochs` over every seen image, training `modules` (their BatchNorm statistics too) with `loss`
+        (images, labels); `forward` on one image is what the meter counts per sample passed."""
+        x, y = self.seen()
+        meter.training(forward, x[:1], len(x) * recipe.epochs)
+        fit([p for m in modules for p in m.parameters()], loss, x, y, recipe, modules=modules)
+        self.net.eval()
