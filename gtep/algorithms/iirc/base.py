@@ -196,16 +196,19 @@ class MultiLabelLearner(IncrementalLearner[P]):
         super().__init__(params, backbone, memory_size, device, weights)
         # the base class's ExemplarMemory holds int labels; a multi-label memory replaces it (same update,
         # tensors and state_dict calls: the base class's update_memory step drives it unchanged)
-        self.memory = MultiLabelMemory(memory_size if self.uses_memory else 0,  # type: ignore[assignment]
-                                       self.memory_selection)
+        self.memory = self.new_memory(memory_size if self.uses_memory else 0, None)  # type: ignore[assignment]
 
     def keep_per_label(self, count: int) -> None:
         """The paper's replay budget: `count` samples per seen label (the memory grows with the labels) in place
         of the fixed total; the engine sets it before the first task (scenario.iirc.memory_per_class)."""
         if len(self.label_memory):
             raise RuntimeError("the memory budget is set before the first task, not once samples are stored")
-        self.memory = MultiLabelMemory(0, self.memory_selection,  # type: ignore[assignment]
-                                       count if self.uses_memory else None)
+        self.memory = self.new_memory(0, count if self.uses_memory else None)  # type: ignore[assignment]
+
+    def new_memory(self, size: int, per_label: int | None) -> MultiLabelMemory:
+        """The replay memory for a budget: a fixed total `size`, or `per_label` samples per seen label. Default:
+        a MultiLabelMemory choosing by `memory_selection`; ER-infinite keeps every sample whatever the budget."""
+        return MultiLabelMemory(size, self.memory_selection, per_label)
 
     @property
     def label_memory(self) -> MultiLabelMemory:
