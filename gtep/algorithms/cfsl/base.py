@@ -15,21 +15,29 @@ learners have their own steps, which gtep/engine/flows/continual_few_shot.py dri
 
 The backbone is the run's (pretrained on classes kept out of both phases: the study's `pretrain:` section or
 `weights:`), frozen in eval mode unless a method tunes part of it per task, in which case it restores the
-pretrained values at start_task and counts the tuned part in task_state. The class-incremental steps
-(learn_task ...) are not used on this path.
+pretrained values at start_task and counts the tuned part in task_state. A meta-learner trains it further once,
+before any task, on the classes it was pretrained on (the `meta_train` hook; `load_pretrain_images` gives them).
+The class-incremental steps (learn_task ...) are not used on this path.
 """
 from __future__ import annotations
 
 import copy
-from typing import ClassVar, cast
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms.base import FitFn, IncrementalLearner, P, TaskData
+from gtep.data import resolve_dataset
+from gtep.data.pipelines import Pipeline, parse_description, pretrained_normalisation
 from gtep.models import Backbone
 from gtep.models.backbones import CifarResNet
+from gtep.models.vit import weights_metadata
+from gtep.protocol.holdout import held_out
 
 CONTINUAL_FEW_SHOT = "continual_few_shot"
 
@@ -41,8 +49,17 @@ class FewShotLearner(IncrementalLearner[P]):
 
     def build_network(self) -> nn.Module:
         backbone = self.new_backbone()
+        self.meta_train(backbone)
         backbone.eval()
         return backbone.requires_grad_(False)
+
+    def meta_train(self, backbone: Backbone) -> None:
+        """Hook: train the (pretrained) backbone further before any task, e.g. on episodes of the task's shape drawn
+        from the classes it was pretrained on (load_pretrain_images(self.weights, self.device): kept out of both
+        phases, so no phase class is seen). Called once, in build_network under the ordering's seed, with the
+        backbone as created (train mode, every parameter trainable, on the CPU); build_network freezes it and puts
+        it in eval mode afterwards, and the engine moves it to the run's device. May move it to self.device and
+        change any of its values. Default: nothing (the backbone stays as pretrained)."""
 
     @property
     def feature_dim(self) -> int:
@@ -81,6 +98,36 @@ class FewShotLearner(IncrementalLearner[P]):
     def fit_task(self, task: TaskData, fit: FitFn) -> None:
         raise TypeError(f"{type(self).__name__} learns continual few-shot tasks (data flow {CONTINUAL_FEW_SHOT}); "
                         "gtep.engine.flows.continual_few_shot drives it, not the class-incremental loop")
+
+
+@dataclass(frozen=True)
+class PretrainImages:
+    """The training images of the classes a weights file was pretrained on, stored, with the view that feeds them
+    to the backbone as the phases' images are fed (the test transform, the weights' normalisation)."""
+
+    pixels: Tensor  # uint8, N x 3 x S x S, on the run's device
+    labels: Tensor  # the dataset's class ids, on the run's device
+    view: Callable[[Tensor], Tensor]  # stored pixels -> the backbone's float input
+
+
+def load_pretrain_images(weights: str | None, device: torch.device) -> PretrainImages:
+    """The images `weights` were pretrained on (the dataset, classes, pipeline, normalisation and held-out images
+    its metadata records: gtep pretrain, a study's pretrain section), for a learner that meta-trains on them.
+    Weights that do not say (or none) are a ValueError: there are no classes kept out of both phases to use."""
+    meta = weights_metadata(Path(weights)) if weights else {}
+    if not meta.get("gtep.dataset") or not meta.get("gtep.classes"):
+        raise ValueError(f"meta-training needs weights from gtep pretrain (or a pretrain: section), whose metadata "
+                         f"names the classes kept out of both phases; {weights or 'no weights'} does not")
+    classes = [int(c) for c in meta["gtep.classes"].split(",")]
+    data = resolve_dataset(meta["gtep.dataset"]).load().subset(classes)
+    used = np.ones(len(data.y_train), dtype=bool)  # pretraining's images: all but a stream's held-out ones
+    holdout = [int(c) for c in meta.get("gtep.holdout_classes", "").split(",") if c]
+    used[held_out(data.y_train, holdout, float(meta.get("gtep.holdout", "0")))] = False
+    normalisation = pretrained_normalisation(weights)
+    assert normalisation is not None  # gtep pretrain records it beside the classes
+    pipeline = Pipeline(parse_description(meta["gtep.pipeline"]), *normalisation, device)
+    pixels = torch.from_numpy(np.ascontiguousarray(data.x_train[used])).to(device).permute(0, 3, 1, 2)
+    return PretrainImages(pixels, torch.from_numpy(data.y_train[used]).to(device), pipeline.view)
 
 
 def label_means(features: Tensor, labels: Tensor, num_labels: int) -> tuple[Tensor, Tensor]:
