@@ -213,6 +213,11 @@ class PretrainSection(_Strict):
     batch_size: int = Field(64, ge=1)
     weight_decay: float | None = Field(None, ge=0)
     seed: int = Field(0, ge=0)
+    # supervised (cross-entropy with a linear head) or protonet (episodic meta-training, gtep.engine.pretrain)
+    method: Literal["supervised", "protonet"] = "supervised"
+    ways: int = Field(30, ge=2)  # protonet's episodes (FLUID's 30-way 5-shot)
+    shots: int = Field(5, ge=1)
+    queries: int = Field(5, ge=1)
 
     @model_validator(mode="after")
     def _classes_or_groups(self) -> "PretrainSection":

@@ -11,6 +11,12 @@ study can refuse weights pretrained on the classes it evaluates and feed them as
 * A CNN (the ResNets of gtep.models.backbones): SGD with momentum and a cosine schedule, fed by the pipeline
   gtep.data.pipelines chooses for it (PyCIL's: padded crops, flips, brightness), as PyCIL trains them.
 
+`method: protonet` meta-trains instead (a CNN or a ViT alike): episodic Prototypical Network training (Snell et al.
+2017) on the same classes through the shared core gtep/algorithms/_episodic.py, `ways`-way `shots`-shot episodes
+with `queries` queries a class, Adam at `lr`, `epochs` x (images / images per episode) episodes, no head. It is
+the "Meta" pretraining of FLUID's few-shot methods (papers/fluid.txt App. C: 30-way 5-shot, 100 epochs, lr 0.01);
+its accuracies are nearest-prototype ones (the training images' class means). No augmentation in the episodes.
+
 `holdout` > 0 leaves that share of the training images of `holdout_classes` out (gtep.protocol.holdout: the
 same images whatever the seed), so a scenario can show them as images the backbone never saw (its family's
 ScenarioFamily.pretrain_holdout); the weights' metadata records it.
@@ -20,13 +26,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable, Literal, cast
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gtep.algorithms._episodic import prototype_logits, train_prototypical
 from gtep.algorithms.base import FitRecipe
 from gtep.data import ImageSet
 from gtep.data.pipelines import PipelineSpec, choose_pipeline
@@ -36,6 +43,8 @@ from gtep.engine.runner import PhaseTensors
 from gtep.models import create_backbone
 from gtep.models.vit import PromptableViT, is_vit
 from gtep.protocol.holdout import held_out
+
+PretrainMethod = Literal["supervised", "protonet"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +59,10 @@ class PretrainSpec:
     device: str = "auto"
     holdout: float = 0.0  # share of the training images of holdout_classes left out (module docstring)
     holdout_classes: tuple[int, ...] = ()
+    method: PretrainMethod = "supervised"  # or protonet: episodic meta-training (module docstring)
+    ways: int = 30  # protonet's episodes: FLUID's 30-way 5-shot
+    shots: int = 5
+    queries: int = 5
 
 
 @dataclass
@@ -88,23 +101,21 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
     y = torch.from_numpy(relabel[subset.y_train[used]]).to(device)
     backbone = create_backbone(spec.backbone).to(device)
     head = nn.Linear(backbone.out_dim, len(spec.classes)).to(device)
-    model = nn.ModuleDict({"backbone": backbone, "head": head})
-
-    def loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(head(backbone(xb)["features"]), yb, label_smoothing=0.1)
-
-    recipe = FitRecipe(spec.epochs, spec.lr, spec.batch_size, spec.weight_decay, "cosine", (), 0.1,
-                       "adamw" if vit else "sgd")
     start = time.perf_counter()
-    Trainer(device, spec.seed).fit(model.parameters(), loss, x, y, recipe, modules=[model], on_epoch=on_epoch)
+    if spec.method == "protonet":
+        meta_train(backbone, x, y, spec)
+    else:
+        train_supervised(backbone, head, x, y, spec, on_epoch)
     seconds = time.perf_counter() - start
+    classify = nearest_prototype(backbone, x, y) if spec.method == "protonet" else \
+        (lambda xb: head(backbone(xb)["features"]))
 
     @torch.no_grad()
     def accuracy(split: str, labels: np.ndarray, rows: np.ndarray | None = None) -> float:
-        model.eval()
+        backbone.eval()
         rows = np.ones(len(labels), dtype=bool) if rows is None else rows
         xt, yt = images.images(split, rows), torch.from_numpy(relabel[labels[rows]]).to(device)
-        preds = torch.cat([head(backbone(xt[i:i + 256])["features"]).argmax(1) for i in range(0, len(xt), 256)])
+        preds = torch.cat([classify(xt[i:i + 256]).argmax(1) for i in range(0, len(xt), 256)])
         return float((preds == yt).float().mean())
 
     result = PretrainResult(accuracy("train", subset.y_train, used), accuracy("test", subset.y_test), seconds,
@@ -119,10 +130,45 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
                                      "gtep.std": ",".join(map(repr, images.pipeline.std.flatten().tolist())),
                                      "gtep.test_accuracy": f"{result.test_accuracy:.4f}",
                                      "gtep.epochs": str(spec.epochs),
+                                     **({"gtep.method": spec.method} if spec.method != "supervised" else {}),
                                      **({"gtep.holdout": f"{spec.holdout:g}",
                                          "gtep.holdout_classes": ",".join(map(str, spec.holdout_classes))}
                                         if spec.holdout else {})})
     return result
+
+
+def train_supervised(backbone: nn.Module, head: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: PretrainSpec,
+                     on_epoch: Callable[[int], None] | None) -> None:
+    """Cross-entropy (label smoothing 0.1) of a linear head on the backbone; AdamW for a ViT, SGD for a CNN."""
+    model = nn.ModuleDict({"backbone": backbone, "head": head})
+
+    def loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(head(backbone(xb)["features"]), yb, label_smoothing=0.1)
+
+    recipe = FitRecipe(spec.epochs, spec.lr, spec.batch_size, spec.weight_decay, "cosine", (), 0.1,
+                       "adamw" if is_vit(spec.backbone) else "sgd")
+    Trainer(x.device, spec.seed).fit(model.parameters(), loss, x, y, recipe, modules=[model], on_epoch=on_epoch)
+
+
+def meta_train(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor, spec: PretrainSpec) -> list[float]:
+    """Episodic ProtoNet training of the backbone's features: `epochs` passes' worth of episodes (module
+    docstring); the per-episode losses."""
+    per_episode = spec.ways * (spec.shots + spec.queries)
+    episodes = spec.epochs * max(1, len(y) // per_episode)
+
+    def embed(xb: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, backbone(xb)["features"])
+
+    return train_prototypical(backbone, embed, x, y, ways=spec.ways, shots=spec.shots, queries=spec.queries,
+                              episodes=episodes, lr=spec.lr, generator=torch.Generator().manual_seed(spec.seed))
+
+
+@torch.no_grad()
+def nearest_prototype(backbone: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A classifier of images by their nearest class mean of the training images' features (labels 0..n-1)."""
+    backbone.eval()
+    support = torch.cat([backbone(x[i:i + 256])["features"] for i in range(0, len(y), 256)])
+    return lambda xb: prototype_logits(backbone(xb)["features"], support, y)
 
 
 def pretraining_images(y_train: np.ndarray, spec: PretrainSpec) -> np.ndarray:

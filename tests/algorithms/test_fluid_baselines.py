@@ -209,6 +209,49 @@ def test_protonet_scores_negative_squared_distances_to_raw_class_means():
     assert model.parameter_counts()[1] == 0
 
 
+
+def one_shot_stream_accuracy(weights: str | None, data: Any, classes: list[int], pipeline_weights: str) -> float:
+    """fluid_protonet on a stream of one training image of each class, then scored on their test images."""
+    import numpy as np
+
+    from gtep.engine.pretrain import pretraining_pipeline
+    from gtep.engine.runner import PhaseTensors
+
+    model = learner("fluid_protonet", detector="mdt", threshold=2.1)  # torch.manual_seed(0): the plain backbone
+    if weights is not None:
+        model = type(model)(model.params, "resnet8", 0, CPU, weights)
+    tensors = PhaseTensors(data, classes, CPU, pretraining_pipeline("resnet8", "omniglot-small"), pipeline_weights)
+    first = np.zeros(len(data.y_train), dtype=bool)
+    first[[np.flatnonzero(data.y_train == c)[0] for c in classes]] = True
+    shots, shot_y = tensors.images("train", first), data.y_train[first]
+    position = {c: i for i, c in enumerate(shot_y.tolist())}  # order of first appearance
+    feed(model, shots, [position[c] for c in shot_y.tolist()])
+    test = np.isin(data.y_test, classes)
+    x, y = tensors.images("test", test), data.y_test[test]
+    hits = [model.predict_sample(x[i: i + 1], CountingMeter())[0] == position[int(y[i])] for i in range(len(y))]
+    return sum(hits) / len(hits)
+
+
+def test_protonet_meta_training_on_pretrain_classes_improves_one_shot_accuracy_on_held_out_classes(tmp_path):
+    """The pretrain section's `method: protonet` (gtep.engine.pretrain on the shared episodic core) against the
+    same backbone before meta-training (the same seed), 20-way 1-shot on classes it never saw."""
+    from safetensors import safe_open
+
+    from gtep.data import resolve_dataset
+    from gtep.engine.pretrain import PretrainSpec, pretrain
+
+    data = resolve_dataset("omniglot-small").load()
+    out = str(tmp_path / "protonet.safetensors")
+    spec = PretrainSpec("resnet8", tuple(range(60)), epochs=2, lr=0.003, device="cpu", method="protonet", ways=10,
+                        shots=5, queries=5)
+    pretrain(spec, data, "omniglot-small", tmp_path / "protonet.safetensors")
+    with safe_open(out, "pt") as f:
+        assert f.metadata()["gtep.method"] == "protonet"
+    held_out = list(range(200, 220))
+    plain = one_shot_stream_accuracy(None, data, held_out, out)
+    meta = one_shot_stream_accuracy(out, data, held_out, out)
+    assert meta > plain + 0.1, (plain, meta)  # measured: 0.10 (chance 0.05) -> 0.31
+
 # ---- through the stream runner ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm, hparams", [
     ("fluid_imprinting", {"switch_after": 20}), ("fluid_lwf", {}), ("fluid_ewc", {"fisher_samples": 16}),
