@@ -77,6 +77,8 @@ def default_spec(backbone: str, classes: tuple[int, ...], **given: Any) -> Pretr
     """A spec with the defaults of the backbone's kind (a CNN's SGD wants a larger lr and a smaller decay than
     a ViT's AdamW); `given` overrides them (None entries are ignored)."""
     kind: dict[str, Any] = {} if is_vit(backbone) else {"epochs": 30, "lr": 0.05, "weight_decay": 5e-4}
+    if given.get("method") == "protonet":
+        kind["lr"] = 1e-3  # the episodic core's Adam, at Snell et al.'s rate
     return PretrainSpec(backbone, tuple(classes), **{**kind, **{k: v for k, v in given.items() if v is not None}})
 
 
