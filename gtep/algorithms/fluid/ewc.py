@@ -13,11 +13,11 @@ with `depth` 0 nothing of the backbone trains and the penalty is 0."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
 from gtep.algorithms.base import ALGORITHMS, FitFn, FitRecipe
@@ -94,5 +94,4 @@ class FluidEWC(FluidFinetune):
             super().update(fit, recipe, meter)
             return
         self.estimate_fisher(meter)
-        forward: Any = lambda x: self.net(x)  # noqa: E731
-        self.train_network(fit, recipe, meter, cast(list[nn.Module], [*self.tuned, self.head]), self.loss, forward)
+        self.train_network(fit, recipe, meter, [*self.tuned, self.head], self.loss, self.net)
