@@ -1,20 +1,25 @@
-"""gtep against upstream PyCIL on identical work, method by method, with statistics (issue 33; in progress).
+"""gtep against upstream PyCIL on identical work, method by method, with statistics (issue 33).
 
-For each `--algorithm` and seed s (seeds 0..N-1, interleaved gtep, PyCIL, gtep, ... so that machine load hits both
-alike): the first `--classes` classes of the npz dataset, split by `--increments`, in gtep's class order of
-ordering 0 for seed s (PyCIL gets that order); one recipe for every task (`--epochs`, SGD at `--lr`, momentum 0.9,
-decayed 10x at 50% and 75% of the epochs, `--weight-decay`, `--batch`), `--memory` exemplars in total, the PyCIL
-CIFAR pipeline (gtep's `pycil-cifar`, PyCIL's iCIFAR100 transforms), ResNet-32. gtep runs its engine's ordering
-(benchmarks/fidelity.py's job); PyCIL runs in a subprocess from a checkout given by `--pycil`
-(benchmarks/pycil_side.py says what it sets from outside PyCIL's files, and why).
+For each `--algorithm` and seed s (seeds 0..N-1): the first `--classes` classes of the npz dataset, split by
+`--increments`, in gtep's class order of ordering 0 for seed s (PyCIL gets that order); one recipe in both
+toolboxes (`recipe_for` below: `--epochs` for every task, the first included, SGD at `--lr` with momentum 0.9,
+`--weight-decay`, `--batch`, decayed 10x at 50% and 75% of the epochs, or a cosine schedule for the methods whose
+PyCIL code has one; the methods' extra stages scaled from PyCIL's defaults by epochs / PyCIL's epochs), `--memory`
+exemplars in total, the PyCIL CIFAR pipeline (gtep's `pycil-cifar`, PyCIL's iCIFAR100 transforms), ResNet-32
+(PyCIL's cosine and MEMO variants where its method needs them). gtep runs its engine's ordering in this process;
+PyCIL runs at the same time in a subprocess from the checkout given by `--pycil` (benchmarks/pycil_side.py says
+what it sets from outside PyCIL's files, and why), each with one thread, so that machine load hits both alike.
 
-Prints, per method: Acc after each task and AvgAcc as mean +- std over seeds for both, the difference (gtep - PyCIL)
-with its 95% interval and Welch's p, training images per second for both (training images x epochs over the
-seconds of the whole ordering, counted the same way for both); the last line is the verdict: the largest |difference|
-of final Acc over methods and whether any is significant at 5%.
+Every run's result is kept in `--results` (one JSON file per method, toolbox and seed, under a folder named by the
+setting), so an interrupted comparison resumes where it stopped and `--table` prints the comparison from what is
+there without training. Prints, per method: Acc after each task and AvgAcc as mean +- std over seeds for both, the
+difference (gtep - PyCIL) with its 95% interval and Welch's p, training images per second for both (training
+images x epochs over the seconds of the whole ordering, evaluations included, counted the same way for both); the
+last line is the verdict: the largest |difference| of final Acc over methods and whether any is significant at 5%.
+`--markdown` prints the README table instead.
 
     .venv/bin/python benchmarks/reference_compare.py --pycil /path/to/PyCIL --algorithm replay --seeds 5 \\
-        --classes 30 --increments 10x3 --epochs 30
+        --classes 30 --increments 10x3 --epochs 12 --batch 32 --lr 0.05
 """
 from __future__ import annotations
 
@@ -27,24 +32,103 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 for _key, _value in (("RAY_AUTH_MODE", "disabled"), ("HF_HUB_OFFLINE", "1")):
     os.environ.setdefault(_key, _value)
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
-from fidelity import job_for  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from gtep.data import resolve_dataset  # noqa: E402
-from gtep.engine.runner import OrderingRun  # noqa: E402
+from gtep.data.pipelines import pretrained_normalisation  # noqa: E402
+from gtep.engine.runner import FirstTaskSpec, OrderingJob, OrderingRun  # noqa: E402
 from gtep.protocol.scenarios import parse_increments  # noqa: E402
 
-PYCIL_NAMES = {"beef": "beefiso"}  # gtep's method name -> PyCIL's factory name where they differ
+METHODS = ("replay", "icarl", "bic", "wa", "podnet", "der", "foster", "beef", "memo")  # against PyCIL
+VIT_METHODS = ("simplecil", "ranpac")  # against LAMDA-PILOT (what of PILOT runs on a small ViT: README)
 NME_METHODS = {"icarl"}  # methods whose reported accuracy is the nearest-mean classifier's, in both toolboxes
+
+
+SIDES = ("gtep", "reference")
+
+
+def reference_of(method: str) -> str:
+    return "PILOT" if method in VIT_METHODS else "PyCIL"
+
+
+@dataclass
+class MethodRecipe:
+    """One method's recipe in both toolboxes' terms."""
+
+    scheduler: str = "steplr"  # every task's, the first included
+    gtep: dict = field(default_factory=dict)  # hyperparameters beyond the common ones
+    pycil_name: str = ""  # the reference toolbox's factory name
+    pycil_backbone: str = "resnet32"
+    pycil_args: dict = field(default_factory=dict)  # entries of the toolbox's args dict (its json config)
+    pycil_globals: dict = field(default_factory=dict)  # module globals of the toolbox's method file
+
+
+def scaled(epochs: int, pycil_stage: int, pycil_epochs: int) -> int:
+    """A method's extra stage, as long relative to the main epochs as in PyCIL's defaults."""
+    return max(1, round(epochs * pycil_stage / pycil_epochs))
+
+
+def recipe_for(method: str, args: argparse.Namespace) -> MethodRecipe:
+    """The recipe of `method` at this setting. PyCIL keeps the recipes of replay, iCaRL, BiC, WA, PODNet and DER
+    in module globals and those of FOSTER, BEEF and MEMO in its json args; the values here are the same numbers."""
+    e, lr, wd, batch = args.epochs, args.lr, args.weight_decay, args.batch
+    steps = [max(1, e // 2), max(1, e * 3 // 4)]
+    step_globals = {"init_epoch": e, "init_lr": lr, "init_milestones": steps, "init_lr_decay": 0.1,
+                    "init_weight_decay": wd, "epochs": e, "lrate": lr, "milestones": steps, "lrate_decay": 0.1,
+                    "batch_size": batch, "weight_decay": wd}
+    if method in ("replay", "icarl", "wa", "der"):
+        return MethodRecipe(pycil_name=method, pycil_globals=step_globals)
+    if method == "bic":  # PyCIL's BiC trains every stage, bias correction included, for `epochs`
+        return MethodRecipe(gtep={"bias_epochs": e, "split_ratio": 0.1, "T": 2.0, "lambda_kd": 0.0},
+                            pycil_name="bic", pycil_globals={
+                                **{k: v for k, v in step_globals.items() if not k.startswith("init_")},
+                                "split_ratio": 0.1, "T": 2})
+    if method == "podnet":  # cosine schedule; class-balanced fine-tuning 20 of 160 epochs at 0.005
+        ft = scaled(e, 20, 160)
+        return MethodRecipe("cosine", {"ft_epochs": ft, "ft_lr": 0.005}, "podnet", "cosine_resnet32",
+                            pycil_globals={"epochs": e, "lrate": lr, "ft_epochs": ft, "ft_lrate": 0.005,
+                                           "batch_size": batch, "weight_decay": wd})
+    if method == "foster":  # cosine; compression 130 of 170 epochs
+        squeeze = scaled(e, 130, 170)
+        return MethodRecipe("cosine", {"compression_epochs": squeeze, "beta1": 0.96, "beta2": 0.97, "T": 2.0},
+                            "foster", pycil_args={
+                                "init_epochs": e, "init_lr": lr, "init_weight_decay": wd, "boosting_epochs": e,
+                                "compression_epochs": squeeze, "lr": lr, "batch_size": batch, "weight_decay": wd,
+                                "beta1": 0.96, "beta2": 0.97, "oofc": "ft", "is_teacher_wa": False,
+                                "is_student_wa": False, "lambda_okd": 1, "wa_value": 1, "T": 2})
+    if method == "beef":  # cosine; fusion 60 of 170 epochs
+        fusion = scaled(e, 60, 170)
+        return MethodRecipe("cosine", {"fusion_epochs": fusion, "energy_weight": 0.01, "logits_alignment": 1.7},
+                            "beefiso", pycil_args={
+                                "init_epochs": e, "init_lr": lr, "init_weight_decay": wd, "expansion_epochs": e,
+                                "fusion_epochs": fusion, "lr": lr, "batch_size": batch, "weight_decay": wd,
+                                "logits_alignment": 1.7, "energy_weight": 0.01, "is_compress": False,
+                                "reduce_batch_size": False, "T": 2})
+    if method == "memo":
+        return MethodRecipe(gtep={"train_base": True}, pycil_name="memo", pycil_backbone="memo_resnet32",
+                            pycil_args={"init_epoch": e, "init_lr": lr, "init_milestones": steps, "init_lr_decay": 0.1,
+                                        "init_weight_decay": wd, "epochs": e, "lrate": lr, "milestones": steps,
+                                        "lrate_decay": 0.1, "batch_size": batch, "weight_decay": wd,
+                                        "scheduler": "steplr", "t_max": None, "train_base": True,
+                                        "train_adaptive": False, "debug": False, "skip": False, "alpha_aux": 1.0})
+    if method == "simplecil":  # no training: prototypes of the frozen ViT's features
+        return MethodRecipe(pycil_name="simplecil", pycil_backbone=args.vit,
+                            pycil_args={"tuned_epoch": 0, "init_lr": 0.01, "batch_size": 128, "weight_decay": 0.05,
+                                        "min_lr": 1e-8, "optimizer": "sgd"})
+    if method == "ranpac":  # no first-session adaptation (PILOT's PETL blocks are ViT-B/16's): RP + ridge only
+        return MethodRecipe("constant", {"epochs": 0, "M": args.rp_dim}, "ranpac", args.vit, pycil_args={
+            "tuned_epoch": 0, "init_lr": 0.01, "batch_size": 128, "weight_decay": 0.0005, "min_lr": 0.0,
+            "optimizer": "sgd", "use_RP": True, "M": args.rp_dim, "use_simplecil": False})
+    raise SystemExit(f"--algorithm {method}: no recipe; choose from {', '.join(METHODS + VIT_METHODS)}")
 
 
 def training_images(counts: list[int], memory: int, epochs: int) -> int:
@@ -56,40 +140,103 @@ def training_images(counts: list[int], memory: int, epochs: int) -> int:
     return total
 
 
-def run_gtep(args: argparse.Namespace, data, seed: int) -> tuple[list[float], list[int], float]:
-    """(Acc_t in %, the class order, seconds) of gtep's ordering 0 for `seed`."""
-    job = job_for(args, seed)
-    run = OrderingRun(job, data)
-    order = [c for task in run.tasks for c in task.new_classes]
-    tic = time.perf_counter()
-    for task in run.tasks:
-        run.train_task(task)
-    outcome = run.finish()
-    return [100 * a for a in outcome.metrics.get("acc_t", [])], order, time.perf_counter() - tic
+def gtep_job(args: argparse.Namespace, method: str, seed: int) -> OrderingJob:
+    recipe = recipe_for(method, args)
+    vit = method in VIT_METHODS
+    milestones = (max(1, args.epochs // 2), max(1, args.epochs * 3 // 4))
+    hparams = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch, "weight_decay": args.weight_decay,
+               "scheduler": recipe.scheduler, "milestones": milestones, "lr_decay": 0.1, "optimizer": "sgd",
+               "momentum": 0.9, **recipe.gtep}
+    first = FirstTaskSpec(epochs=args.epochs, lr=args.lr, milestones=milestones, lr_decay=0.1,
+                          weight_decay=args.weight_decay, batch_size=args.batch, scheduler=recipe.scheduler)
+    return OrderingJob(method, hparams, args.vit if vit else "resnet32", tuple(parse_increments(args.increments)),
+                       tuple(range(args.classes)), seed=seed, ordering=0, memory_size=0 if vit else args.memory,
+                       first_task=first, device="cpu", dataset=args.dataset,
+                       augment="pilot@32" if vit else "pycil-cifar", weights=args.vit_weights if vit else None)
 
 
-def run_pycil(args: argparse.Namespace, method: str, seed: int, order: list[int],
-              npz: str) -> tuple[list[float], float]:
-    """(Acc_t in %, seconds) of PyCIL's method on the same classes, order and recipe."""
-    milestones = [max(1, args.epochs // 2), max(1, args.epochs * 3 // 4)]
+def start_reference(args: argparse.Namespace, method: str, seed: int, order: list[int], npz: str,
+                    scratch: Path) -> subprocess.Popen:
+    """The reference toolbox's method on the same classes, order and recipe, started in a subprocess
+    (reference_side.py)."""
+    recipe = recipe_for(method, args)
     increments = parse_increments(args.increments)
-    job = {"method": PYCIL_NAMES.get(method, method), "backbone": "resnet32", "npz": npz, "class_order": order,
-           "increments": [increments[0], increments[1] if len(increments) > 1 else increments[0]],
-           "memory": args.memory, "seed": seed, "threads": args.threads,
-           "init_epochs": args.epochs, "init_lr": args.lr, "init_milestones": milestones, "init_lr_decay": 0.1,
-           "init_weight_decay": args.weight_decay, "epochs": args.epochs, "lr": args.lr, "milestones": milestones,
-           "lr_decay": 0.1, "batch_size": args.batch, "weight_decay": args.weight_decay}
-    with tempfile.TemporaryDirectory() as scratch:
-        job_file, result_file = Path(scratch) / "job.json", Path(scratch) / "result.json"
-        job_file.write_text(json.dumps(job))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(args.pycil).resolve()), str(HERE)])}
-        done = subprocess.run([sys.executable, str(HERE / "pycil_side.py"), str(job_file), str(result_file)],
-                              cwd=scratch, env=env, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"PyCIL's {method} failed (seed {seed}):\n{done.stderr[-3000:]}")
-        result = json.loads(result_file.read_text())
+    toolbox = reference_of(method).lower()
+    job = {"toolbox": toolbox, "method": recipe.pycil_name, "backbone": recipe.pycil_backbone, "npz": npz,
+           "class_order": order, "increments": [increments[0], increments[1] if len(increments) > 1 else increments[0]],
+           "memory": args.memory, "seed": seed, "threads": 1, "args": recipe.pycil_args,
+           "globals": recipe.pycil_globals}
+    if toolbox == "pilot":
+        mean, std = pretrained_normalisation(args.vit_weights) or ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+        job.update(memory=0, weights=str(Path(args.vit_weights).resolve()), image_size=32, mean=mean, std=std)
+    (scratch / "job.json").write_text(json.dumps(job))
+    checkout = args.pilot if toolbox == "pilot" else args.pycil
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(checkout).resolve()), str(HERE)])}
+    return subprocess.Popen([sys.executable, str(HERE / "reference_side.py"), "job.json", "result.json"],
+                            cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=open(scratch / "stderr.txt", "w"))
+
+
+def run_pair(args: argparse.Namespace, method: str, seed: int, data, npz: str) -> dict[str, dict]:
+    """One seed in both toolboxes at once; {"gtep" | "reference": {"acc_t": [...] in %, "seconds": s}}."""
+    run = OrderingRun(gtep_job(args, method, seed), data)
+    order = [c for task in run.tasks for c in task.new_classes]
+    with tempfile.TemporaryDirectory() as folder:
+        scratch = Path(folder)
+        reference = start_reference(args, method, seed, order, npz, scratch)
+        tic = time.perf_counter()
+        for task in run.tasks:
+            run.train_task(task)
+        outcome = run.finish()
+        ours = {"acc_t": [100 * a for a in outcome.metrics.get("acc_t", [])],
+                "seconds": time.perf_counter() - tic, "diverged": bool(outcome.diverged)}
+        if reference.wait() != 0:
+            raise SystemExit(f"{reference_of(method)}'s {method} failed (seed {seed}):\n"
+                             f"{(scratch / 'stderr.txt').read_text()[-3000:]}")
+        result = json.loads((scratch / "result.json").read_text())
     acc = result["nme_t"] if method in NME_METHODS else result["acc_t"]
-    return [float(a) for a in acc], float(result["seconds"])
+    return {"gtep": ours, "reference": {"acc_t": [float(a) for a in acc], "seconds": float(result["seconds"])}}
+
+
+def setting_folder(args: argparse.Namespace) -> Path:
+    name = (f"{Path(args.dataset.split(':', 1)[-1]).stem}-c{args.classes}-{args.increments}-e{args.epochs}"
+            f"-lr{args.lr:g}-b{args.batch}-wd{args.weight_decay:g}-m{args.memory}")
+    return Path(args.results) / name
+
+
+def result_path(args: argparse.Namespace, method: str, side: str, seed: int) -> Path:
+    """side: "gtep" or "reference" (stored under the toolbox's name)."""
+    toolbox = "gtep" if side == "gtep" else reference_of(method).lower()
+    folder = method
+    if method in VIT_METHODS:  # the ViT and its weights are part of the setting
+        folder += f"-{args.vit}-{Path(args.vit_weights or 'no-weights').stem}" + (
+            f"-M{args.rp_dim}" if method == "ranpac" else "")
+    return setting_folder(args) / folder / f"{toolbox}-seed{seed}.json"
+
+
+def ensure_runs(args: argparse.Namespace, method: str, data, npz: str) -> None:
+    """Train the seeds whose results are missing, writing each as soon as it is done."""
+    torch.set_num_threads(1)
+    for seed in range(args.seeds):
+        paths = {t: result_path(args, method, t, seed) for t in SIDES}
+        if all(p.is_file() for p in paths.values()):
+            continue
+        pair = run_pair(args, method, seed, data, npz)
+        for toolbox, path in paths.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"method": method, "toolbox": toolbox, "seed": seed, **pair[toolbox]}))
+        names = {"gtep": "gtep", "reference": reference_of(method)}
+        print(f"{method} seed {seed}: " + " | ".join(
+            f"{names[t]} " + " ".join(f"{a:5.1f}" for a in pair[t]["acc_t"]) for t in SIDES), flush=True)
+
+
+def load_runs(args: argparse.Namespace, method: str) -> dict[str, list[dict]]:
+    runs: dict[str, list[dict]] = {t: [] for t in SIDES}
+    for seed in range(args.seeds):
+        for toolbox in SIDES:
+            path = result_path(args, method, toolbox, seed)
+            if path.is_file():
+                runs[toolbox].append(json.loads(path.read_text()))
+    return runs
 
 
 def mean_std(values: list[float]) -> str:
@@ -112,69 +259,131 @@ def difference(ours: list[float], theirs: list[float]) -> tuple[float, float, fl
     return diff, diff - half, diff + half, float(p)
 
 
-def compare(args: argparse.Namespace, method: str, data, npz: str) -> tuple[float, float]:
-    """One method over the seeds; prints its rows and returns (final-Acc difference, Welch's p)."""
-    args.algorithm = method
-    rows: dict[str, list[list[float]]] = {"gtep": [], "PyCIL": []}
-    seconds: dict[str, list[float]] = {"gtep": [], "PyCIL": []}
-    for seed in range(args.seeds):
-        acc_t, order, took = run_gtep(args, data, seed)
-        rows["gtep"].append(acc_t)
-        seconds["gtep"].append(took)
-        theirs, took = run_pycil(args, method, seed, order, npz)
-        rows["PyCIL"].append(theirs)
-        seconds["PyCIL"].append(took)
-        print(f"{method} seed {seed}: gtep " + " ".join(f"{a:5.1f}" for a in acc_t) + " | PyCIL "
-              + " ".join(f"{a:5.1f}" for a in theirs), flush=True)
-    increments = parse_increments(args.increments)
-    per_class = [int((data.y_train == c).sum()) for c in range(args.classes)]
-    counts = [sum(per_class[sum(increments[:t]):sum(increments[:t + 1])]) for t in range(len(increments))]
-    images = training_images(counts, args.memory, args.epochs)
-    for t in range(len(increments)):
-        ours, theirs = [r[t] for r in rows["gtep"]], [r[t] for r in rows["PyCIL"]]
-        print(f"  after task {t + 1}: gtep {mean_std(ours)}  PyCIL {mean_std(theirs)}")
-    finals = {k: [r[-1] for r in v] for k, v in rows.items()}
-    averages = {k: [statistics.mean(r) for r in v] for k, v in rows.items()}
-    for name, values in (("final Acc", finals), ("AvgAcc", averages)):
-        diff, low, high, p = difference(values["gtep"], values["PyCIL"])
-        print(f"  {name}: gtep {mean_std(values['gtep'])}  PyCIL {mean_std(values['PyCIL'])}  "
+@dataclass
+class Comparison:
+    """One method's runs in both toolboxes, summarised."""
+
+    method: str
+    seeds: int
+    acc_t: dict[str, list[list[float]]]  # toolbox -> per seed, Acc after each task
+    rate: dict[str, float]  # toolbox -> training images per second
+
+    def finals(self, toolbox: str) -> list[float]:
+        return [row[-1] for row in self.acc_t[toolbox]]
+
+    def averages(self, toolbox: str) -> list[float]:
+        return [statistics.mean(row) for row in self.acc_t[toolbox]]
+
+    def final_difference(self) -> tuple[float, float, float, float]:
+        return difference(self.finals("gtep"), self.finals("reference"))
+
+    @property
+    def reference(self) -> str:
+        return reference_of(self.method)
+
+
+def summarise(args: argparse.Namespace, method: str, images: int) -> Comparison | None:
+    """The method's comparison over the seeds present in both toolboxes (None when there is none)."""
+    runs = load_runs(args, method)
+    seeds = sorted({r["seed"] for r in runs["gtep"]} & {r["seed"] for r in runs["reference"]})
+    if not seeds:
+        return None
+    kept = {t: [r for r in runs[t] if r["seed"] in seeds] for t in SIDES}
+    return Comparison(method, len(seeds), {t: [r["acc_t"] for r in kept[t]] for t in SIDES},
+                      {t: images / statistics.mean(r["seconds"] for r in kept[t]) for t in SIDES})
+
+
+def print_comparison(c: Comparison) -> None:
+    print(f"{c.method} ({c.seeds} seeds):")
+    for t in range(len(c.acc_t["gtep"][0])):
+        ours, theirs = [r[t] for r in c.acc_t["gtep"]], [r[t] for r in c.acc_t["reference"]]
+        print(f"  after task {t + 1}: gtep {mean_std(ours)}  {c.reference} {mean_std(theirs)}")
+    for name, pick in (("final Acc", c.finals), ("AvgAcc", c.averages)):
+        diff, low, high, p = difference(pick("gtep"), pick("reference"))
+        print(f"  {name}: gtep {mean_std(pick('gtep'))}  {c.reference} {mean_std(pick('reference'))}  "
               f"difference {diff:+.2f} [{low:+.2f}, {high:+.2f}] (95%), Welch p = {p:.3f}")
-    rates = {k: images / statistics.mean(v) for k, v in seconds.items()}
-    print(f"  training images/s: gtep {rates['gtep']:.0f}, PyCIL {rates['PyCIL']:.0f}", flush=True)
-    diff, _, _, p = difference(finals["gtep"], finals["PyCIL"])
-    return diff, p
+    print(f"  training images/s: gtep {c.rate['gtep']:.0f}, {c.reference} {c.rate['reference']:.0f}", flush=True)
+
+
+def print_markdown(rows: list[Comparison]) -> None:
+    print("| method | reference | seeds | final Acc gtep | final Acc reference | difference [95%] | Welch p "
+          "| AvgAcc gtep | AvgAcc reference | images/s gtep / reference |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for c in rows:
+        diff, low, high, p = c.final_difference()
+        cells = [c.method, c.reference, str(c.seeds), mean_std(c.finals("gtep")), mean_std(c.finals("reference")),
+                 f"{diff:+.2f} [{low:+.2f}, {high:+.2f}]", f"{p:.3f}", mean_std(c.averages("gtep")),
+                 mean_std(c.averages("reference")), f"{c.rate['gtep']:.0f} / {c.rate['reference']:.0f}"]
+        print("| " + " | ".join(" ".join(cell.replace("+-", "±").split()) for cell in cells) + " |")
+
+
+def verdict(rows: list[Comparison]) -> str:
+    finals = [(c.method, *c.final_difference()) for c in rows]
+    worst = max(finals, key=lambda row: abs(row[1]))
+    significant = [m for m, _, _, _, p in finals if not math.isnan(p) and p < 0.05]
+    return (f"verdict: largest |final Acc difference| {abs(worst[1]):.2f} points ({worst[0]}); "
+            + (f"significant at 5% for {', '.join(significant)}" if significant else "none significant at 5%"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pycil", required=True, help="a checkout of upstream PyCIL (G-U-N/PyCIL)")
-    parser.add_argument("--algorithm", action="append", help="gtep method name; repeat for several (default replay)")
+    parser.add_argument("--pycil", help="a checkout of upstream PyCIL (G-U-N/PyCIL), for the ResNet methods")
+    parser.add_argument("--pilot", help="a checkout of LAMDA-PILOT (sun-hailong/LAMDA-PILOT), for the ViT methods")
+    parser.add_argument("--algorithm", action="append",
+                        help=f"repeat for several; 'all' = {', '.join(METHODS)}; 'vit' = {', '.join(VIT_METHODS)}")
+    parser.add_argument("--vit", default="vit_micro_patch4_32", help="the ViT methods' backbone (a timm ViT)")
+    parser.add_argument("--vit-weights", help="its local weights (gtep pretrain on classes kept out of --classes)")
+    parser.add_argument("--rp-dim", type=int, default=2000, help="RanPAC's random-projection width M")
     parser.add_argument("--dataset", default="npz:../shared/data/tinyimagenet200_32.npz")
     parser.add_argument("--classes", type=int, default=30)
     parser.add_argument("--increments", default="10x3")
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
     parser.add_argument("--memory", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--results", default=str(HERE / "results" / "reference_compare"),
+                        help="folder of the runs' results (kept; a rerun trains only what is missing)")
+    parser.add_argument("--table", action="store_true", help="print the comparison of the stored runs; train nothing")
+    parser.add_argument("--markdown", action="store_true", help="print the README table (implies --table)")
     args = parser.parse_args()
-    if not (Path(args.pycil) / "utils" / "data_manager.py").is_file():
-        parser.error(f"--pycil {args.pycil} is not a PyCIL checkout (no utils/data_manager.py); give its folder")
+    groups = {"all": METHODS, "vit": VIT_METHODS}
+    methods = [m for name in (args.algorithm or ["replay"]) for m in groups.get(name, (name,))]
+    for method in methods:
+        recipe_for(method, args)  # an unknown method is refused before anything trains
     if not args.dataset.startswith("npz:"):
         parser.error("--dataset: the PyCIL side reads npz files only (npz:PATH)")
-    args.backbone, args.device, args.augment = "resnet32", "cpu", "pycil-cifar"
-    torch.set_num_threads(args.threads)
+    train = not (args.table or args.markdown)
+    for option, toolbox in (("--pycil", "PyCIL"), ("--pilot", "PILOT")):
+        checkout = getattr(args, option[2:])
+        needed = train and any(reference_of(m) == toolbox for m in methods)
+        if needed and not (checkout and (Path(checkout) / "utils" / "data_manager.py").is_file()):
+            parser.error(f"{option} {checkout}: not a {toolbox} checkout (no utils/data_manager.py); give its folder")
+    if train and any(m in VIT_METHODS for m in methods) and not (args.vit_weights and Path(args.vit_weights).is_file()):
+        parser.error(f"--vit-weights {args.vit_weights}: give the ViT's local weights (gtep pretrain ... --out FILE)")
     npz = str(Path(args.dataset[len("npz:"):]).resolve())
     data = resolve_dataset(args.dataset).load().subset(list(range(args.classes)))
-    verdict = []
-    for method in args.algorithm or ["replay"]:
-        verdict.append((method, *compare(args, method, data, npz)))
-    worst = max(verdict, key=lambda row: abs(row[1]))
-    significant = [m for m, _, p in verdict if not math.isnan(p) and p < 0.05]
-    print(f"verdict: largest |final Acc difference| {abs(worst[1]):.2f} points ({worst[0]}); "
-          + (f"significant at 5% for {', '.join(significant)}" if significant else "none significant at 5%"))
+    increments = parse_increments(args.increments)
+    per_class = [int((data.y_train == c).sum()) for c in range(args.classes)]
+    counts = [sum(per_class[sum(increments[:t]):sum(increments[:t + 1])]) for t in range(len(increments))]
+    rows = []
+    for method in methods:
+        if train:
+            ensure_runs(args, method, data, npz)
+        # the ViT methods encode each training image once (no epochs, no replay)
+        images = sum(counts) if method in VIT_METHODS else training_images(counts, args.memory, args.epochs)
+        comparison = summarise(args, method, images)
+        if comparison is None:
+            print(f"{method}: no stored runs at this setting in {setting_folder(args)}")
+            continue
+        rows.append(comparison)
+        if not args.markdown:
+            print_comparison(comparison)
+    if args.markdown and rows:
+        print_markdown(rows)
+    if rows:
+        print(verdict(rows))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""benchmarks/reference_compare.py: its recipes are gtep's real hyperparameters, its statistics are Welch's, its
+table is built from stored runs, and its reference side drives a toolbox checkout through the iData protocol
+(here a fake toolbox with PyCIL's module layout, so the plumbing is tested without PyCIL)."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from gtep.spaces import validate_values
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import reference_compare as rc  # noqa: E402
+
+
+def setting(**overrides) -> argparse.Namespace:
+    values = dict(epochs=12, lr=0.05, weight_decay=5e-4, batch=32, memory=150, classes=15, increments="5x3",
+                  dataset="npz:x/tiny.npz", results="unused", vit="vit_micro_patch4_32", vit_weights=None,
+                  rp_dim=2000, seeds=2)
+    return argparse.Namespace(**{**values, **overrides})
+
+
+@pytest.mark.parametrize("method", rc.METHODS + rc.VIT_METHODS)
+def test_every_recipe_sets_real_hyperparameters_of_the_gtep_method(method):
+    job = rc.gtep_job(setting(), method, seed=0)
+    validate_values(Path("reference_compare"), method, job.hparams)  # a misspelt name raises
+    assert job.first_task.epochs == 12 and job.first_task.scheduler == job.hparams["scheduler"]
+
+
+def test_extra_stages_are_scaled_from_pycils_defaults_in_both_toolboxes():
+    podnet, foster, beef = (rc.recipe_for(m, setting(epochs=16)) for m in ("podnet", "foster", "beef"))
+    assert podnet.gtep["ft_epochs"] == podnet.pycil_globals["ft_epochs"] == 2  # 20 of 160
+    assert foster.gtep["compression_epochs"] == foster.pycil_args["compression_epochs"] == 12  # 130 of 170
+    assert beef.gtep["fusion_epochs"] == beef.pycil_args["fusion_epochs"] == 6  # 60 of 170
+    assert rc.recipe_for("bic", setting()).gtep["bias_epochs"] == 12  # PyCIL's bias stage runs `epochs`
+
+
+def test_difference_is_welchs_interval_and_p():
+    ours, theirs = [10.0, 12.0, 11.0, 13.0, 9.0], [8.0, 9.5, 7.0, 10.0, 8.5]
+    diff, low, high, p = rc.difference(ours, theirs)
+    assert diff == pytest.approx(np.mean(ours) - np.mean(theirs))
+    assert p == pytest.approx(stats.ttest_ind(ours, theirs, equal_var=False).pvalue)
+    assert low < diff < high and p < 0.05
+    assert rc.difference([5.0, 5.0], [5.0, 5.0])[3] == 1.0
+
+
+def test_training_images_count_each_tasks_images_and_the_replayed_memory():
+    assert rc.training_images([100, 100, 100], memory=50, epochs=2) == 2 * (100 + 150 + 150)
+
+
+def store(folder: Path, method: str, toolbox: str, seed: int, acc_t: list[float], seconds: float) -> None:
+    path = folder / method / f"{toolbox}-seed{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"acc_t": acc_t, "seconds": seconds, "seed": seed}))
+
+
+def test_table_is_built_from_stored_runs_without_training(tmp_path):
+    npz = tmp_path / "tiny.npz"
+    rng = np.random.default_rng(0)
+    np.savez(npz, x_train=rng.integers(0, 255, (60, 32, 32, 3), dtype=np.uint8), y_train=np.repeat(np.arange(6), 10),
+             x_test=rng.integers(0, 255, (12, 32, 32, 3), dtype=np.uint8), y_test=np.repeat(np.arange(6), 2))
+    args = setting(dataset=f"npz:{npz}", results=str(tmp_path / "results"), classes=6, increments="3x2", memory=6)
+    folder = rc.setting_folder(args)
+    for seed, (ours, theirs) in enumerate([(30.0, 20.0), (32.0, 21.0), (31.0, 19.0)]):
+        store(folder, "replay", "gtep", seed, [50.0, ours], 10.0)
+        store(folder, "replay", "pycil", seed, [48.0, theirs], 20.0)
+    store(folder, "wa", "gtep", 0, [50.0, 25.0], 10.0)  # no PyCIL run yet: not in the table
+    command = [sys.executable, str(BENCHMARKS / "reference_compare.py"), "--markdown", "--algorithm", "replay",
+               "--algorithm", "wa", "--dataset", f"npz:{npz}", "--results", args.results, "--classes", "6",
+               "--increments", "3x2", "--memory", "6", "--seeds", "3"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    row = next(line for line in out.splitlines() if line.startswith("| replay"))
+    assert "| PyCIL | 3 | 31.00 ± 1.00 | 20.00 ± 1.00 |" in row
+    images = 12 * (30 + 36)  # 12 epochs x (task 1's 30 images, task 2's 30 + 6 exemplars)
+    assert row.endswith(f"| {images / 10:.0f} / {images / 20:.0f} |")
+    assert "wa: no stored runs" in out
+    assert out.splitlines()[-1].startswith("verdict: largest |final Acc difference| 11.00 points (replay); "
+                                           "significant at 5% for replay")
