@@ -7,13 +7,15 @@ experiment; one store holds the matrix.
     scenarios:                         # increments, or a shape each pairing's class count fills in
       3tasks: 5x3
       6tasks: {tasks: 6, first: half}  # C25xT1+C5xT5 on 50 classes, C50xT1+C10xT5 on 100 (Table 1)
+      iirc6: {family: iirc, iirc: {classes_per_task: 6, ...}}  # or a family's scenario section, as in an experiment
     pairings:
       tiny:   {similarity: high, datasets: {split: {dataset: ..., classes_per_phase: 15}}}
       tiny-omniglot:
         similarity: low
         datasets: {tuning: {dataset: ...}, evaluation: {dataset: ...}}
         overrides: {training: {memory_size: 100}}      # experiment fields for this pairing's cells
-    base: {backbone: resnet8, search: {trials: 3, orderings: 2}, training: ..., compute: ..., tracking: ..., seed: 0}
+    base: {backbone: resnet8, search: {trials: 3, orderings: 2}, training: ..., compute: ..., tracking: ..., seed: 0,
+           pretrain: ...}                # pretrain: the backbone pretrained once before the phases (cached)
     algorithm_overrides: {icarl: {backbone: resnet18}} # experiment fields for one algorithm's cells
     original: true                     # also evaluate each algorithm's `original` preset on D^E
     protocol: gtep                     # or conventional: also re-run H* on D^HT (section 3.1)
@@ -49,7 +51,8 @@ from gtep.protocol.scenarios import parse_increments
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 # compared when a matrix is run again: a finished cell must be the cell the file describes now
-RESULT_FIELDS = ("algorithm", "backbone", "weights", "scenario", "datasets", "search", "first_task", "training", "seed")
+RESULT_FIELDS = ("algorithm", "backbone", "weights", "pretrain", "scenario", "datasets", "search", "first_task",
+                 "training", "seed")
 
 
 class _Strict(BaseModel):
@@ -62,6 +65,7 @@ class ExperimentFields(_Strict):
 
     backbone: str | None = None
     weights: str | None = None
+    pretrain: dict[str, Any] | None = None
     search: dict[str, Any] | None = None
     first_task: dict[str, Any] | None = None
     training: dict[str, Any] | None = None
@@ -89,6 +93,18 @@ class ScenarioShape(_Strict):
         return ([first] if first else []) + [(classes - first) // later] * later
 
 
+class FamilyScenario(BaseModel):
+    """A scenario as an experiment file's `scenario:` section (a family and its options, increments where the
+    family takes them); checked on each cell by the experiment's own model, so its messages name the family's
+    fields."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    family: str
+
+    def section(self) -> dict[str, Any]:
+        return self.model_dump(mode="python")
+
+
 class PairingSpec(_Strict):
     """D^HT and D^E of a cell: one dataset split in two (high similarity) or two datasets (section 3.2)."""
 
@@ -100,7 +116,7 @@ class PairingSpec(_Strict):
 class MatrixConfig(_Strict):
     matrix: str = Field(pattern=NAME)
     algorithms: list[str] = Field(min_length=1)
-    scenarios: dict[str, str | list[int] | ScenarioShape] = Field(min_length=1)
+    scenarios: dict[str, str | list[int] | ScenarioShape | FamilyScenario] = Field(min_length=1)
     pairings: dict[str, PairingSpec] = Field(min_length=1)
     base: ExperimentFields = ExperimentFields()
     algorithm_overrides: dict[str, ExperimentFields] = {}
@@ -141,7 +157,8 @@ class ResolvedCell:
 # ---------------------------------------------------------------- loading
 
 def _loc(error: ErrorDetails) -> str:
-    union_tags = {"str", "list[int]", "ScenarioShape", "function-after", "function-before", "function-wrap"}
+    union_tags = {"str", "list[int]", "ScenarioShape", "FamilyScenario", "function-after", "function-before",
+                  "function-wrap"}
     return ".".join(str(p) for p in error["loc"] if str(p) not in union_tags and not str(p).startswith("function-"))
 
 
@@ -174,7 +191,7 @@ def check_matrix(m: MatrixConfig) -> None:
     if duplicated:
         raise ConfigError("algorithms", f"lists {duplicated} twice; give each algorithm once")
     for name, value in m.scenarios.items():
-        if not isinstance(value, ScenarioShape):
+        if not isinstance(value, (ScenarioShape, FamilyScenario)):
             try:
                 parse_increments(value)
             except ValueError as err:
@@ -259,8 +276,9 @@ def _where(m: MatrixConfig, field: str, algorithm: str, scenario: str, pairing: 
         return "algorithms"
     if head == "study":
         return "matrix"
-    if head == "scenario":
-        return f"scenarios.{scenario}"
+    if head == "scenario":  # a family section's own field keeps its path below the scenario's name
+        inner = field.split(".")[1:] if isinstance(m.scenarios[scenario], FamilyScenario) else []
+        return ".".join([f"scenarios.{scenario}", *inner])
     if head == "datasets":
         return f"pairings.{pairing}.{field}"
     if _has(cli, field):
@@ -291,7 +309,8 @@ def _cell_config(m: MatrixConfig, name: str, algorithm: str, scenario: str, pair
     if algorithm in m.algorithm_overrides:
         data = _merge(data, m.algorithm_overrides[algorithm].layer())
     data = _merge(data, cli)
-    data = _merge(data, {"study": name, "algorithm": algorithm, "scenario": {"increments": increments},
+    scenario_section = increments.section() if isinstance(increments, FamilyScenario) else {"increments": increments}
+    data = _merge(data, {"study": name, "algorithm": algorithm, "scenario": scenario_section,
                          "datasets": spec.datasets.model_dump(mode="python", exclude_none=True),
                          "tracking": {"output": root}})
     try:

@@ -204,3 +204,26 @@ def test_the_small_preset_resolves_on_the_shared_files(monkeypatch, tmp_path):
     low = next(c for c in cells if c.cell.pairing == "tiny-omniglot")
     assert "tinyimagenet" in low.resolved.tuning.dataset and "omniglot" in low.resolved.evaluation.dataset
     assert not (tmp_path / "out").exists()
+
+
+def test_a_family_scenario_section_and_pretrain_reach_every_cell_as_an_experiment_file_writes_them(tmp_path):
+    fluid = {"family": "fluid", "fluid": {"pretrain_classes": [0, 1, 2, 3], "n_pretrain_classes": 2,
+                                          "n_novel_classes": 4, "total_samples": 40, "per_class_cap": 10,
+                                          "zipf_s": 1.0, "head_cut": 2, "window": 10}}
+    data = doc(algorithms=["fluid_ncm", "fluid_finetune"], scenarios={"stream": fluid},
+               base={"backbone": "resnet8", "search": {"trials": 2, "orderings": 2},
+                     "pretrain": {"classes": [0, 1, 2, 3], "epochs": 2}},
+               algorithm_overrides={"fluid_finetune": {"pretrain": {"epochs": 3}}})
+    cells = expand_cells(parse_matrix(data, "test"), tmp_path / "out")
+    assert {c.config.scenario.family for c in cells} == {"fluid"}
+    assert all(c.config.scenario.fluid.total_samples == 40 for c in cells)
+    epochs = {c.algorithm: c.config.pretrain.epochs for c in cells}
+    assert epochs == {"fluid_ncm": 2, "fluid_finetune": 3}
+
+
+def test_a_bad_option_of_a_family_scenario_names_the_matrix_scenario_and_the_cell(tmp_path):
+    data = doc(scenarios={"stream": {"family": "fluid", "fluid": {"total_samples": 40}}})
+    with pytest.raises(ConfigError) as caught:
+        expand_cells(parse_matrix(data, "test"), tmp_path / "out")
+    assert caught.value.field.startswith("scenarios.stream.fluid.")  # the missing option, by its path
+    assert "(cell mx-replay-stream-split)" in str(caught.value)
