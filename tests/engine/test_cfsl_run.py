@@ -221,6 +221,6 @@ def test_a_class_incremental_algorithm_is_refused_for_the_cfsl_family():
 
     doc = load_preset("omniglot-cfsl").model_dump(mode="python")
     doc["algorithm"] = "replay"
-    with pytest.raises(ConfigError, match="cfsl_finetune, cfsl_proto_tune, cfsl_prototypes"):
+    with pytest.raises(ConfigError, match="cfsl_finetune, cfsl_fomaml, cfsl_proto_tune, cfsl_protonet, cfsl_prototypes"):
         resolve(validate_config(doc, "test"))
     assert "continual_few_shot" not in ALGORITHMS.get("replay").data_flows
