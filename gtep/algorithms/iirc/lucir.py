@@ -15,8 +15,10 @@ new labels' cosines (max(0, m - cos_pos + cos_hard), averaged over every (sample
 triple), on cosines (the logits divided by a detached eta). Where the paper is silent, gtep's choices: a memory
 sample is recognised by carrying an old label (a task's own samples carry new labels only: incomplete
 information); one margin for all K hard labels (the reference code allows two, both 0.5); K = 2 (LUCIR's)
-and tunable; LUCIR's class-balanced finetuning and its backbone without the last ReLU are not used (the IIRC
-reference code uses neither)."""
+and tunable; eta's starting value tunable as iCaRL-norm's (`eta_init`, 1 in the `original` preset: the reference
+code's; a cosine logit in [-1, 1] times 1 needs many steps at a large lr before any label clears sigmoid 0.5);
+LUCIR's class-balanced finetuning and its backbone without the last ReLU are not used (the IIRC reference code
+uses neither)."""
 from __future__ import annotations
 
 import math
@@ -35,19 +37,20 @@ class IIRCLUCIRParams(CommonParams):
     lambda_base: float = 5.0  # weight of the less-forget distillation before the sqrt(old/new) factor (paper: 5)
     margin: float = 0.5  # margin m of the ranking loss, on cosines (paper: 0.5)
     K: int = 2  # hard new labels each old label is ranked against (LUCIR's 2)
+    eta_init: float = 1.0  # the cosine head's learnable scale at the start (the reference code's sigma = 1)
 
 
 class LessForgetCosineHead(nn.Module):
     """LUCIR's SplitCosineLinear: eta * cos(theta_i, f(x)) over the old labels' rows (frozen) and the current
-    task's rows (trained), eta learnt from 1 (the reference code's sigma). New rows start uniform in
+    task's rows (trained), eta learnt from `eta` (1: the reference code's sigma). New rows start uniform in
     +-1/sqrt(dim) and are imprinted before training (LUCIR.imprint)."""
 
-    def __init__(self, in_dim: int) -> None:
+    def __init__(self, in_dim: int, eta: float = 1.0) -> None:
         super().__init__()
         self.in_dim = in_dim
         self.old = nn.Parameter(torch.empty(0, in_dim), requires_grad=False)
         self.new = nn.Parameter(torch.empty(0, in_dim))
-        self.eta = nn.Parameter(torch.ones(1))
+        self.eta = nn.Parameter(torch.full((1,), float(eta)))
 
     @property
     def out_dim(self) -> int:
@@ -74,6 +77,7 @@ class IIRCLUCIR(MultiLabelLearner[IIRCLUCIRParams]):
 
     distills = True
     memory_selection = "herding"
+    first_task_hparams = ("eta_init",)
 
     @property
     def head(self) -> LessForgetCosineHead:
@@ -83,7 +87,7 @@ class IIRCLUCIR(MultiLabelLearner[IIRCLUCIRParams]):
 
     def build_network(self) -> nn.Module:
         backbone = self.new_backbone()
-        return MultiLabelNet(backbone, LessForgetCosineHead(backbone.out_dim))  # type: ignore[arg-type]
+        return MultiLabelNet(backbone, LessForgetCosineHead(backbone.out_dim, self.params.eta_init))  # type: ignore[arg-type]
 
     def fit_task(self, task: TaskData, fit: FitFn) -> None:
         if self.known > 0:
