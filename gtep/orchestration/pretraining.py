@@ -31,7 +31,8 @@ def pretrain_spec(resolved: ResolvedExperiment):
     share, classes = resolved.family.pretrain_holdout(cfg.scenario.family_options)
     return default_spec(cfg.backbone, plan.classes, epochs=section.epochs, lr=section.lr,
                         batch_size=section.batch_size, weight_decay=section.weight_decay, seed=section.seed,
-                        device=cfg.training.device, holdout=share or None, holdout_classes=classes or None)
+                        device=cfg.training.device, holdout=share or None, holdout_classes=classes or None,
+                        method=section.method, ways=section.ways, shots=section.shots, queries=section.queries)
 
 
 def cache_root(resolved: ResolvedExperiment) -> Path:
@@ -50,8 +51,11 @@ def pretrained_path(resolved: ResolvedExperiment) -> Path:
     spec = pretrain_spec(resolved)
     source = resolve_dataset(plan.dataset)
     # no holdout: the key of the files made before holdouts existed, so those stay found
+    # nor the episodes' fields for supervised pretraining: the keys of the files made before `method` existed
+    episodic = ("method", "ways", "shots", "queries")
     recipe = {k: v for k, v in asdict(spec).items()
-              if k != "device" and not (k.startswith("holdout") and not spec.holdout)}
+              if k != "device" and not (k.startswith("holdout") and not spec.holdout)
+              and not (k in episodic and spec.method == "supervised")}
     record = {"version": CACHE_VERSION, "dataset": source.identity, **recipe,
               "pipeline": pretraining_pipeline(spec.backbone, source.name).describe()}
     key = hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -40,6 +40,7 @@ SHORT_STAGES: dict[str, dict[str, Any]] = {
     "beef": {"fusion_epochs": 2},
     "ranpac": {"M": 256},
     "coda_prompt": {"pool_size": 6, "n_tasks": 3, "optimizer": "adam", "lr": 0.0025},
+    "cec": {"meta_epochs": 2, "episodes": 10},
 }
 
 

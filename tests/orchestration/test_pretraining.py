@@ -108,3 +108,14 @@ def test_split_groups_leave_the_pretraining_alphabets_out_of_both_phases(tmp_pat
     resolved = resolve(omniglot(tmp_path, ["Greek", "Balinese", "Latin", "Early_Aramaic"]))  # 48 classes each
     assert resolved.pretraining is not None and len(resolved.pretraining.classes) == 40  # Korean's characters
     assert not set(resolved.pretraining.classes) & set(resolved.tuning.classes + resolved.evaluation.classes)
+
+
+def test_an_episodic_pretrain_section_reaches_the_spec_and_its_own_cache_file(tmp_path):
+    from gtep.orchestration.pretraining import pretrain_spec
+
+    episodic = {"classes": [8, 9, 10, 11], "epochs": 1, "method": "protonet", "ways": 3, "shots": 2, "queries": 2}
+    spec = pretrain_spec(resolve(config(tmp_path, pretrain=episodic)))
+    assert (spec.method, spec.ways, spec.shots, spec.queries) == ("protonet", 3, 2, 2)
+    supervised = resolve(config(tmp_path, pretrain={"classes": [8, 9, 10, 11], "epochs": 1}))
+    assert pretrain_spec(supervised).method == "supervised"
+    assert pretrained_path(resolve(config(tmp_path, pretrain=episodic))) != pretrained_path(supervised)
