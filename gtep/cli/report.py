@@ -19,6 +19,14 @@ SelectorsArg = typer.Argument(None, help="study names, experiment names (gtep/<s
                               show_default=False)
 
 
+def matrix_store_folder(output: Path, matrix: str | None) -> Path:
+    """The folder whose mlflow.db to read: a matrix keeps its store in <output>/<matrix> (gtep matrix), so
+    `--matrix NAME --output RUNS` finds it there when RUNS itself holds none."""
+    if matrix and not (output / "mlflow.db").exists() and (output / matrix / "mlflow.db").exists():
+        return output / matrix
+    return output
+
+
 @app.command("report")
 def report_command(
         selectors: Optional[List[str]] = SelectorsArg,
@@ -44,12 +52,13 @@ def report_command(
         from gtep.report.build import check_formats, run_report
 
         chosen = check_formats(formats)
-        uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
+        runs = matrix_store_folder(output, matrix) if tracking_uri is None else output
+        uri = tracking_uri or f"sqlite:///{runs.resolve()}/mlflow.db"
         check_tracking_uri(uri, "--tracking-uri" if tracking_uri else "--output")
         open_store(uri, "--tracking-uri" if tracking_uri else "--output")  # the option the user can fix
         if out is not None and out.exists() and not out.is_dir():
             raise ConfigError("--out", f"{out} is a file; give a folder for the report")
-        folder = out or output / "reports" / time.strftime("%Y%m%d-%H%M%S")
+        folder = out or runs / "reports" / time.strftime("%Y%m%d-%H%M%S")
         report = run_report(uri, list(selectors or []), matrix=matrix, out=folder, formats=chosen,
                             console=console, log_to_mlflow=not no_log)
         console.print(f"report files: {report.out} ({len(report.paths)} files)")

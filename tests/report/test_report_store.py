@@ -256,3 +256,15 @@ def test_task_curves_of_h_star_in_both_phases(tracked):
                  if p.step == max(q.step for q in client.get_metric_history(u.info.run_id, "acc_t"))]
         last = curves[(curves["label"] == algorithm) & (curves["phase"] == "tune")].sort_values("t").iloc[-1]
         assert last["mean"] == pytest.approx(statistics.fmean(final))
+
+
+def test_report_of_a_matrix_finds_its_store_in_the_matrix_folder(tracked, tmp_path):
+    import shutil
+
+    (tmp_path / "runs" / "mx").mkdir(parents=True)
+    shutil.copy(tracked["out"] / "mlflow.db", tmp_path / "runs" / "mx" / "mlflow.db")
+    result = CliRunner().invoke(app, ["report", "--matrix", "mx", "--output", str(tmp_path / "runs"),
+                                      "--out", str(tmp_path / "x")])
+    # read from runs/mx/mlflow.db: the store is found, and it holds no phase run of a matrix named mx
+    assert result.exit_code == 2 and "no MLflow store" not in result.output, result.output
+    assert "SELECTORS" in result.output and not (tmp_path / "x").exists()
