@@ -16,8 +16,16 @@ sets from outside the toolbox's own code, and why:
   `num_workers` is 0 (one process, as gtep).
 - device: PyCIL's and PILOT's `trainer._set_device` map every entry to CUDA (they compare the list, not the entry,
   with -1), so the run gives them `torch.device("cpu")` itself.
+- `.cuda()`: PyCIL's BEEF (models/beef_iso.py and BEEFISONet in utils/inc_net.py) and a few heads call `.cuda()`
+  on new tensors and layers directly; without a GPU the run makes `Tensor.cuda` and `Module.cuda` return their
+  object unchanged, so those lines run on the CPU like the rest.
 - seed: PyCIL's `trainer._set_random` seeds torch with 1 whatever the seed; the run seeds torch, numpy and random
   with the job's seed instead (PILOT's seeds with the seed; the run does the same).
+- timm: PILOT imports `timm.models.layers.weight_init` and `timm.models.layers.helpers`, modules of timm < 0.9
+  that timm 1.x keeps under `timm.layers`; the run registers the new modules under the old names (nothing else).
+- zero adaptation epochs: PILOT's RanPAC `_init_train` logs a variable set only inside its epoch loop, so
+  `tuned_epoch: 0` (no first-session adaptation) raises UnboundLocalError; with 0 epochs the run makes that
+  method a no-op, which is what its loop would do.
 - PILOT's backbone: `utils.inc_net.get_backbone` builds ViT-B/16 by name with timm's `pretrained=True` (a download)
   and hard-codes its width (768); the run points it at the job's timm ViT (gtep's CPU-sized ViTs are timm
   VisionTransformers) with the job's local weights, its width read from the model.
@@ -90,6 +98,20 @@ class FeatureViT(torch.nn.Module):
         return self.model(x)
 
 
+def cuda_stays_on_the_cpu() -> None:
+    """Tensor.cuda and Module.cuda as no-ops, for the toolbox lines that hard-code CUDA (docstring)."""
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+    torch.nn.Module.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+
+
+def old_timm_module_names() -> None:
+    """timm 1.x's timm.layers submodules under the names PILOT imports them by (timm < 0.9's)."""
+    import importlib
+
+    for name in ("weight_init", "helpers"):
+        sys.modules.setdefault(f"timm.models.layers.{name}", importlib.import_module(f"timm.layers.{name}"))
+
+
 def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -109,12 +131,15 @@ def run(job: dict) -> dict:
 
     from utils import data_manager, factory
 
+    if not torch.cuda.is_available():
+        cuda_stays_on_the_cpu()
     data_class = adapter(job)
     data_manager._get_idata = lambda name, args=None: data_class()
     seed_everything(job["seed"])
     torch.set_num_threads(job.get("threads", 1))
     args = model_args(job)
     if job["toolbox"] == "pilot":
+        old_timm_module_names()
         from utils import inc_net
 
         inc_net.get_backbone = lambda args, pretrained=False: FeatureViT(job["backbone"], job.get("weights")).eval()
@@ -130,6 +155,8 @@ def run(job: dict) -> dict:
         setattr(module, name, value)
     if hasattr(module, "num_workers"):
         module.num_workers = 0
+    if job["args"].get("tuned_epoch", None) == 0 and hasattr(type(model), "_init_train"):
+        type(model)._init_train = lambda self, *args, **kwargs: None  # zero epochs: the loop would do nothing
     acc_t, nme_t, tic = [], [], time.perf_counter()
     for _ in range(manager.nb_tasks):
         model.incremental_train(manager)
