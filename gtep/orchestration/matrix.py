@@ -31,7 +31,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from gtep.config import ConfigError
+from gtep.errors import StudyStopped
 from gtep.matrix import MatrixConfig, ResolvedCell, changed_field
+from gtep.orchestration.interrupt import StudyInterrupted
 from gtep.orchestration.phases import conventional_phase, evaluate_phase, original_phase, tune_phase
 from gtep.orchestration.ray_search import check_resources, ray_session
 from gtep.orchestration.study import json_by_entry, read_best, write_atomic
@@ -177,6 +179,17 @@ def mark_failed(plan: CellPlan, state: MatrixState, message: str, wall: float, c
     plan.action, plan.record = "failed", state.cell(name)
 
 
+class MatrixInterrupted(StudyStopped):
+    """Ctrl-C or SIGTERM stopped the matrix: the running cells stay `running`, and the same command resumes them."""
+
+    def __init__(self, cells: list[str], exit_code: int = 130) -> None:
+        super().__init__(f"interrupted: cell(s) {', '.join(cells) or 'none'} stopped and kept `running`, no "
+                         "later cell started", exit_code=exit_code)
+
+    def describe(self, command: str) -> str:
+        return f"{self}. Resume with the same gtep matrix command (finished cells are kept)"
+
+
 def run_planned(plan: CellPlan, phases: list[str], state: MatrixState, console: Console, counter: str) -> None:
     cell = plan.rc.cell
     console.rule(f"{counter} {cell.name}  ({cell.algorithm}, {cell.scenario}, {cell.pairing}: {cell.similarity})"
@@ -185,6 +198,8 @@ def run_planned(plan: CellPlan, phases: list[str], state: MatrixState, console: 
     start = time.perf_counter()
     try:
         hmeans = run_cell(plan.rc, phases, console, resume=plan.action == "resume")
+    except StudyInterrupted as err:  # the user stops the matrix, not this cell: it stays running, to resume
+        raise MatrixInterrupted([cell.name], err.exit_code) from err
     except Exception as err:  # noqa: BLE001 - one cell's failure (all sets diverged, a crash) must not stop the matrix
         mark_failed(plan, state, f"{err.__class__.__name__}: {err}", before + time.perf_counter() - start, console)
         return
@@ -224,15 +239,20 @@ def start_cell_process(plan: CellPlan, phases: list[str], state: MatrixState, ad
     return CellProcess(plan, process, log, result, before)
 
 
-def collect_cell(running: CellProcess, phases: list[str], state: MatrixState, console: Console) -> None:
-    """A cell process ended: its result file says finished (with the harmonic means) or failed (with the error)."""
+def collect_cell(running: CellProcess, phases: list[str], state: MatrixState, console: Console) -> str:
+    """A cell process ended: its result file says finished (with the harmonic means), failed (with the error) or
+    interrupted (a stop signal: the cell stays `running`, to resume). Returns that status."""
     wall = running.before + time.perf_counter() - running.start
     result = json.loads(running.result.read_text()) if running.result.exists() else None
+    if result and result["status"] == "interrupted":
+        return "interrupted"
     if result and result["status"] == "finished":
         mark_finished(running.plan, state, phases, result["hmean"], wall, console)
     else:
         message = result["error"] if result else f"its driver exited with code {running.process.returncode}"
         mark_failed(running.plan, state, f"{message} (log: {running.log})", wall, console)
+        return "failed"
+    return "finished"
 
 
 def run_in_parallel(todo: list[CellPlan], phases: list[str], state: MatrixState, console: Console, root: Path,
@@ -247,6 +267,7 @@ def run_in_parallel(todo: list[CellPlan], phases: list[str], state: MatrixState,
                   f"{root}/<cell>/matrix-cell.log")
     progress = Progress(TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[now]}"),
                         TimeElapsedColumn(), console=console)
+    stopped: list[str] = []
     try:
         with progress:
             bar = progress.add_task("cells", total=len(todo), now="")
@@ -257,8 +278,13 @@ def run_in_parallel(todo: list[CellPlan], phases: list[str], state: MatrixState,
                 time.sleep(1.0)
                 for done in [r for r in running if r.process.poll() is not None]:
                     running.remove(done)
-                    collect_cell(done, phases, state, progress.console)
-                    progress.advance(bar)
+                    if collect_cell(done, phases, state, progress.console) == "interrupted":
+                        stopped.append(done.plan.rc.cell.name)
+                        waiting.clear()  # a stop signal reached the cells: start no other
+                    else:
+                        progress.advance(bar)
+    except KeyboardInterrupt:  # Ctrl-C reached this driver too: the cells still alive are stopped below
+        stopped += [r.plan.rc.cell.name for r in running]
     finally:  # Ctrl-C reached the cells too (one process group); a cell still alive is stopped, and stays `running`
         for r in running:
             if r.process.poll() is None:
@@ -268,6 +294,8 @@ def run_in_parallel(todo: list[CellPlan], phases: list[str], state: MatrixState,
                 r.process.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 r.process.kill()
+    if stopped:
+        raise MatrixInterrupted(stopped)
 
 
 def _pct(value: Any) -> str:

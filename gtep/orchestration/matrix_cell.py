@@ -57,11 +57,16 @@ def run_job(job: dict[str, Any]) -> dict[str, float]:
 
 
 def main() -> int:
+    from gtep.orchestration.interrupt import StudyInterrupted
+
     job = json.loads(sys.stdin.read())
     die_with_parent(int(job["parent_pid"]))
     result_path = Path(job["result"])
     try:
         hmeans = run_job(job)
+    except StudyInterrupted as err:  # stopped by a signal: the parent keeps the cell running, to resume
+        write_result(result_path, {"status": "interrupted", "error": str(err)})
+        return err.exit_code
     except Exception as err:  # noqa: BLE001 - the parent records the cell as failed with this message
         traceback.print_exc()
         write_result(result_path, {"status": "failed", "error": f"{err.__class__.__name__}: {err}"})

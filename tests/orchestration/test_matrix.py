@@ -306,3 +306,37 @@ def test_run_with_original_and_the_conventional_protocol_prints_their_rows(tmp_p
     assert after["evaluate"] == evaluated and after["conventional"]["attempt"] != m["phases"]["conventional"]["attempt"]
     bad = runner.invoke(app, ["run", *common, "--protocol", "tuned"])
     assert bad.exit_code == 2 and "--protocol" in bad.stderr
+
+
+def test_one_stop_signal_stops_the_whole_matrix_and_the_same_command_resumes_it(tmp_path, monkeypatch):
+    """Ctrl-C during a cell (its phase raises StudyInterrupted) stops the matrix: the cell stays `running`, no
+    later cell starts, the exit status is 130; the same command then resumes that cell and runs the rest."""
+    import signal
+
+    from gtep.orchestration import matrix as orchestration
+    from gtep.orchestration.interrupt import StudyInterrupted
+
+    doc = {**MATRIX, "matrix": "ix", "original": False, "protocol": "gtep"}
+    names = [cell.replace("mx-", "ix-") for cell in CELLS]
+    calls, interrupt = [], {names[1]}
+
+    def run_cell(rc, phases, console, resume):
+        calls.append((rc.cell.name, resume))
+        if rc.cell.name in interrupt:
+            raise StudyInterrupted(rc.cell.config.study_dir, "tune", signal.SIGINT, 1, 4)
+        return {phase: 0.5 for phase in phases}
+
+    monkeypatch.setattr(orchestration, "run_cell", run_cell)
+    monkeypatch.setattr(orchestration, "check_resources", lambda resolved: None)
+    monkeypatch.setattr(orchestration, "tuning_started", lambda study_dir: True)
+    result = gtep_matrix(tmp_path, doc, "--no-report")
+    assert result.exit_code == 130 and calls == [(names[0], False), (names[1], False)], result.output
+    assert "Resume with the same gtep matrix command" in result.output + result.stderr
+    cells = json.loads((tmp_path / "out" / "ix" / "matrix.json").read_text())["cells"]
+    assert cells[names[0]]["status"] == "finished" and cells[names[1]]["status"] == "running"
+    assert names[2] not in cells or cells[names[2]]["status"] == "pending"
+
+    calls.clear()
+    interrupt.clear()
+    again = gtep_matrix(tmp_path, doc, "--no-report")
+    assert again.exit_code == 0 and calls == [(names[1], True), (names[2], False), (names[3], False)], again.output
