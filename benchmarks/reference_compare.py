@@ -251,8 +251,8 @@ def difference(ours: list[float], theirs: list[float]) -> tuple[float, float, fl
         return diff, math.nan, math.nan, math.nan
     va, vb = statistics.variance(ours) / len(ours), statistics.variance(theirs) / len(theirs)
     se = math.sqrt(va + vb)
-    if se == 0:
-        return diff, diff, diff, 1.0 if diff == 0 else 0.0
+    if se < 1e-9:  # no spread on either side (a deterministic method): equal or not, nothing to test
+        return diff, diff, diff, 1.0 if abs(diff) < 1e-9 else 0.0
     dof = (va + vb) ** 2 / (va ** 2 / (len(ours) - 1) + vb ** 2 / (len(theirs) - 1))
     half = stats.t.ppf(0.975, dof) * se
     p = stats.ttest_ind(ours, theirs, equal_var=False).pvalue

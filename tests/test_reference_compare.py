@@ -83,3 +83,9 @@ def test_table_is_built_from_stored_runs_without_training(tmp_path):
     assert "wa: no stored runs" in out
     assert out.splitlines()[-1].startswith("verdict: largest |final Acc difference| 11.00 points (replay); "
                                            "significant at 5% for replay")
+
+
+def test_a_deterministic_method_equal_in_both_toolboxes_is_not_a_difference():
+    ours = [29.6, 29.6, 29.6]
+    theirs = [29.6 + 1e-13, 29.6, 29.6 - 1e-13]  # float noise of the same numbers
+    assert rc.difference(ours, theirs)[3] == 1.0
