@@ -289,7 +289,9 @@ def summarise(args: argparse.Namespace, method: str, images: int) -> Comparison 
     if not seeds:
         return None
     kept = {t: [r for r in runs[t] if r["seed"] in seeds] for t in SIDES}
-    return Comparison(method, len(seeds), {t: [r["acc_t"] for r in kept[t]] for t in SIDES},
+    # both references report top-1 in % rounded to 2 decimals; gtep's float32 fractions are compared at that precision
+    acc_t = {t: [[round(a, 2) for a in r["acc_t"]] for r in kept[t]] for t in SIDES}
+    return Comparison(method, len(seeds), acc_t,
                       {t: images / statistics.mean(r["seconds"] for r in kept[t]) for t in SIDES})
 
 
