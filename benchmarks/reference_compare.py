@@ -44,7 +44,6 @@ import torch  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from gtep.data import resolve_dataset  # noqa: E402
-from gtep.data.pipelines import pretrained_normalisation  # noqa: E402
 from gtep.engine.runner import FirstTaskSpec, OrderingJob, OrderingRun  # noqa: E402
 from gtep.protocol.scenarios import parse_increments  # noqa: E402
 
@@ -156,7 +155,7 @@ def gtep_job(args: argparse.Namespace, method: str, seed: int) -> OrderingJob:
 
 
 def start_reference(args: argparse.Namespace, method: str, seed: int, order: list[int], npz: str,
-                    scratch: Path) -> subprocess.Popen:
+                    normalise: tuple[list[float], list[float]], scratch: Path) -> subprocess.Popen:
     """The reference toolbox's method on the same classes, order and recipe, started in a subprocess
     (reference_side.py)."""
     recipe = recipe_for(method, args)
@@ -165,10 +164,9 @@ def start_reference(args: argparse.Namespace, method: str, seed: int, order: lis
     job = {"toolbox": toolbox, "method": recipe.pycil_name, "backbone": recipe.pycil_backbone, "npz": npz,
            "class_order": order, "increments": [increments[0], increments[1] if len(increments) > 1 else increments[0]],
            "memory": args.memory, "seed": seed, "threads": 1, "args": recipe.pycil_args,
-           "globals": recipe.pycil_globals}
+           "globals": recipe.pycil_globals, "mean": normalise[0], "std": normalise[1]}
     if toolbox == "pilot":
-        mean, std = pretrained_normalisation(args.vit_weights) or ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
-        job.update(memory=0, weights=str(Path(args.vit_weights).resolve()), image_size=32, mean=mean, std=std)
+        job.update(memory=0, weights=str(Path(args.vit_weights).resolve()), image_size=32)
     (scratch / "job.json").write_text(json.dumps(job))
     checkout = args.pilot if toolbox == "pilot" else args.pycil
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(checkout).resolve()), str(HERE)])}
@@ -182,7 +180,9 @@ def run_pair(args: argparse.Namespace, method: str, seed: int, data, npz: str) -
     order = [c for task in run.tasks for c in task.new_classes]
     with tempfile.TemporaryDirectory() as folder:
         scratch = Path(folder)
-        reference = start_reference(args, method, seed, order, npz, scratch)
+        pipeline = run.images.pipeline  # the reference divides by what gtep's run divides by
+        normalise = (pipeline.mean.flatten().tolist(), pipeline.std.flatten().tolist())
+        reference = start_reference(args, method, seed, order, npz, normalise, scratch)
         tic = time.perf_counter()
         for task in run.tasks:
             run.train_task(task)

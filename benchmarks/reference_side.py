@@ -7,9 +7,11 @@ sets from outside the toolbox's own code, and why:
 
 - data: a small `iData` adapter (defined here, at run time) holding the job's classes of the npz dataset in the
   job's class order (gtep's, for that seed); `utils.data_manager._get_idata` is pointed at it (both toolboxes know
-  only their built-in datasets). Its transforms: PyCIL's own CIFAR transforms (iCIFAR100's) for PyCIL; for PILOT
-  the job's (`pilot@32`: RandomResizedCrop(32, scale=(0.05, 1)), flip; the test view is the image), normalised
-  with the statistics the ViT's weights were pretrained with, as gtep feeds them.
+  only their built-in datasets). Its transforms: PyCIL's own CIFAR transforms (iCIFAR100's crop, flip, jitter)
+  for PyCIL; for PILOT the job's (`pilot@32`: RandomResizedCrop(32, scale=(0.05, 1)), flip; the test view is the
+  image). Both normalise with the job's mean and std, the ones gtep's run divides by: the phase's own pixel
+  statistics (iCIFAR100 would use CIFAR-100's constants on a dataset that is not CIFAR-100) or those the ViT's
+  weights were pretrained with.
 - the recipe: PyCIL's replay, iCaRL, BiC, WA, PODNet and DER keep theirs in module globals (`init_epoch`, `epochs`,
   `lrate`, `milestones`, ...), set from the job's "globals" on the method's module before it trains; FOSTER, BEEF,
   MEMO and PILOT's methods read theirs from the args dict (their json config), which the job's "args" extend.
@@ -48,17 +50,19 @@ import torch
 
 def transforms_for(job: dict) -> tuple[list, list, list]:
     """(train, test, common) transforms: PyCIL's CIFAR ones, or PILOT's crops at 32 px with the weights' statistics."""
+    from torchvision import transforms
+
+    normalise = transforms.Normalize(job["mean"], job["std"])
     if job["toolbox"] == "pycil":
         from utils.data import iCIFAR100
 
-        return iCIFAR100.train_trsf, iCIFAR100.test_trsf, iCIFAR100.common_trsf
-    from torchvision import transforms
+        return iCIFAR100.train_trsf, iCIFAR100.test_trsf, [normalise]  # iCIFAR100's common_trsf: Normalize only
 
     side = job["image_size"]
     train = [transforms.RandomResizedCrop(side, scale=(0.05, 1.0), ratio=(3 / 4, 4 / 3),
                                           interpolation=transforms.InterpolationMode.BICUBIC),
              transforms.RandomHorizontalFlip(p=0.5)]
-    return train, [], [transforms.ToTensor(), transforms.Normalize(job["mean"], job["std"])]
+    return train, [], [transforms.ToTensor(), normalise]
 
 
 def adapter(job: dict):
