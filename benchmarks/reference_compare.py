@@ -285,6 +285,12 @@ class Comparison:
 def summarise(args: argparse.Namespace, method: str, images: int) -> Comparison | None:
     """The method's comparison over the seeds present in both toolboxes (None when there is none)."""
     runs = load_runs(args, method)
+    for side in SIDES:  # a diverged run (gtep records it; its accuracies stop) is reported, not averaged
+        for r in runs[side]:
+            if r.get("diverged") or len(r["acc_t"]) != len(parse_increments(args.increments)):
+                print(f"{method} seed {r['seed']}: {side} diverged or incomplete, left out of the statistics")
+        runs[side] = [r for r in runs[side]
+                      if not r.get("diverged") and len(r["acc_t"]) == len(parse_increments(args.increments))]
     seeds = sorted({r["seed"] for r in runs["gtep"]} & {r["seed"] for r in runs["reference"]})
     if not seeds:
         return None
