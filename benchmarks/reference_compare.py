@@ -91,9 +91,11 @@ def recipe_for(method: str, args: argparse.Namespace) -> MethodRecipe:
                             pycil_name="bic", pycil_globals={
                                 **{k: v for k, v in step_globals.items() if not k.startswith("init_")},
                                 "split_ratio": 0.1, "T": 2})
-    if method == "podnet":  # cosine schedule; class-balanced fine-tuning 20 of 160 epochs at 0.005
+    if method == "podnet":  # cosine schedule; class-balanced fine-tuning 20 of 160 epochs at 0.005. The network is
+        # gtep's resnet32 in both: PyCIL's podnet.json picks cosine_resnet32 (no last ReLU, 1x1-conv shortcuts),
+        # which gtep does not have; the same network keeps the comparison on the method
         ft = scaled(e, 20, 160)
-        return MethodRecipe("cosine", {"ft_epochs": ft, "ft_lr": 0.005}, "podnet", "cosine_resnet32",
+        return MethodRecipe("cosine", {"ft_epochs": ft, "ft_lr": 0.005}, "podnet", "resnet32",
                             pycil_globals={"epochs": e, "lrate": lr, "ft_epochs": ft, "ft_lrate": 0.005,
                                            "batch_size": batch, "weight_decay": wd})
     if method == "foster":  # cosine; compression 130 of 170 epochs
