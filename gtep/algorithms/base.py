@@ -171,6 +171,9 @@ class IncrementalLearner(Generic[P]):
     # checks that every other value leaves task 1 bit-identical.
     first_task_hparams: ClassVar[tuple[str, ...]] = ()
     uses_pretrained: ClassVar[bool] = False  # True for the ViT methods: they need --weights and a ViT backbone
+    # True where the method meta-trains on the classes its weights were pretrained on: the weights must name them
+    # (gtep pretrain's metadata, or a pretrain: section), which the pre-flight pass checks
+    meta_trains: ClassVar[bool] = False
     # The scenario families' data flows the method can learn from (gtep/protocol/families/): every method here
     # learns single-label tasks of new classes, which class-incremental and few-shot class-incremental are.
     data_flows: ClassVar[frozenset[str]] = frozenset({"class_incremental"})

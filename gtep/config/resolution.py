@@ -93,6 +93,7 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     tuning, evaluation = (_stored_at_pipeline_size(cfg, p) for p in _phase_classes(cfg))
     pretraining = _check_pretrain(cfg, (tuning, evaluation))  # first: it refuses weights given beside it
     _check_weights(cfg, (tuning, evaluation))
+    _check_meta_training(cfg)
     layouts = [phase_layout(cfg, phase) for phase in (tuning, evaluation)]
     study = StudyLayout(cfg.seed, cfg.training.memory_size, tuple(pretraining.classes) if pretraining else None)
     problems = family.check_layout(layouts, study, options)
@@ -116,3 +117,19 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
         raise ConfigError("search.space", str(err)) from None
     _check_first_task_sets_differ(cfg, space.space.sets)
     return ResolvedExperiment(cfg, increments, tuning, evaluation, Path(space_path), pretraining)
+
+
+def _check_meta_training(cfg: ExperimentConfig) -> None:
+    """A learner that meta-trains on its weights' pretrain classes needs weights that name them: refused here,
+    before any compute, not in a worker once the phase runs."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.models.vit import weights_metadata
+
+    if not ALGORITHMS.get(cfg.algorithm).meta_trains or cfg.pretrain is not None:
+        return
+
+    meta = weights_metadata(Path(cfg.weights)) if cfg.weights and str(cfg.weights).endswith(".safetensors") else {}
+    if not (meta.get("gtep.dataset") and meta.get("gtep.classes")):
+        raise ConfigError("weights", f"{cfg.algorithm} meta-trains on the classes its backbone was pretrained on, "
+                          f"and {cfg.weights or 'no weights file'} names none; add a pretrain: section, or give "
+                          "weights made by gtep pretrain")

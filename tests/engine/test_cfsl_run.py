@@ -224,3 +224,16 @@ def test_a_class_incremental_algorithm_is_refused_for_the_cfsl_family():
     with pytest.raises(ConfigError, match="cfsl_finetune, cfsl_fomaml, cfsl_proto_tune, cfsl_protonet, cfsl_prototypes"):
         resolve(validate_config(doc, "test"))
     assert "continual_few_shot" not in ALGORITHMS.get("replay").data_flows
+
+
+@pytest.mark.parametrize("algorithm", ["cfsl_protonet", "cfsl_fomaml"])
+def test_a_meta_learner_without_weights_that_name_their_classes_is_refused_before_compute(algorithm, tmp_path):
+    from gtep.config import ConfigError, load_preset, resolve, validate_config
+
+    doc = load_preset("omniglot-cfsl").model_dump(mode="python")
+    doc["algorithm"] = algorithm
+    resolve(validate_config(doc, "test"))  # the preset's pretrain: section names them
+    doc.pop("pretrain")
+    with pytest.raises(ConfigError) as refused:
+        resolve(validate_config(doc, "test"))
+    assert refused.value.field == "weights" and "pretrain: section" in str(refused.value)

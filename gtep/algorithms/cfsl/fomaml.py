@@ -86,6 +86,8 @@ class Episode:
 class CfslFomaml(HeadLearner[FomamlParams]):
     """First-order MAML: meta-learned initial weights, SGD on the fast weights per support set (module docstring)."""
 
+    meta_trains = True
+
     def meta_train(self, backbone: Backbone) -> None:
         p = self.params
         if p.episodes == 0:

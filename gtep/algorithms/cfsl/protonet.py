@@ -42,6 +42,7 @@ class CfslProtoNet(CfslPrototypes):
 
     Params = ProtoNetParams
     params: ProtoNetParams
+    meta_trains = True
 
     def meta_train(self, backbone: Backbone) -> None:
         p = self.params
