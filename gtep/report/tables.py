@@ -151,11 +151,13 @@ def paper_table(summary: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
 
 
 
-def mean_std_cell(mean: float, std: float) -> str:
-    """'61.20 (1.30)': a mean and its std over orderings in percent; 'NaN' when the mean is undefined."""
+def mean_std_cell(mean: float, std: float | None, unit: str = "percent") -> str:
+    """'61.20 (1.30)': a mean and its std over orderings, in percent (a ratio or a count as it is: '0.0212 (0)',
+    '3.67e+09'); 'NaN' when the mean is undefined."""
     if mean is None or math.isnan(mean):
         return "NaN"
-    return f"{100 * mean:.2f} ({100 * std:.2f})" if std is not None and not math.isnan(std) else f"{100 * mean:.2f}"
+    show = (lambda v: f"{100 * v:.2f}") if unit == "percent" else (lambda v: f"{v:.3g}")
+    return f"{show(mean)} ({show(std)})" if std is not None and not math.isnan(std) else show(mean)
 
 
 def family_columns(part: pd.DataFrame, header: str) -> dict[str, dict[str, str]]:
@@ -169,9 +171,11 @@ def family_columns(part: pd.DataFrame, header: str) -> dict[str, dict[str, str]]
         if family not in FAMILIES or not FAMILIES.get(family).table_metrics:
             continue
         rows = part[part["family"] == family]
+        units = {m.name: m.unit for m in FAMILIES.get(family).metrics}
         for metric in FAMILIES.get(family).table_metrics:
-            columns[f"{metric_label(metric)} {header}"] = {r["label"]: mean_std_cell(r[metric], r[f"{metric}_std"])
-                                                           for _, r in rows.iterrows()}
+            columns[f"{metric_label(metric)} {header}"] = {
+                r["label"]: mean_std_cell(r[metric], r.get(f"{metric}_std"), units.get(metric, "percent"))
+                for _, r in rows.iterrows()}
         columns[f"criterion {header}"] = {r["label"]: pct(r["score"]) for _, r in rows.iterrows()}
     return columns
 

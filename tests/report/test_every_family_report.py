@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 
 from gtep.orchestration.tracking import as_logged, phase_metrics, step_points, summarize_units
 from gtep.protocol.criteria import CRITERIA
-from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, metric_label
 from gtep.report import run_report
 
 S = 2  # orderings per set
@@ -124,6 +124,13 @@ def test_the_report_reads_every_metric_of_the_family_table(tmp_path, name):
             assert row[metric] == pytest.approx(want, abs=1e-6), (phase, metric)
             assert row[f"{metric}_std"] == pytest.approx(expected[phase][f"{metric}_std"], abs=1e-6), (phase, metric)
     assert (report.out / "report.md").exists()
+    # the paper table's family columns: each table metric in its unit (percent x100, ratios and counts as they are)
+    table = next(iter(report.tables.values())) if family.table_metrics else None
+    units = {m.name: m.unit for m in family.metrics}
+    for metric in family.table_metrics:
+        cell = table.iloc[0][f"{metric_label(metric)} evaluation (D^E)"]
+        value = expected["evaluate"][metric] * (100 if units[metric] == "percent" else 1)
+        assert float(cell.split(" ")[0]) == pytest.approx(value, rel=5e-3, abs=5e-3), (metric, cell)
     # every curve of the table but acc_t (drawn per task from the orderings) and gAcc(alpha) (its own figure): the
     # phase's mean over its orderings, step by step, as a frame and as a figure a person opens
     drawn = [m for m in family.metrics if m.curve and m.name not in ("acc_t", "gacc_alpha")]

@@ -142,7 +142,8 @@ def test_fscil_table_has_aacc_gacc_auc_and_criterion_per_phase(fscil):
     for phase in ("tuning (D^HT)", "evaluation (D^E)"):  # the class-incremental columns stay, FSCIL's come after HM
         columns = list(table.columns)
         at = columns.index(f"HM {phase}")
-        assert columns[at + 1: at + 4] == [f"aAcc {phase}", f"gAcc AUC {phase}", f"criterion {phase}"]
+        assert columns[at + 1: at + 5] == [f"aAcc {phase}", f"gAcc AUC {phase}", f"novel {phase}",
+                                           f"criterion {phase}"]
     assert columns.index("criterion tuning (D^HT)") < columns.index("evaluation (D^E)")
     for algorithm, (sets, evaluation) in PLAN.items():
         for phase, units in (("tuning (D^HT)", sets[1]), ("evaluation (D^E)", evaluation)):

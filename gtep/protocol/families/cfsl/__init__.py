@@ -72,6 +72,9 @@ class ContinualFewShot(ScenarioFamily):
     default_criterion = cfsl_metrics.DEFAULT_CRITERION_METRIC
     headline: ClassVar[tuple[str, ...]] = ("target_acc", "target_acc_task_std", "target_acc_ci95", "target_ce", "atm",
                                            "atm_count", "macs")
+    table_metrics = ("target_acc", "atm", "macs")
+    table_note = ("CFSL: target acc in %, ATM (across-task memory, relative to the backbone's bytes) and MACs per "
+                  "task, mean (std) over orderings; criterion: the value of the criterion H* was selected by, %")
 
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         """The classes of a task's class blocks: NC per block, NSS / CCI blocks."""
