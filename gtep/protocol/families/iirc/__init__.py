@@ -219,6 +219,8 @@ class IncrementalImplicitlyRefined(ScenarioFamily):
     metrics = METRICS
     default_criterion = iirc_metrics.DEFAULT_CRITERION_METRIC
     headline: ClassVar[tuple[str, ...]] = ("pw_js", "mean_pw_js", "js", "exact_match")
+    table_note = ("IIRC: the table's Acc and AvgAcc are the final and the mean precision-weighted Jaccard similarity "
+                  "(pw-JS, %); criterion: H* was selected by")
 
     def increments(self, options: Mapping[str, Any]) -> list[int]:
         """Labels per task of a phase; needs the phase's hierarchy in options["superclasses"] ({superclass id:
