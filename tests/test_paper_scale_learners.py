@@ -1,0 +1,57 @@
+"""benchmarks/paper_scale_learners.py (issue 34's rehearsal): fifteen learners that train nothing but answer with
+their paper algorithm's accuracy matrix, through the real engine: the right number of tasks, the same matrices for
+the same seed, a real optimum for tuning to find, forgetting, and divergence recorded as a real run's."""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gtep.data import resolve_dataset
+from gtep.engine import run_ordering
+from gtep.engine.runner import FirstTaskSpec, OrderingJob
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import paper_scale_learners as ps  # noqa: E402
+
+DATA = resolve_dataset("synthetic:classes=20,train=6,test=40").load()
+
+
+def ordering(name: str, lr: float, ordering: int = 0, seed: int = 0):
+    job = OrderingJob(name, {"lr": lr, "batch_size": 128, "epochs": 1}, "resnet8", (5, 5, 5, 5), tuple(range(20)),
+                      seed=seed, ordering=ordering, memory_size=0, first_task=FirstTaskSpec(epochs=1), device="cpu")
+    return run_ordering(job, DATA)
+
+
+def test_the_papers_fifteen_algorithms_are_registered():
+    assert len(ps.LEARNERS) == 15
+    assert {f"ps_{name}" for name in ps.PROFILES} <= set(ps.ALGORITHMS.names())
+
+
+def test_an_ordering_has_one_row_per_task_and_the_same_seed_gives_the_same_matrix():
+    out = ordering("ps_der", 0.1)
+    assert out.status == "finished" and len(out.acc_matrix) == 4 and out.params_total == 0
+    assert np.array_equal(ordering("ps_der", 0.1).acc_matrix, out.acc_matrix, equal_nan=True)
+    assert not np.array_equal(ordering("ps_der", 0.1, ordering=1).acc_matrix, out.acc_matrix, equal_nan=True)
+
+
+def test_accuracy_follows_the_profile_best_set_above_far_sets_and_old_tasks_forgotten():
+    profile = ps.PROFILES["replay"]
+    best = [ordering("ps_replay", profile.best_lr, o) for o in range(3)]
+    far = [ordering("ps_replay", profile.best_lr / 100, o) for o in range(3)]
+    final = statistics.mean(o.metrics["acc"] for o in best)
+    assert final > statistics.mean(o.metrics["acc"] for o in far) + 0.2
+    # task 0's classes: as learnt, then after three more tasks (forgetting 0.10 a task)
+    learnt = statistics.mean(o.acc_matrix[0][0] for o in best)
+    later = statistics.mean(o.acc_matrix[3][0] for o in best)
+    assert learnt == pytest.approx(profile.base, abs=0.08)
+    assert later == pytest.approx(profile.base * (1 - profile.forgetting) ** 3, abs=0.08) and later < learnt
+
+
+def test_a_learning_rate_a_decade_above_the_best_diverges_as_a_real_run():
+    out = ordering("ps_icarl", 10 * ps.PROFILES["icarl"].best_lr)
+    message = out.message.lower()
+    assert out.status == "diverged" and ("non-finite" in message or "nan" in message), out.message
