@@ -55,3 +55,19 @@ def test_a_learning_rate_a_decade_above_the_best_diverges_as_a_real_run():
     out = ordering("ps_icarl", 10 * ps.PROFILES["icarl"].best_lr)
     message = out.message.lower()
     assert out.status == "diverged" and ("non-finite" in message or "nan" in message), out.message
+
+
+def test_the_paper_scale_matrix_has_the_papers_shape_and_every_cell_resolves(tmp_path):
+    import paper_scale
+
+    from gtep.matrix import parse_matrix, resolve_cells
+
+    full = paper_scale.matrix_document(tmp_path / "full")
+    assert paper_scale.units(full) == (120, 120 * 31 * 5)  # 15 x 8 studies, R x S tuning + S evaluation units
+    assert (len(full["algorithms"]), len(full["scenarios"]) * len(full["pairings"])) == (15, 8)
+    small = paper_scale.matrix_document(tmp_path / "small", scale=0.1, algorithms=2, cell_count=2)
+    cells = resolve_cells(parse_matrix(small, "test"), tmp_path / "small" / "runs")
+    assert [c.cell.name.removeprefix("paper-scale-") for c in cells] == [
+        "ps_replay-10tasks-split-a", "ps_icarl-10tasks-split-a", "ps_replay-6tasks-split-a", "ps_icarl-6tasks-split-a"]
+    assert {c.resolved.config.search.trials for c in cells} == {3}
+    assert cells[2].resolved.increments[:2] == (25, 5)  # 6 tasks: half of the 50 classes first (Table 1)
