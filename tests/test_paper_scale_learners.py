@@ -14,10 +14,25 @@ from gtep.data import resolve_dataset
 from gtep.engine import run_ordering
 from gtep.engine.runner import FirstTaskSpec, OrderingJob
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import paper_scale_learners as ps  # noqa: E402
-
+BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
 DATA = resolve_dataset("synthetic:classes=20,train=6,test=40").load()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ps():
+    """The plugin registered for this module's tests only: other modules enumerate the registry (every algorithm
+    has a search space, a golden record...), which the benchmark's learners are not part of."""
+    from gtep.algorithms import ALGORITHMS
+
+    sys.path.insert(0, BENCHMARKS)
+    import paper_scale_learners
+
+    yield paper_scale_learners
+    for name in paper_scale_learners.LEARNERS:
+        ALGORITHMS._entries.pop(f"ps_{name}", None)  # noqa: SLF001 - a test's own registrations, removed
+    sys.modules.pop("paper_scale_learners", None)
+    sys.modules.pop("paper_scale", None)
+    sys.path.remove(BENCHMARKS)
 
 
 def ordering(name: str, lr: float, ordering: int = 0, seed: int = 0):
@@ -26,7 +41,7 @@ def ordering(name: str, lr: float, ordering: int = 0, seed: int = 0):
     return run_ordering(job, DATA)
 
 
-def test_the_papers_fifteen_algorithms_are_registered():
+def test_the_papers_fifteen_algorithms_are_registered(ps):
     assert len(ps.LEARNERS) == 15
     assert {f"ps_{name}" for name in ps.PROFILES} <= set(ps.ALGORITHMS.names())
 
@@ -38,7 +53,7 @@ def test_an_ordering_has_one_row_per_task_and_the_same_seed_gives_the_same_matri
     assert not np.array_equal(ordering("ps_der", 0.1, ordering=1).acc_matrix, out.acc_matrix, equal_nan=True)
 
 
-def test_accuracy_follows_the_profile_best_set_above_far_sets_and_old_tasks_forgotten():
+def test_accuracy_follows_the_profile_best_set_above_far_sets_and_old_tasks_forgotten(ps):
     profile = ps.PROFILES["replay"]
     best = [ordering("ps_replay", profile.best_lr, o) for o in range(3)]
     far = [ordering("ps_replay", profile.best_lr / 100, o) for o in range(3)]
@@ -51,7 +66,7 @@ def test_accuracy_follows_the_profile_best_set_above_far_sets_and_old_tasks_forg
     assert later == pytest.approx(profile.base * (1 - profile.forgetting) ** 3, abs=0.08) and later < learnt
 
 
-def test_a_learning_rate_a_decade_above_the_best_diverges_as_a_real_run():
+def test_a_learning_rate_a_decade_above_the_best_diverges_as_a_real_run(ps):
     out = ordering("ps_icarl", 10 * ps.PROFILES["icarl"].best_lr)
     message = out.message.lower()
     assert out.status == "diverged" and ("non-finite" in message or "nan" in message), out.message
