@@ -15,6 +15,22 @@ def load(dataset: str = SYNTHETIC) -> ImageSet:
     return resolve_dataset(dataset).load()
 
 
+def class_images(dataset: str, split: str, classes: list[int], per_class: int | None = None) -> tuple[Any, Any]:
+    """The images of `classes` (the first `per_class` of each), normalised as the learner tests feed them, labelled
+    by class id (the tests order classes 0..n, so a label is also its position)."""
+    import torch
+
+    data = load(dataset)
+    x_all, y_all = (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
+    xs, ys = [], []
+    for c in classes:
+        rows = (y_all == c).nonzero()[0][:per_class]
+        xs.append(torch.from_numpy(x_all[rows]))
+        ys.append(torch.full((len(rows),), c, dtype=torch.int64))
+    x = torch.cat(xs).permute(0, 3, 1, 2).float().div(255)
+    return (x - 0.5) / 0.25, torch.cat(ys)
+
+
 def small_job(algorithm: str, hparams: dict[str, Any] | None = None, *, dataset: str = SYNTHETIC,
               increments: tuple[int, ...] = (4, 3, 3), memory_size: int = 40, epochs: int = 8,
               backbone: str = "resnet8", seed: int = 0, ordering: int = 0) -> tuple[OrderingJob, ImageSet]:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
 from gtep.engine.loop import Trainer
 from gtep.spaces import load_space
-from tests.helpers import learn, load, snapshot, unchanged
+from tests.helpers import class_images, learn, snapshot, unchanged
 
 CPU = torch.device("cpu")
 DATA = "synthetic:classes=10,train=40,test=20"
@@ -30,17 +30,8 @@ def one_thread():
 
 
 def images(split: str, classes: list[int], per_class: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The synthetic images of `classes` (the first `per_class` of each), normalised, with their labels as
-    positions in the class ordering (the classes are 0..9 in order, so a label is its class)."""
-    data = load(DATA)
-    x_all, y_all = (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
-    xs, ys = [], []
-    for c in classes:
-        rows = (y_all == c).nonzero()[0][:per_class]
-        xs.append(torch.from_numpy(x_all[rows]))
-        ys.append(torch.full((len(rows),), c, dtype=torch.int64))
-    x = torch.cat(xs).permute(0, 3, 1, 2).float().div(255)
-    return (x - 0.5) / 0.25, torch.cat(ys)
+    """The synthetic images of `classes` (the first `per_class` of each), normalised, labelled by class."""
+    return class_images(DATA, split, classes, per_class)
 
 
 def task(index: int, known: int, classes: list[int], per_class: int | None = None,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
 from gtep.algorithms.fscil.cec import Episodes
 from gtep.engine.loop import Trainer
-from tests.helpers import VIT, VIT_DATASET, learn, load, pretrained_vit, snapshot, unchanged
+from tests.helpers import VIT, VIT_DATASET, class_images, learn, pretrained_vit, snapshot, unchanged
 
 CPU = torch.device("cpu")
 
@@ -30,17 +30,7 @@ def recipe(epochs: int, lr: float = 0.05) -> FitRecipe:
                      lr_decay=0.1)
 
 
-def images(dataset: str, split: str, classes: list[int], per_class: int | None = None):
-    """The images of `classes` (the first `per_class` of each), normalised, labelled by class (= position)."""
-    data = load(dataset)
-    x_all, y_all = (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
-    xs, ys = [], []
-    for c in classes:
-        rows = (y_all == c).nonzero()[0][:per_class]
-        xs.append(torch.from_numpy(x_all[rows]))
-        ys.append(torch.full((len(rows),), c, dtype=torch.int64))
-    x = torch.cat(xs).permute(0, 3, 1, 2).float().div(255)
-    return (x - 0.5) / 0.25, torch.cat(ys)
+images = class_images  # (dataset, split, classes, per_class)
 
 
 def task(dataset: str, index: int, known: int, classes: list[int], fit: FitRecipe, per_class: int | None = None):
