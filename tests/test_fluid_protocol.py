@@ -254,7 +254,7 @@ def test_the_cpu_preset_resolves(monkeypatch):
 
 
 def test_terminal_tables_show_auroc_and_gmacs_as_they_are_and_accuracies_in_percent():
-    from gtep.report.tables import metric_cell, metric_header
+    from gtep.reporting.tables import metric_cell, metric_header
 
     summary = {"family": "fluid", "mean_per_class_acc": 0.125, "mean_per_class_acc_std": 0.01, "gmacs_total": 7.5,
                "gmacs_total_std": 0.1}

@@ -3,7 +3,6 @@ builds from its options. Command modules import this module and never each other
 heavy imports (Ray, MLflow, torch) happen inside the commands, so `gtep --help` stays fast."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -13,14 +12,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gtep.config import (
-    ConfigError,
-    ExperimentConfig,
-    ResolvedExperiment,
-    load_config,
-    load_preset,
-    validate_config,
-)
+from gtep import api
+from gtep.config import ConfigError, ExperimentConfig, ResolvedExperiment
 
 # Redirected to a file or a batch job's log, rich would fall back to 80 columns and squeeze a family's result
 # table into ellipses; a log is read later in a pager, so it gets room (a terminal keeps its own width;
@@ -69,18 +62,19 @@ def run_guarded(fn: Callable[[], object]) -> None:
     result was complete (StudyStopped) prints its message and exits with its own code, never 0."""
     from gtep.data import DatasetError
     from gtep.errors import StudyStopped
+    from gtep.plugins import PluginError
     from gtep.protocol.selection import AllSetsDivergedError
     from gtep.spaces import SearchSpaceError
 
     try:
         fn()
-    except (ConfigError, DatasetError, SearchSpaceError, AllSetsDivergedError) as err:
+    except (ConfigError, DatasetError, SearchSpaceError, AllSetsDivergedError, PluginError) as err:
         fail(str(err))
     except StudyStopped as err:
         command = fn.__qualname__.split(".")[0]  # `go` is defined inside the command's function: tune, run...
         summary = getattr(err, "summary", None)
         if summary:  # what did finish, with its k/S, so that nothing reads it as complete
-            from gtep.report.tables import phase_summary
+            from gtep.reporting.tables import phase_summary
 
             title = f"{getattr(err, 'phase', '')} phase: INCOMPLETE"
             console.print(phase_summary(summary, getattr(err, "dataset", ""), title))
@@ -101,15 +95,11 @@ def search_protocol(protocol: str | None) -> str | None:
     return protocol if protocol == "first_task" else None
 
 
-# The config field each option of tune | evaluate | run sets (build_config): an error about a field whose value
-# the user typed as an option names the option (`as_option`).
-OPTION_FIELDS = {"output": "tracking.output", "tracking_uri": "tracking.tracking_uri", "address": "compute.ray_address",
-                 "trials": "search.trials", "orderings": "search.orderings", "seed": "seed", "algorithm": "algorithm",
-                 "max_concurrent": "compute.max_concurrent", "study": "study", "backbone": "backbone",
-                 "weights": "weights", "protocol": "search.protocol", "protocol_tasks": "search.protocol_tasks",
-                 "scheduler": "search.scheduler"}
-# counts an option must reach (the config says the same, but this way the message names the option)
-OPTION_MINIMUM = {"trials": 1, "orderings": 1, "max_concurrent": 1, "seed": 0, "protocol_tasks": 1}
+# The config field each option of tune | evaluate | run sets (the keyword arguments of gtep.experiment, which the
+# commands build their config with): an error about a field whose value the user typed as an option names the option.
+OPTION_FIELDS = api.OPTION_FIELDS
+# the API's keyword arguments that are no config field and are options of the commands under the same name
+API_KEYWORDS = ("best", "tuning_run", "hparams", "resume", "protocol", "preset")
 
 
 def option_name(key: str) -> str:
@@ -117,7 +107,11 @@ def option_name(key: str) -> str:
 
 
 def as_option(err: ConfigError, overrides: dict[str, Any]) -> ConfigError:
-    """`err` naming the option instead of the config field when the field's value came from that option."""
+    """`err` naming the option instead of the config field when the field's value came from that option, and
+    instead of the API's keyword argument (gtep.api names them as the options are named)."""
+    typed = err.field in OPTION_FIELDS and overrides.get(err.field) is not None  # gtep.experiment's own checks
+    if err.field in API_KEYWORDS or typed:
+        return ConfigError(option_name(err.field), err.reason)
     for key, field in OPTION_FIELDS.items():
         if overrides.get(key) is not None and (err.field == field or err.field.startswith(f"{field}.")):
             reason = err.reason.replace(" (in command line)", "")
@@ -127,20 +121,15 @@ def as_option(err: ConfigError, overrides: dict[str, Any]) -> ConfigError:
 
 def check_counts(**options: Any) -> None:
     """Counts typed as options (--trials, --orderings, --max-concurrent, --seed) reach their minimum."""
-    for key, least in OPTION_MINIMUM.items():
-        value = options.get(key)
-        if value is not None and value < least:
-            raise ConfigError(option_name(key), f"must be >= {least}, got {value}")
+    try:
+        api.check_counts(**options)
+    except ConfigError as err:
+        raise as_option(err, options) from None
 
 
 def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any) -> ExperimentConfig:
-    if config and preset:
-        raise ConfigError("--preset", "give either --config or --preset, not both")
-    check_counts(**overrides)
-    cfg = load_config(config) if config else load_preset(preset or "default")
-    mapped = {field: overrides.get(key) for key, field in OPTION_FIELDS.items()}
     try:
-        return cfg.with_overrides(**mapped)
+        return api.experiment(config, preset=preset, **overrides)
     except ConfigError as err:
         raise as_option(err, overrides) from None
 
@@ -148,53 +137,33 @@ def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any
 def resumed_config(study_dir: Path, config: Optional[Path], preset: Optional[str],
                    overrides: dict[str, Any]) -> ExperimentConfig:
     """The config a study was started with (its manifest), placed where the study folder is now."""
-    manifest = study_dir / "manifest.json"
-    if not manifest.exists():
-        raise ConfigError("--resume", f"{study_dir} has no manifest.json; give the OUTPUT/STUDY folder of a study "
-                          "that gtep tune or gtep run started")
     allowed = {"address", "tracking_uri"}
     extra = sorted(k for k, v in overrides.items() if v is not None and k not in allowed)
-    if config or preset or extra:
-        given = ["--config"] * bool(config) + ["--preset"] * bool(preset) + [f"--{k.replace('_', '-')}" for k in extra]
+    if (study_dir / "manifest.json").exists() and (config or preset or extra):
+        given = ["--config"] * bool(config) + ["--preset"] * bool(preset) + [option_name(k) for k in extra]
         raise ConfigError("--resume", f"a study resumes with the config it started with; drop {', '.join(given)} "
                           "(only --address and --tracking-uri may change)")
     try:
-        stored = json.loads(manifest.read_text()).get("config")
-    except (ValueError, OSError, AttributeError) as err:
-        raise ConfigError("--resume", f"{manifest} is not a gtep manifest ({err.__class__.__name__}); give the "
-                          "OUTPUT/STUDY folder of a study that gtep tune or gtep run started") from None
-    try:
-        cfg = validate_config(stored, str(manifest))
+        return api.study_config(study_dir, address=overrides.get("address"),
+                                tracking_uri=overrides.get("tracking_uri"))
     except ConfigError as err:
-        raise ConfigError("--resume", f"{manifest} holds a config gtep cannot use ({err}); give the OUTPUT/STUDY "
-                          "folder of a study that gtep tune or gtep run started") from None
-    return cfg.with_overrides(**{"tracking.output": study_dir.resolve().parent, "study": study_dir.name,
-                                 "compute.ray_address": overrides.get("address"),
-                                 "tracking.tracking_uri": overrides.get("tracking_uri")})
+        raise as_option(err, overrides) from None
+
+
+def study_config(config: Optional[Path], preset: Optional[str], resume: Optional[Path] = None,
+                 **overrides: Any) -> ExperimentConfig:
+    """The config a command runs: its file or preset with the options typed, or a resumed study's own."""
+    return resumed_config(resume, config, preset, overrides) if resume else build_config(config, preset, **overrides)
 
 
 def prepare(config: Optional[Path], preset: Optional[str], resume: Optional[Path] = None,
             **overrides: Any) -> ResolvedExperiment:
     """All validation that needs no compute: the file, the names, the data, the search space, the address."""
-    from gtep.orchestration.ray_search import check_address
-    from gtep.orchestration.tracking_store import check_tracking
-    from gtep.preflight import preflight
-
-    cfg = resumed_config(resume, config, preset, overrides) if resume else build_config(config, preset, **overrides)
+    cfg = study_config(config, preset, resume, **overrides)
     try:
-        resolved = preflight(cfg).resolved
+        return api.check(cfg, console)
     except ConfigError as err:
         raise as_option(err, overrides) from None
-    check_address(resolved.config.compute.ray_address)
-    check_tracking(resolved.config.tracking_uri)
-    say_conversions(resolved.data_conversions)
-    return resolved
-
-
-def say_conversions(conversions: dict[str, str]) -> None:
-    """A dataset whose pixels were converted to uint8 says so before the study starts (and in its runs' params)."""
-    for phase, note in conversions.items():
-        console.print(f"[yellow]note:[/] {escape(phase)} phase data converted: {escape(note)}", highlight=False)
 
 
 def through_ray_client(address: Optional[str], config: Optional[Path]) -> bool:

@@ -95,7 +95,7 @@ def run_matrix_cells(matrix: MatrixConfig, cells: list[ResolvedCell], root: Path
 def report_matrix(matrix: MatrixConfig, tracking_uri: str, root: Path) -> Path | None:
     """The paper's tables over the whole matrix (gtep report --matrix NAME); the matrix's results are kept in
     MLflow either way, so a report that cannot be built is a warning with the command to build it later."""
-    from gtep.report import run_report
+    from gtep.reporting import run_report
 
     later = f"gtep report --matrix {matrix.matrix} --tracking-uri '{tracking_uri}'"
     out = root / "report"

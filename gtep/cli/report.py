@@ -1,4 +1,4 @@
-"""gtep report: the command line of gtep.report.build.run_report (the paper's tables and figures from MLflow).
+"""gtep report: the command line of gtep.reporting.build.run_report (the paper's tables and figures from MLflow).
 
 Heavy imports (MLflow, pandas, matplotlib, Optuna) happen only when the command runs, so `gtep --help` stays fast.
 """
@@ -49,7 +49,7 @@ def report_command(
     Reads MLflow only; nothing is re-run."""
     def go() -> None:
         from gtep.orchestration.report_store import open_store
-        from gtep.report.build import check_formats, run_report
+        from gtep.reporting.build import check_formats, run_report
 
         chosen = check_formats(formats)
         runs = matrix_store_folder(output, matrix) if tracking_uri is None else output

@@ -5,7 +5,7 @@ It reads the lineage `gtep.orchestration.tracking` writes:
     phase run (gtep.level=phase)  >  trial run (gtep.level=trial)  >  ordering run (gtep.level=ordering, acc_t steps)
 
 and turns every run into a row of its tags and metrics. Which runs a report keeps (the latest usable phase run per
-label, its trials and orderings) is the report's own choice, made on these frames in `gtep.report.collect`; this
+label, its trials and orderings) is the report's own choice, made on these frames in `gtep.reporting.collect`; this
 module is the only place the report's data touches MLflow.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from gtep.orchestration.tracking import as_logged, phase_metrics, step_points, summarize_units
 from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, metric_label
-from gtep.report import run_report
+from gtep.reporting import run_report
 
 S = 2  # orderings per set
 SETS = 2  # sets tuned; H* = set 1

@@ -10,7 +10,7 @@ import pytest
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
-from gtep.report import run_report
+from gtep.reporting import run_report
 from tests.report.test_units import write_store
 
 S = 2
@@ -213,7 +213,7 @@ def test_fscil_gacc_alpha_plot_as_a_person_sees_it(fscil):
 
 
 def test_fscil_plot_draws_tuning_dashed_and_evaluation_solid(fscil, tmp_path, monkeypatch):
-    from gtep.report import plots
+    from gtep.reporting import plots
 
     figure_lines = []
     original = plots._save

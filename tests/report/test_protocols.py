@@ -6,9 +6,9 @@ import math
 import pandas as pd
 import pytest
 
-from gtep.report import build
-from gtep.report import protocols as tp
-from gtep.report.collect import StoreData
+from gtep.reporting import build
+from gtep.reporting import protocols as tp
+from gtep.reporting.collect import StoreData
 from tests.report.test_summary import GROUP, ordering_rows, phase
 
 HM = lambda a, b: 2 * a * b / (a + b)  # noqa: E731

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from gtep.cli import app
-from gtep.report import run_report
+from gtep.reporting import run_report
 
 ALGORITHMS = ("replay", "icarl")
 R, S = 2, 2

@@ -5,9 +5,9 @@ import math
 import pandas as pd
 import pytest
 
-from gtep.report import build, collect
-from gtep.report.collect import StoreData
-from gtep.report.importance import best_so_far, trials_to_best
+from gtep.reporting import build, collect
+from gtep.reporting.collect import StoreData
+from gtep.reporting.importance import best_so_far, trials_to_best
 
 GROUP = ("10+5+5", "D1 → D2")
 
@@ -184,7 +184,7 @@ def image_width(path):
 
 
 def test_one_parameter_panel_when_nothing_is_frozen(tmp_path):
-    from gtep.report import plots
+    from gtep.reporting import plots
 
     summary = build.build_frames(hand_store()).summary
     columns = (("params_total", "parameters (total)"), ("params_trainable", "parameters (trainable)"))
@@ -244,7 +244,7 @@ def test_incomplete_or_interrupted_phase_runs_are_not_results_and_are_named():
 
 
 def test_set_states_from_tags_or_derived_for_older_stores():
-    from gtep.report.summary import set_status
+    from gtep.reporting.summary import set_status
 
     trials = pd.DataFrame({"status": ["FINISHED", "FAILED", "FINISHED", "KILLED", "FAILED"],
                            "diverged_orderings": [0, 0, 1, 0, 0],

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from gtep.report import run_report
+from gtep.reporting import run_report
 
 ALGORITHMS = ("replay", "icarl")
 S = 2

@@ -25,7 +25,7 @@ from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import FAMILIES
 from gtep.protocol.metrics import harmonic_mean, harmonic_mean_gap, kendall_tau_b
 from gtep.protocol.summary import ordering_statistics
-from gtep.report.collect import EVALUATE_LIKE, StoreData, best_trial_id
+from gtep.reporting.collect import EVALUATE_LIKE, StoreData, best_trial_id
 
 GROUP = ["scenario", "pairing"]
 PHASES = ("tune", "conventional", "evaluate", "original")  # the paper's column order: tuning, then unseen data

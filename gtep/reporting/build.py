@@ -22,11 +22,11 @@ from rich.markup import escape
 from gtep.config import ConfigError
 from gtep.orchestration.report_store import open_store
 from gtep.protocol.families import FAMILIES, known_metrics, metric_label
-from gtep.report import importance as search
-from gtep.report import plots, tables
-from gtep.report import protocols as tp
-from gtep.report import summary as sm
-from gtep.report.collect import StoreData, collect
+from gtep.reporting import importance as search
+from gtep.reporting import plots, tables
+from gtep.reporting import protocols as tp
+from gtep.reporting import summary as sm
+from gtep.reporting.collect import StoreData, collect
 
 FORMATS = ("table", "md", "csv", "latex")
 
@@ -40,7 +40,7 @@ class Report:
     `sets`: complete / incomplete / diverged / interrupted sets per tuning phase; `left_out`: phase runs not
     reported and why; `gacc`: FSCIL's gAcc(alpha) per (scenario, pairing, label, phase), alpha = k/12 (empty when
     no FSCIL phase is reported); `protocols`: each tuning protocol's H*, compute and evaluation score per study
-    (gtep/report/protocols.py)."""
+    (gtep/reporting/protocols.py)."""
     phases: pd.DataFrame
     summary: pd.DataFrame
     tables: dict[tuple[str, str], pd.DataFrame]

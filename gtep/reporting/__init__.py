@@ -5,15 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gtep.report.build import Report, run_report
+    from gtep.reporting.build import Report, run_report
 
 __all__ = ["Report", "run_report"]
 
 
 def __getattr__(name: str) -> Any:
-    """Import lazily: `gtep.report.tables` is used by every phase command and must not pull in MLflow."""
+    """Import lazily: `gtep.reporting.tables` is used by every phase command and must not pull in MLflow."""
     if name in __all__:
-        from gtep.report import build
+        from gtep.reporting import build
 
         return getattr(build, name)
-    raise AttributeError(f"module 'gtep.report' has no attribute {name!r}")
+    raise AttributeError(f"module 'gtep.reporting' has no attribute {name!r}")

@@ -17,8 +17,8 @@ import pandas as pd
 
 from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import FAMILIES  # noqa: F401  (registers the families and their criteria)
-from gtep.report.collect import StoreData
-from gtep.report.summary import GROUP
+from gtep.reporting.collect import StoreData
+from gtep.reporting.summary import GROUP
 
 FULL = "gtep"  # the reference row: every set over every ordering of the whole scenario
 PROTOCOL_COLUMNS = [*GROUP, "algorithm", "label", "study", "protocol", "best_set_index", "sets", "sets_stopped",

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gtep.report.importance import CONVERGENCE_MARK, few_trials_warning
+from gtep.reporting.importance import CONVERGENCE_MARK, few_trials_warning
 
 PHASE_NAMES = {"tune": "tuning phase: H* on D^HT", "evaluate": "evaluation phase: H* on D^E"}
 
