@@ -100,3 +100,15 @@ def test_a_plugin_that_fails_while_importing_names_the_variable(tmp_path):
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert "GTEP_PLUGINS" in last and "'broken_plugin'" in last and "boom" in last, result.stderr
+
+
+def test_a_broken_plugin_module_is_one_line_from_the_command_line(tmp_path):
+    """gtep.config defers the error while it is imported (gtep.plugins.deferred): the command reports it."""
+    (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('boom')\n")
+    env = {**os.environ, "GTEP_PLUGINS": "broken_plugin", "RAY_AUTH_MODE": "disabled",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH", "")]))}
+    result = subprocess.run([sys.executable, "-m", "gtep.cli", "check", "--preset", "default"], env=env,
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith("error: GTEP_PLUGINS names the module 'broken_plugin'"), result.stderr
+    assert "boom" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

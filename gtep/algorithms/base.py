@@ -386,4 +386,5 @@ def distillation_loss(logits: Tensor, old_logits: Tensor, temperature: float) ->
     return -(q * log_p).sum(dim=1).mean()
 
 
-ALGORITHMS: Registry[type[IncrementalLearner[Any]]] = Registry("algorithm")
+# plugins: the gtep.algorithms entry points (gtep.plugins), loaded at the first lookup
+ALGORITHMS: Registry[type[IncrementalLearner[Any]]] = Registry("algorithm", group="gtep.algorithms")

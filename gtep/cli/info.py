@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
@@ -14,16 +14,34 @@ from gtep.config import preset_names, preset_text
 app = typer.Typer()
 
 
+def _algorithms() -> Any:
+    """ALGORITHMS with the plugins' algorithms loaded; a plugin that cannot be loaded is the command's error."""
+    from gtep.plugins import PluginError
+
+    try:
+        from gtep.algorithms import ALGORITHMS
+
+        ALGORITHMS.names()
+    except PluginError as err:
+        fail(str(err))
+    return ALGORITHMS
+
+
 @app.command()
 def algorithms() -> None:
-    """Registered algorithms with their tuned hyperparameter counts (paper Figure 10)."""
-    from gtep.algorithms import ALGORITHMS
+    """Registered algorithms with their tuned hyperparameter counts (paper Figure 10), and where each plugin's
+    comes from (the distribution of its entry point, or GTEP_PLUGINS)."""
+    from gtep.plugins import source_of
     from gtep.spaces import SearchSpaceError, load_space
 
+    ALGORITHMS = _algorithms()
+    names = ALGORITHMS.names()
+    sources = {name: source_of(ALGORITHMS.get(name).__module__) for name in names}
     table = Table(title="algorithms")
-    for column in ("name", "method", "tuned hyperparameters", "presets"):
-        table.add_column(column, no_wrap=column == "name")
-    for name in ALGORITHMS.names():
+    columns = ("name", "method", "tuned hyperparameters", "presets") + (("plugin",) if any(sources.values()) else ())
+    for column in columns:
+        table.add_column(column, no_wrap=column in ("name", "plugin"))
+    for name in names:
         cls = ALGORITHMS.get(name)
         try:
             space = load_space(name)
@@ -34,16 +52,16 @@ def algorithms() -> None:
         flat = " ".join(doc.split())
         cited = re.match(r"^[^(:.]*\([^)]*\)", flat)  # "BiC (Wu et al., CVPR 2019)"
         summary = cited.group(0) if cited else flat.split(". ")[0]
-        table.add_row(name, summary[:60], tuned, presets)
+        table.add_row(name, summary[:60], tuned, presets, *([sources[name] or ""] if len(columns) > 4 else []))
     console.print(table)
 
 
 @app.command()
 def spaces(algorithm: Optional[str] = typer.Argument(None, help="an algorithm; all if omitted")) -> None:
     """A search space with its value sets and presets."""
-    from gtep.algorithms import ALGORITHMS
     from gtep.spaces import SearchSpaceError, load_space
 
+    ALGORITHMS = _algorithms()
     names = [algorithm] if algorithm else ALGORITHMS.names()
     for name in names:
         try:

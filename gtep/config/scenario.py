@@ -13,11 +13,9 @@ from pydantic import Field, create_model, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from gtep.config.base import _Strict
+from gtep.plugins import PLUGINS_ENV, deferred
 from gtep.protocol.families import FAMILIES, ScenarioFamily
 from gtep.protocol.scenarios import parse_increments
-
-if os.environ.get("GTEP_PLUGINS"):  # a plugin's family registers when its module is imported (gtep.algorithms)
-    import gtep.algorithms  # noqa: F401
 
 # the metadata keys of an Options field that pydantic's Field takes; the others mark files (gtep.data.option_files)
 FIELD_KEYS = ("description", "ge", "gt", "le", "lt", "min_length")
@@ -83,7 +81,14 @@ def _sectioned() -> dict[str, ScenarioFamily]:
     return out
 
 
-SECTIONS: dict[str, type[_Strict]] = {key: section_model(family) for key, family in _sectioned().items()}
+# Plugins' families register before their sections are built: the modules of GTEP_PLUGINS (imported by
+# gtep.algorithms) and the gtep.families entry points (read at FAMILIES' first lookup, in _sectioned). A plugin that
+# cannot be loaded is kept and raised by the first registry lookup after (gtep.plugins.deferred): inside a command,
+# where it is a one-line error, rather than while gtep.config is imported.
+with deferred():
+    if os.environ.get(PLUGINS_ENV):
+        import gtep.algorithms  # noqa: F401
+    SECTIONS: dict[str, type[_Strict]] = {key: section_model(family) for key, family in _sectioned().items()}
 # each section model a name of this module (FscilSpec, ...), so pickle finds it (Ray sends configs to workers)
 globals().update({model.__name__: model for model in SECTIONS.values()})
 

@@ -177,7 +177,8 @@ class DatasetSource:
         return DataFacts.of(self.load())
 
 
-DATASETS: Registry[Callable[[str], DatasetSource]] = Registry("dataset")
+# plugins: the gtep.datasets entry points (gtep.plugins), loaded at the first lookup
+DATASETS: Registry[Callable[[str], DatasetSource]] = Registry("dataset", group="gtep.datasets")
 
 
 def resolve_dataset(name: str) -> DatasetSource:

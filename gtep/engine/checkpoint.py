@@ -3,8 +3,9 @@
 A learner's structure grows with the tasks (heads, backbones, bias layers, adapters), so the whole learner
 object is saved rather than a state dict that would need the structure rebuilt first. Loading stays
 `weights_only=True`: the unpickler builds only tensors, plain containers and the classes on an allowlist,
-which is every class defined in gtep itself, torch.nn, timm and the modules of $GTEP_PLUGINS. It never
-runs a callable named by the file.
+which is every class defined in gtep itself, torch.nn, timm and the plugins' modules (gtep.plugins: the
+modules of $GTEP_PLUGINS, and the packages of the gtep.* entry points of installed distributions, e.g. my_lab
+for `my_lab.methods`). It never runs a callable named by the file.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from typing import Any, Callable, cast
 import numpy as np
 import torch
 
+from gtep.plugins import plugin_packages
+
 # Classes from these modules may be rebuilt by a checkpoint; nothing else may.
 SAFE_MODULE_PREFIXES = ("gtep.", "torch.nn.modules.", "torch.nn.parameter", "timm.layers.", "timm.models.")
 
@@ -33,15 +36,22 @@ def fingerprint(spec: Any) -> str:
 
 
 def _is_safe_module(name: str, plugins: list[str]) -> bool:
-    """gtep, torch.nn and timm, plus the plugin modules of $GTEP_PLUGINS (gtep.algorithms): the user already
-    chose to run their code, so rebuilding their learner classes trusts nothing new."""
+    """gtep, torch.nn and timm, plus the plugins' modules (gtep.plugins.plugin_packages: $GTEP_PLUGINS and the
+    entry points' packages): the user already chose to run their code, so rebuilding their classes trusts
+    nothing new."""
     return name.startswith(SAFE_MODULE_PREFIXES) or any(name == p or name.startswith(f"{p}.") for p in plugins)
 
 
 def _safe_classes() -> list[Callable[..., Any] | tuple[Callable[..., Any], str]]:
     """The classes a checkpoint may rebuild, typed as torch.serialization.safe_globals takes them."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.models import BACKBONES
+
+    # the plugins a learner's classes come from are imported (read at a registry's first lookup)
+    ALGORITHMS.names()
+    BACKBONES.names()
     classes: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = []
-    plugins = [name.strip() for name in os.environ.get("GTEP_PLUGINS", "").split(",") if name.strip()]
+    plugins = plugin_packages()
     for name, module in list(sys.modules.items()):
         if module is None or not _is_safe_module(name, plugins):
             continue

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 from gtep.models.base import Backbone
 from gtep.registry import Registry
 
-BACKBONES: Registry[Callable[..., Backbone]] = Registry("backbone")
+# plugins: the gtep.backbones entry points (gtep.plugins), loaded at the first lookup
+BACKBONES: Registry[Callable[..., Backbone]] = Registry("backbone", group="gtep.backbones")
 
 
 def create_backbone(name: str, weights: str | None = None) -> Backbone:

@@ -38,7 +38,8 @@ class Criterion:
         return self.combine([float(metrics.get(name, math.nan)) for name in self.components])
 
 
-CRITERIA: Registry[Criterion] = Registry("selection criterion")
+# plugins: the gtep.criteria entry points (gtep.plugins), loaded at the first lookup
+CRITERIA: Registry[Criterion] = Registry("selection criterion", group="gtep.criteria")
 
 
 def register_criterion(criterion: Criterion) -> Criterion:
@@ -47,10 +48,9 @@ def register_criterion(criterion: Criterion) -> Criterion:
     return criterion
 
 
-register_criterion(Criterion("hmean_acc_avgacc", ("acc", "avg_acc"),
-               "harmonic mean of Acc and AvgAcc (the GTEP paper's, section 4.1)"))
+# the default as registered, not looked up: a lookup while this module is imported would load the plugins early
+DEFAULT_CRITERION = register_criterion(Criterion("hmean_acc_avgacc", ("acc", "avg_acc"),
+                                                 "harmonic mean of Acc and AvgAcc (the GTEP paper's, section 4.1)"))
 register_criterion(Criterion("last_acc", ("acc",), "Acc: accuracy on every class after the last task"))
 register_criterion(Criterion("avg_acc", ("avg_acc",),
                              "AvgAcc: mean over tasks of the accuracy on the classes seen so far"))
-
-DEFAULT_CRITERION = CRITERIA.get("hmean_acc_avgacc")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -259,7 +259,16 @@ def empty_classes(phase: PhaseData, splits: Sequence[str] = ("training", "test")
     return out
 
 
-FAMILIES: Registry[ScenarioFamily] = Registry("scenario family")
+def _plugin_family(name: str, obj: Any) -> ScenarioFamily:
+    """The family of a `module:Class` entry point in gtep.families (an instance, as register_family makes)."""
+    family = obj() if isinstance(obj, type) else obj
+    if family.name != name:
+        raise ValueError(f"the family's name is {family.name!r}; the entry point must have that name")
+    return cast(ScenarioFamily, family)
+
+
+# plugins: the gtep.families entry points (gtep.plugins), loaded at the first lookup (gtep.config's import)
+FAMILIES: Registry[ScenarioFamily] = Registry("scenario family", group="gtep.families", entry_of=_plugin_family)
 
 
 def known_metrics() -> dict[str, Metric]:
