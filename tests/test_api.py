@@ -4,7 +4,10 @@ One tiny study through real Ray Tune and a real sqlite MLflow store (module fixt
 against what the study wrote to its folder and to MLflow, so the API cannot drift from the CLI's files."""
 from __future__ import annotations
 
+import ast
+import inspect
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +17,8 @@ import yaml
 from rich.console import Console
 
 import gtep
-from gtep.config import ConfigError
+import gtep.api
+from gtep.config import ConfigError, ExperimentConfig
 
 R, S = 3, 2
 SCENARIO = {
@@ -168,3 +172,54 @@ def test_the_cli_prints_what_the_api_returns(study, tmp_path):
     assert result.exit_code == 0, result.output
     assert f"H* on the tuning phase (set {study['result'].tuning.set_index})" in result.output
     assert Path(study["cfg"].study_dir / "best.yaml").exists()
+
+
+def python_examples() -> list[str]:
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    blocks = []
+    for page in [*docs.rglob("*.md"), docs.parent / "README.md"]:
+        blocks += re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    return blocks
+
+
+def test_every_python_example_in_the_docs_calls_the_api_as_it_is():
+    """The docs' Python blocks compile, name only what `gtep` exports and pass only keywords its functions take,
+    so the examples cannot drift from the API (they are not run: each would train a study)."""
+    blocks = python_examples()
+    assert len(blocks) >= 5
+    calls = 0
+    for block in blocks:
+        tree = ast.parse(block)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "gtep":
+                assert node.attr in gtep.__all__, f"gtep.{node.attr} in the docs is not part of the API"
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "gtep"):
+                params = inspect.signature(getattr(gtep, node.func.attr)).parameters
+                takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+                for keyword in node.keywords:
+                    if keyword.arg is None:
+                        continue
+                    allowed = keyword.arg in params or (takes_any and keyword.arg in gtep.api.OPTION_FIELDS)
+                    assert allowed, f"gtep.{node.func.attr}(... {keyword.arg}=...) in the docs: no such keyword"
+                calls += 1
+    assert calls >= 10
+
+
+def test_the_docs_experiment_examples_build_valid_configs():
+    """The literal gtep.experiment calls of the docs, run (they only build configs; one that names a file, or
+    shows an error inside `try:`, is skipped)."""
+    built = 0
+    for block in python_examples():
+        tree = ast.parse(block)
+        shown_to_fail = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for n in ast.walk(t)}
+        for node in ast.walk(tree):
+            if id(node) in shown_to_fail:
+                continue
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "experiment" and not node.args
+                    and all(isinstance(k.value, (ast.Constant, ast.Dict)) for k in node.keywords)):
+                kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+                assert isinstance(gtep.experiment(**kwargs), ExperimentConfig)
+                built += 1
+    assert built >= 1
