@@ -16,7 +16,7 @@ there without training. Prints, per method: Acc after each task and AvgAcc as me
 difference (gtep - PyCIL) with its 95% interval and Welch's p, training images per second for both (training
 images x epochs over the seconds of the whole ordering, evaluations included, counted the same way for both); the
 last line is the verdict: the largest |difference| of final Acc over methods and whether any is significant at 5%.
-`--markdown` prints the README table instead.
+`--markdown` prints the table README and docs/benchmarks.md show instead.
 
     .venv/bin/python benchmarks/reference_compare.py --pycil /path/to/PyCIL --algorithm replay --seeds 5 \\
         --classes 30 --increments 10x3 --epochs 12 --batch 32 --lr 0.05
@@ -48,7 +48,7 @@ from gtep.engine.runner import FirstTaskSpec, OrderingJob, OrderingRun  # noqa: 
 from gtep.protocol.scenarios import parse_increments  # noqa: E402
 
 METHODS = ("replay", "icarl", "bic", "wa", "podnet", "der", "foster", "beef", "memo")  # against PyCIL
-VIT_METHODS = ("simplecil", "ranpac")  # against LAMDA-PILOT (what of PILOT runs on a small ViT: README)
+VIT_METHODS = ("simplecil", "ranpac")  # against LAMDA-PILOT (what of PILOT runs on a small ViT: docs/benchmarks.md)
 NME_METHODS = {"icarl"}  # methods whose reported accuracy is the nearest-mean classifier's, in both toolboxes
 
 
@@ -356,7 +356,7 @@ def main() -> None:
     parser.add_argument("--results", default=str(HERE / "results" / "reference_compare"),
                         help="folder of the runs' results (kept; a rerun trains only what is missing)")
     parser.add_argument("--table", action="store_true", help="print the comparison of the stored runs; train nothing")
-    parser.add_argument("--markdown", action="store_true", help="print the README table (implies --table)")
+    parser.add_argument("--markdown", action="store_true", help="print the table of README and docs/benchmarks.md (implies --table)")
     args = parser.parse_args()
     groups = {"all": METHODS, "vit": VIT_METHODS}
     methods = [m for name in (args.algorithm or ["replay"]) for m in groups.get(name, (name,))]

@@ -153,7 +153,7 @@ class TrainingSpec(_Strict):
         if isinstance(value, bool) or value in names:
             return value
         raise ValueError(f"{value!r} is not a data pipeline; use true (the dataset's own), false, or one of "
-                         f"{', '.join(names)} (README: Data pipelines)")
+                         f"{', '.join(names)} (docs/datasets.md: Data pipelines)")
     # The side the network sees with a resizing pipeline (ImageNet-like data, ViTs): None = the paper's (224 px,
     # or the ViT's own input); smaller for CPU smoke runs. ImageFolder images are stored at 256/224 of it.
     image_size: int | None = Field(None, ge=8, le=1024)
