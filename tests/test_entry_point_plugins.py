@@ -264,6 +264,7 @@ def test_module_object_entry_points_register_under_their_names_and_checkpoints_r
     assert result.stdout.strip().endswith("ok")
 
 
+@pytest.mark.slow  # a whole study on Ray (~40 s): the slow group, beside the other studies of every learner
 def test_a_study_runs_on_ray_with_the_plugins_of_its_entry_points(installed, tmp_path):
     markers = tmp_path / "markers"
     markers.mkdir()
