@@ -322,7 +322,8 @@ def print_markdown(rows: list[Comparison]) -> None:
     for c in rows:
         diff, low, high, p = c.final_difference()
         cells = [c.method, c.reference, str(c.seeds), mean_std(c.finals("gtep")), mean_std(c.finals("reference")),
-                 f"{diff:+.2f} [{low:+.2f}, {high:+.2f}]", f"{p:.3f}", mean_std(c.averages("gtep")),
+                 f"{diff:+.2f}" + ("" if math.isnan(low) else f" [{low:+.2f}, {high:+.2f}]"),
+                 "-" if math.isnan(p) else f"{p:.3f}", mean_std(c.averages("gtep")),
                  mean_std(c.averages("reference")), f"{c.rate['gtep']:.0f} / {c.rate['reference']:.0f}"]
         print("| " + " | ".join(" ".join(cell.replace("+-", "±").split()) for cell in cells) + " |")
 
