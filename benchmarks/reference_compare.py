@@ -41,6 +41,7 @@ for _key, _value in (("RAY_AUTH_MODE", "disabled"), ("HF_HUB_OFFLINE", "1")):
 HERE = Path(__file__).resolve().parent
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 from scipy import stats  # noqa: E402
 
 from gtep.data import resolve_dataset  # noqa: E402
@@ -141,13 +142,29 @@ def training_images(counts: list[int], memory: int, epochs: int) -> int:
     return total
 
 
+def ablation(args: argparse.Namespace) -> dict[str, object]:
+    """--gtep-set NAME=VALUE as hyperparameters (YAML scalars: 0, 0.5, true, cosine)."""
+    changed = {}
+    for item in getattr(args, "gtep_set", []):
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--gtep-set {item!r}: write NAME=VALUE, e.g. nca_margin=0")
+        changed[name] = yaml.safe_load(value)
+    return changed
+
+
+def ablation_suffix(args: argparse.Namespace) -> str:
+    changed = sorted(getattr(args, "gtep_set", []))
+    return "[" + ",".join(changed) + "]" if changed else ""
+
+
 def gtep_job(args: argparse.Namespace, method: str, seed: int) -> OrderingJob:
     recipe = recipe_for(method, args)
     vit = method in VIT_METHODS
     milestones = (max(1, args.epochs // 2), max(1, args.epochs * 3 // 4))
     hparams = {"epochs": args.epochs, "lr": args.lr, "batch_size": args.batch, "weight_decay": args.weight_decay,
                "scheduler": recipe.scheduler, "milestones": milestones, "lr_decay": 0.1, "optimizer": "sgd",
-               "momentum": 0.9, **recipe.gtep}
+               "momentum": 0.9, **recipe.gtep, **ablation(args)}
     first = FirstTaskSpec(epochs=args.epochs, lr=args.lr, milestones=milestones, lr_decay=0.1,
                           weight_decay=args.weight_decay, batch_size=args.batch, scheduler=recipe.scheduler)
     return OrderingJob(method, hparams, args.vit if vit else "resnet32", tuple(parse_increments(args.increments)),
@@ -176,21 +193,25 @@ def start_reference(args: argparse.Namespace, method: str, seed: int, order: lis
                             cwd=scratch, env=env, stdout=subprocess.DEVNULL, stderr=open(scratch / "stderr.txt", "w"))
 
 
-def run_pair(args: argparse.Namespace, method: str, seed: int, data, npz: str) -> dict[str, dict]:
-    """One seed in both toolboxes at once; {"gtep" | "reference": {"acc_t": [...] in %, "seconds": s}}."""
+def run_pair(args: argparse.Namespace, method: str, seed: int, data, npz: str,
+             with_reference: bool = True) -> dict[str, dict]:
+    """One seed in both toolboxes at once; {"gtep" | "reference": {"acc_t": [...] in %, "seconds": s}}.
+    Without the reference (an ablation whose reference run is stored), gtep alone."""
     run = OrderingRun(gtep_job(args, method, seed), data)
     order = [c for task in run.tasks for c in task.new_classes]
     with tempfile.TemporaryDirectory() as folder:
         scratch = Path(folder)
         pipeline = run.images.pipeline  # the reference divides by what gtep's run divides by
         normalise = (pipeline.mean.flatten().tolist(), pipeline.std.flatten().tolist())
-        reference = start_reference(args, method, seed, order, npz, normalise, scratch)
+        reference = start_reference(args, method, seed, order, npz, normalise, scratch) if with_reference else None
         tic = time.perf_counter()
         for task in run.tasks:
             run.train_task(task)
         outcome = run.finish()
         ours = {"acc_t": [100 * a for a in outcome.metrics.get("acc_t", [])],
                 "seconds": time.perf_counter() - tic, "diverged": bool(outcome.diverged)}
+        if reference is None:
+            return {"gtep": ours}
         if reference.wait() != 0:
             raise SystemExit(f"{reference_of(method)}'s {method} failed (seed {seed}):\n"
                              f"{(scratch / 'stderr.txt').read_text()[-3000:]}")
@@ -209,6 +230,8 @@ def result_path(args: argparse.Namespace, method: str, side: str, seed: int) -> 
     """side: "gtep" or "reference" (stored under the toolbox's name)."""
     toolbox = "gtep" if side == "gtep" else reference_of(method).lower()
     folder = method
+    if side == "gtep":  # an ablation changes gtep's side only; the reference's runs are the method's
+        folder += ablation_suffix(args)
     if method in VIT_METHODS:  # the ViT and its weights are part of the setting
         folder += f"-{args.vit}-{Path(args.vit_weights or 'no-weights').stem}" + (
             f"-M{args.rp_dim}" if method == "ranpac" else "")
@@ -222,13 +245,15 @@ def ensure_runs(args: argparse.Namespace, method: str, data, npz: str) -> None:
         paths = {t: result_path(args, method, t, seed) for t in SIDES}
         if all(p.is_file() for p in paths.values()):
             continue
-        pair = run_pair(args, method, seed, data, npz)
+        pair = run_pair(args, method, seed, data, npz, with_reference=not paths["reference"].is_file())
         for toolbox, path in paths.items():
+            if toolbox not in pair:
+                continue
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"method": method, "toolbox": toolbox, "seed": seed, **pair[toolbox]}))
         names = {"gtep": "gtep", "reference": reference_of(method)}
         print(f"{method} seed {seed}: " + " | ".join(
-            f"{names[t]} " + " ".join(f"{a:5.1f}" for a in pair[t]["acc_t"]) for t in SIDES), flush=True)
+            f"{names[t]} " + " ".join(f"{a:5.1f}" for a in pair[t]["acc_t"]) for t in SIDES if t in pair), flush=True)
 
 
 def load_runs(args: argparse.Namespace, method: str) -> dict[str, list[dict]]:
@@ -279,6 +304,11 @@ class Comparison:
     def final_difference(self) -> tuple[float, float, float, float]:
         return difference(self.finals("gtep"), self.finals("reference"))
 
+    label: str = ""  # the method with its ablation, as printed
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.method
+
     @property
     def reference(self) -> str:
         return reference_of(self.method)
@@ -299,12 +329,13 @@ def summarise(args: argparse.Namespace, method: str, images: int) -> Comparison 
     kept = {t: [r for r in runs[t] if r["seed"] in seeds] for t in SIDES}
     # both references report top-1 in % rounded to 2 decimals; gtep's float32 fractions are compared at that precision
     acc_t = {t: [[round(a, 2) for a in r["acc_t"]] for r in kept[t]] for t in SIDES}
+    label = method + ablation_suffix(args)
     return Comparison(method, len(seeds), acc_t,
-                      {t: images / statistics.mean(r["seconds"] for r in kept[t]) for t in SIDES})
+                      {t: images / statistics.mean(r["seconds"] for r in kept[t]) for t in SIDES}, label)
 
 
 def print_comparison(c: Comparison) -> None:
-    print(f"{c.method} ({c.seeds} seeds):")
+    print(f"{c.label} ({c.seeds} seeds):")
     for t in range(len(c.acc_t["gtep"][0])):
         ours, theirs = [r[t] for r in c.acc_t["gtep"]], [r[t] for r in c.acc_t["reference"]]
         print(f"  after task {t + 1}: gtep {mean_std(ours)}  {c.reference} {mean_std(theirs)}")
@@ -321,7 +352,7 @@ def print_markdown(rows: list[Comparison]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for c in rows:
         diff, low, high, p = c.final_difference()
-        cells = [c.method, c.reference, str(c.seeds), mean_std(c.finals("gtep")), mean_std(c.finals("reference")),
+        cells = [c.label, c.reference, str(c.seeds), mean_std(c.finals("gtep")), mean_std(c.finals("reference")),
                  f"{diff:+.2f}" + ("" if math.isnan(low) else f" [{low:+.2f}, {high:+.2f}]"),
                  "-" if math.isnan(p) else f"{p:.3f}", mean_std(c.averages("gtep")),
                  mean_std(c.averages("reference")), f"{c.rate['gtep']:.0f} / {c.rate['reference']:.0f}"]
@@ -329,7 +360,7 @@ def print_markdown(rows: list[Comparison]) -> None:
 
 
 def verdict(rows: list[Comparison]) -> str:
-    finals = [(c.method, *c.final_difference()) for c in rows]
+    finals = [(c.label, *c.final_difference()) for c in rows]
     worst = max(finals, key=lambda row: abs(row[1]))
     significant = [m for m, _, _, _, p in finals if not math.isnan(p) and p < 0.05]
     return (f"verdict: largest |final Acc difference| {abs(worst[1]):.2f} points ({worst[0]}); "
@@ -357,7 +388,11 @@ def main() -> None:
     parser.add_argument("--results", default=str(HERE / "results" / "reference_compare"),
                         help="folder of the runs' results (kept; a rerun trains only what is missing)")
     parser.add_argument("--table", action="store_true", help="print the comparison of the stored runs; train nothing")
-    parser.add_argument("--markdown", action="store_true", help="print the table of README and docs/benchmarks.md (implies --table)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the table of README and docs/benchmarks.md (implies --table)")
+    parser.add_argument("--gtep-set", action="append", default=[], metavar="NAME=VALUE",
+                        help="an ablation: this hyperparameter of gtep's method changed (repeat it); stored as "
+                             "METHOD[NAME=VALUE] beside the method and compared with the same reference runs")
     args = parser.parse_args()
     groups = {"all": METHODS, "vit": VIT_METHODS}
     methods = [m for name in (args.algorithm or ["replay"]) for m in groups.get(name, (name,))]

@@ -89,3 +89,22 @@ def test_a_deterministic_method_equal_in_both_toolboxes_is_not_a_difference():
     ours = [29.6, 29.6, 29.6]
     theirs = [29.6 + 1e-13, 29.6, 29.6 - 1e-13]  # float noise of the same numbers
     assert rc.difference(ours, theirs)[3] == 1.0
+
+
+def test_an_ablation_changes_gteps_hyperparameter_and_reuses_the_reference_runs(tmp_path):
+    args = setting(gtep_set=["nca_margin=0"], results=str(tmp_path / "results"))
+    assert rc.gtep_job(args, "podnet", 0).hparams["nca_margin"] == 0
+    assert rc.gtep_job(setting(), "podnet", 0).hparams.get("nca_margin", 0.6) != 0
+    ours = rc.result_path(args, "podnet", "gtep", 0)
+    assert ours.parent.name == "podnet[nca_margin=0]"
+    assert rc.result_path(args, "podnet", "reference", 0) == rc.result_path(setting(results=args.results),
+                                                                             "podnet", "reference", 0)
+    folder = rc.setting_folder(args)
+    for seed, (ours_acc, theirs) in enumerate([(12.0, 9.0), (13.0, 10.0)]):
+        store(folder, "podnet[nca_margin=0]", "gtep", seed, [40.0, 20.0, ours_acc], 10.0)
+        store(folder, "podnet", "pycil", seed, [45.0, 20.0, theirs], 20.0)
+    comparison = rc.summarise(args, "podnet", 100)
+    assert comparison.label == "podnet[nca_margin=0]" and comparison.reference == "PyCIL"
+    assert comparison.finals("gtep") == [12.0, 13.0] and comparison.finals("reference") == [9.0, 10.0]
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        rc.ablation(setting(gtep_set=["nca_margin"]))
