@@ -11,12 +11,14 @@ from urllib.parse import urlparse
 
 import ray
 from ray import tune
+from ray.tune.search import ConcurrencyLimiter, SearchAlgorithm, Searcher
 from ray.tune.search.basic_variant import BasicVariantGenerator
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gtep.config import ConfigError, ResolvedExperiment
 from gtep.orchestration.interrupt import Interruption, StopOnSignal, interruptible
+from gtep.orchestration.quiet import quiet_libraries
 from gtep.orchestration.study import Manifest, StudyPaths
 
 
@@ -42,21 +44,23 @@ def ray_session(address: str | None) -> Iterator[None]:
     """Join the given cluster, or start Ray on this machine; always shut down what we started.
 
     A local Ray keeps its default token authentication (Ray >= 2.5x), which guards its ports; tests and CI
-    set RAY_AUTH_MODE=disabled as ../shared/INSTALL.md advises."""
+    set RAY_AUTH_MODE=disabled as ../shared/INSTALL.md advises. While the session lasts, the library lines a user
+    cannot act on (Ray's note that it enabled that default, among others) are dropped: gtep.orchestration.quiet."""
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")  # trials keep the driver's working directory
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # JSON/CSV are added explicitly, no TensorBoard
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the terminal shows only gtep's progress
     started = False
-    if not ray.is_initialized():
-        kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                                      configure_logging=True)
-        ray.init(address=address, **kwargs)
-        started = True
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
+    with quiet_libraries():
+        if not ray.is_initialized():
+            kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                                          configure_logging=True)
+            ray.init(address=address, **kwargs)
+            started = True
+        try:
+            yield
+        finally:
+            if started:
+                ray.shutdown()
 
 
 
@@ -128,7 +132,7 @@ def searcher(resolved: ResolvedExperiment, manifest: Manifest, space, S: int):
         param_space = {"trial": tune.grid_search([{"set_index": s["index"], "hparams": s["hparams"]}
                                                   for s in manifest.data["sets"]]),
                        "orderings": list(range(S))}
-        # the generator takes the concurrency limit itself (the Tuner's limit applies to Searchers only)
+        # the generator takes the concurrency limit itself (see concurrency_limited)
         generator = BasicVariantGenerator(random_state=cfg.seed, max_concurrent=cfg.compute.max_concurrent or 0)
         return param_space, generator, 1
     import optuna
@@ -180,6 +184,29 @@ def tasks_per_ordering(resolved: ResolvedExperiment) -> int:
 
 
 
+def concurrency_limited(search_alg: SearchAlgorithm | Searcher | None,
+                        max_concurrent: int | None) -> SearchAlgorithm | Searcher:
+    """The search algorithm holding compute.max_concurrent itself, whichever searcher runs, so the Tuner is never
+    given max_concurrent_trials: Tune applies that to a Searcher alone and, for a search generator such as the random
+    searcher's BasicVariantGenerator, only warns "`max_concurrent_trials` will be ignored". None (a fixed-set
+    phase's grid): a BasicVariantGenerator, as Tune would build. Another search generator is refused rather than left
+    unlimited."""
+    if search_alg is None:
+        return BasicVariantGenerator(max_concurrent=max_concurrent or 0)
+    if isinstance(search_alg, BasicVariantGenerator):
+        search_alg.max_concurrent = max_concurrent or 0
+        return search_alg
+    if isinstance(search_alg, ConcurrencyLimiter):
+        if max_concurrent and search_alg.max_concurrent != max_concurrent:
+            search_alg.set_max_concurrency(max_concurrent)
+        return search_alg
+    if isinstance(search_alg, Searcher):
+        return ConcurrencyLimiter(search_alg, max_concurrent=max_concurrent) if max_concurrent else search_alg
+    raise TypeError(f"{type(search_alg).__name__} cannot be held to compute.max_concurrent: give a Ray Tune Searcher "
+                    "or a BasicVariantGenerator")
+
+
+
 def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, trainable: Any,
               param_space: dict[str, Any], search_alg, num_samples: int, callbacks: list[tune.Callback],
               stopper: tune.Stopper | None = None) -> None:
@@ -191,9 +218,10 @@ def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attem
         # reuse_actors: the next trial runs in the worker process of a finished one (same resources), instead
         # of a new process importing torch and gtep again (~3 s per trial on a 2-core machine). A trial keeps
         # no state between runs: every ordering seeds its own RNGs and sets its threads.
-        tune_config=tune.TuneConfig(num_samples=num_samples, search_alg=search_alg,
-                                    max_concurrent_trials=cfg.compute.max_concurrent, reuse_actors=True,
-                                    scheduler=scheduler),
+        # max_concurrent_trials stays None: the search algorithm holds compute.max_concurrent (concurrency_limited)
+        tune_config=tune.TuneConfig(num_samples=num_samples,
+                                    search_alg=concurrency_limited(search_alg, cfg.compute.max_concurrent),
+                                    max_concurrent_trials=None, reuse_actors=True, scheduler=scheduler),
         run_config=tune.RunConfig(name=f"{phase}-{attempt}", storage_path=str(paths.ray_storage), verbose=0,
                                   callbacks=[*callbacks, *ray_loggers()], stop=stopper,
                                   failure_config=tune.FailureConfig(max_failures=cfg.compute.max_failures)),

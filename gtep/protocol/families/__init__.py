@@ -1,8 +1,8 @@
 """Scenario families, one folder each (class_incremental, fscil, iirc, fluid, cfsl), on the contract of base.py.
 
 Importing this package registers every family of gtep in FAMILIES; a plugin's family registers when its module is
-imported (gtep/plugins.py: entry points, or GTEP_PLUGINS). Everything a family is lives in its folder: its options, generator, metric
-table, checks and description.
+imported (gtep/plugins.py: entry points, or GTEP_PLUGINS). Everything a family is lives in its folder: its options,
+generator, metric table, checks and description.
 """
 from __future__ import annotations
 
