@@ -114,12 +114,14 @@ def open_store(tracking_uri: str, option: str = "--tracking-uri") -> RunStore:
 def create_store(tracking_uri: str) -> None:
     """Create a store's tables now (and put a local sqlite store in WAL mode): `gtep matrix --parallel-cells`
     does it before its cell drivers start, which would otherwise race to create a fresh sqlite store's tables."""
+    from gtep.orchestration.quiet import NOISE, dropping
     from gtep.orchestration.tracking_store import sqlite_write_ahead_log  # here: the report's reads need no Ray
 
     path = sqlite_path(tracking_uri)
     if path is not None:
         sqlite_write_ahead_log(path)
-    MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+    with dropping("mlflow.store.db.utils", *NOISE["mlflow.store.db.utils"]):  # the table-creation INFO lines
+        MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
 
 
 class RunStore:
