@@ -78,6 +78,7 @@ class TrackingJournal:
         self._flushing = threading.Lock()  # one flush at a time: the background writer's or the caller's
         self._journal_file = threading.Lock()  # an append never lands in a journal file a compaction replaces
         self._wake: threading.Event | None = None  # set while a background writer applies the writes
+        self.wait_seconds = 0.0  # how long a forced flush retries a store that does not answer (tracking_store)
         self._read_pending()
 
     # ---- opening -------------------------------------------------------------------------------
@@ -222,9 +223,14 @@ class TrackingJournal:
 
     def flush(self, force: bool = False) -> int:
         """Apply what is pending, in order; stop at the first failure. Returns how many remain. A forced
-        flush (a phase's end, `gtep sync`) then compacts the journal, as does one that finds it grown large."""
+        flush (a phase's start and end, `gtep sync`) retries for `wait_seconds` while writes remain, then
+        compacts the journal, as does one that finds it grown large."""
         with self._flushing:
             left = self._flush(force)
+            deadline = time.monotonic() + (self.wait_seconds if force else 0.0)
+            while left and time.monotonic() < deadline:  # a server being restarted: wait for it, a bounded time
+                time.sleep(min(2.0, max(deadline - time.monotonic(), 0.0)))
+                left = self._flush(force)
             if force or (not left and self._journal_bytes() > COMPACT_AFTER_BYTES):
                 self._compact()
             return left

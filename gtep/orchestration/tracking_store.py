@@ -52,9 +52,18 @@ def sqlite_write_ahead_log(path: Path) -> None:
 
 
 
+def server_wait() -> float:
+    """How long a phase waits for a tracking server that does not answer when it begins or ends (a server being
+    restarted while a matrix runs): GTEP_TRACKING_WAIT seconds, 60 by default."""
+    return float(os.environ.get("GTEP_TRACKING_WAIT", 60))
+
+
 def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
-    """The store and the study's experiment; a tracking server that does not answer is an error here,
-    before any compute (once a study runs, an outage is journaled instead)."""
+    """The store and the study's experiment. A tracking server that does not answer is waited for (server_wait:
+    a restart while a matrix starts its next cell or phase), then it is an error, before any compute (the CLI
+    refuses a server that is down before Ray starts; once a phase runs, an outage is journaled instead)."""
+    import time
+
     cfg = resolved.config
     uri = cfg.tracking_uri
     artifact_root = None
@@ -62,18 +71,24 @@ def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
         sqlite_write_ahead_log(Path(uri[len("sqlite:///"):]))
         artifact_root = cfg.tracking.output.resolve() / "mlartifacts"
     client = quiet_http_client(uri)
-    try:
-        return client, ensure_experiment(client, cfg.study, artifact_root)
-    except Exception as err:  # noqa: BLE001 - connection errors surface as several MLflow/requests types
-        raise ConfigError("--tracking-uri", f"the MLflow store at {uri} does not answer ({err.__class__.__name__}); "
-                          "start it (gtep server) or give another --tracking-uri") from None
-
+    deadline = time.monotonic() + (server_wait() if uri.startswith(("http://", "https://")) else 0.0)
+    while True:
+        try:
+            return client, ensure_experiment(client, cfg.study, artifact_root)
+        except Exception as err:  # noqa: BLE001 - connection errors surface as several MLflow/requests types
+            if time.monotonic() >= deadline:
+                raise ConfigError("--tracking-uri", f"the MLflow store at {uri} does not answer "
+                                  f"({err.__class__.__name__}); start it (gtep server) or give another "
+                                  "--tracking-uri") from None
+            time.sleep(2.0)
 
 
 def open_journal(resolved: ResolvedExperiment, paths: StudyPaths) -> TrackingJournal:
     client, experiment_id = mlflow_client(resolved)
     journal = TrackingJournal.open(paths.root, resolved.config.tracking_uri, experiment_id)
     journal.client = client
+    if resolved.config.tracking_uri.startswith(("http://", "https://")):
+        journal.wait_seconds = server_wait()  # a forced flush (a phase's start and end) outlasts a server restart
     return journal
 
 

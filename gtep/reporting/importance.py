@@ -71,6 +71,10 @@ def hyperparameter_importance(trials: pd.DataFrame, hparams: pd.DataFrame, selec
     from optuna.importance import FanovaImportanceEvaluator, get_param_importances
 
     scores = trial_scores(trials, selection).dropna()
+    if {"run_id", "set_index"} <= set(trials.columns):  # fANOVA is seeded but depends on the trials' order: the
+        # sets' order, not the store's (a resumed study's trial runs come back in another order)
+        position = pd.to_numeric(trials.drop_duplicates("run_id").set_index("run_id")["set_index"], errors="coerce")
+        scores = scores.loc[sorted(scores.index, key=lambda run: (position.get(run, np.inf), str(run)))]
     wide = hparams.pivot(index="trial_run_id", columns="name", values="value").reindex(scores.index)
     varying = [name for name in wide.columns if wide[name].nunique(dropna=True) > 1 and wide[name].notna().all()]
     empty = pd.DataFrame(columns=["hyperparameter", "importance"])
