@@ -139,8 +139,10 @@ class PaperScaleLearner(IncrementalLearner[CommonParams]):
 
 
 def register(name: str, profile: Profile) -> type[PaperScaleLearner]:
-    learner = type(f"PaperScale_{name}", (PaperScaleLearner,), {"profile": profile,
+    """A module-level class per learner: checkpoints pickle the learner, which finds its class by this name."""
+    learner = type(f"PaperScale_{name}", (PaperScaleLearner,), {"profile": profile, "__module__": __name__,
                                                                  "__doc__": f"{name}'s answers, at no cost"})
+    globals()[learner.__name__] = learner
     return ALGORITHMS.register(f"ps_{name}")(learner)
 
 

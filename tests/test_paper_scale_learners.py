@@ -86,3 +86,11 @@ def test_the_paper_scale_matrix_has_the_papers_shape_and_every_cell_resolves(tmp
         "ps_replay-10tasks-split-a", "ps_icarl-10tasks-split-a", "ps_replay-6tasks-split-a", "ps_icarl-6tasks-split-a"]
     assert {c.resolved.config.search.trials for c in cells} == {3}
     assert cells[2].resolved.increments[:2] == (25, 5)  # 6 tasks: half of the 50 classes first (Table 1)
+
+
+def test_a_learner_pickles_as_checkpoints_do(ps):
+    """The engine's task checkpoints torch.save the learner: its class must be found by name in the module."""
+    import pickle
+
+    cls = ps.ALGORITHMS.get("ps_replay")
+    assert pickle.loads(pickle.dumps(cls)) is cls
