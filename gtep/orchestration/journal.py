@@ -12,6 +12,14 @@ before its run exists, and a resumed study finds its runs again instead of creat
 operation is idempotent: a run is looked up by its `gtep.key` tag before it is created; metrics carry the
 timestamp they were journaled with, so writing them twice stores them once.
 
+Against a tracking server the writes of different runs are applied by several threads at once (`writers`,
+GTEP_TRACKING_WRITERS, 4 by default): a unit's four writes are four round trips, and one thread applying them in
+turn capped a matrix at about 3 units a second. The order that matters is kept: a run's own writes in journal
+order, a child after its parent is created, a tag naming another run after that run is created. `applied` is
+then the last write of the unbroken applied prefix; writes applied past it are listed in `state.json`
+(`applied_after`), so a resume neither applies them again nor reuses their numbers. A local store (sqlite, files)
+takes one writer: sqlite serialises writers anyway and answers a second one with "database is locked".
+
 The journal holds only what is still needed: once the writes are applied (a forced flush, as at a phase's
 end, or a journal grown past COMPACT_AFTER_BYTES) it is rewritten to the pending writes alone, and the
 snapshots of applied artifacts are dropped. What a resume reads back besides them (the last applied write,
@@ -24,6 +32,8 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,9 +54,18 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def is_server(tracking_uri: str) -> bool:
+    return tracking_uri.startswith(("http://", "https://"))
+
+
+def tracking_writers() -> int:
+    """Threads applying a study's writes to a tracking server at once (GTEP_TRACKING_WRITERS, 4 by default)."""
+    return max(1, int(os.environ.get("GTEP_TRACKING_WRITERS", 4)))
+
+
 def quiet_http_client(tracking_uri: str) -> MlflowClient:
     """An MlflowClient that fails fast when a server is away (the journal retries, not the HTTP layer)."""
-    if tracking_uri.startswith(("http://", "https://")):
+    if is_server(tracking_uri):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # one line per run would bury the table
@@ -58,6 +77,7 @@ class JournalState:
     tracking_uri: str
     experiment_id: str
     applied: int = 0  # sequence number of the last operation the server took
+    applied_after: list[int] = field(default_factory=list)  # operations past `applied` it took too (concurrent writers)
     runs: dict[str, str] = field(default_factory=dict)  # key -> MLflow run id
 
 
@@ -70,7 +90,8 @@ class TrackingJournal:
         self.pending: list[dict[str, Any]] = []
         self.last_error: str = ""
         self._failed_at = 0.0
-        self._next_seq = state.applied + 1
+        self._next_seq = max([state.applied, *state.applied_after]) + 1
+        self.writers = 1 if not is_server(state.tracking_uri) else tracking_writers()
         self._created: set[str] = set()  # keys of the runs this process created (no run had them before)
         self._artifact_uris: dict[str, str] = {}  # run id -> artifact URI, for the runs this process created
         self._attempted: set[int] = set()  # create operations this process has sent at least once
@@ -118,7 +139,7 @@ class TrackingJournal:
             except json.JSONDecodeError:
                 continue  # a line cut short by a killed driver: its operation was never acknowledged
             self._next_seq = max(self._next_seq, op["seq"] + 1)
-            if op["seq"] > self.state.applied:
+            if op["seq"] > self.state.applied and op["seq"] not in self.state.applied_after:
                 self.pending.append(op)
 
     def _save_state(self) -> None:
@@ -272,24 +293,94 @@ class TrackingJournal:
     def _flush(self, force: bool) -> int:
         if self.pending and not force and time.monotonic() - self._failed_at < RETRY_AFTER_SECONDS:
             return len(self.pending)
-        applied = self.state.applied
+        before = (self.state.applied, len(self.state.applied_after))
         try:
-            while self.pending:
-                op = self.pending[0]
-                try:
-                    self._apply(op)
-                except Exception as err:  # noqa: BLE001 - any failure to reach the store means: keep it and retry
-                    self.last_error = f"{err.__class__.__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
-                    self._failed_at = time.monotonic()
-                    return len(self.pending)
-                self.pending.pop(0)
-                self.state.applied = op["seq"]
+            applied_all = self._apply_concurrently() if self.writers > 1 and len(self.pending) > 1 \
+                else self._apply_in_turn()
         finally:
             # once per flush: a crash before this save re-applies the flush's writes, which are idempotent
-            if self.state.applied != applied:
+            self.state.applied_after = [seq for seq in self.state.applied_after if seq > self.state.applied]
+            if (self.state.applied, len(self.state.applied_after)) != before:
                 self._save_state()
-        self.last_error = ""
-        return 0
+        if applied_all:
+            self.last_error = ""
+        return len(self.pending)
+
+    def _apply_in_turn(self) -> bool:
+        while self.pending:
+            op = self.pending[0]
+            try:
+                self._apply(op)
+            except Exception as err:  # noqa: BLE001 - any failure to reach the store means: keep it and retry
+                self._failed(err)
+                return False
+            self.pending.pop(0)
+            self.state.applied = op["seq"]
+        return True
+
+    def _failed(self, err: BaseException) -> None:
+        self.last_error = f"{err.__class__.__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+        self._failed_at = time.monotonic()
+
+    def _apply_concurrently(self) -> bool:
+        """Apply the pending writes with `writers` threads: one write of a run at a time, in its journal order, and
+        a write that needs another run (its parent, a run its tags name) only once that run is created. After a
+        failure nothing new is started; what is in flight finishes, and what is left stays pending, in order."""
+        taken = list(self.pending)  # writes journaled meanwhile wait for the next flush
+        lanes: dict[str, deque[dict[str, Any]]] = {}
+        for op in taken:
+            lanes.setdefault(op["key"], deque()).append(op)
+        creating = {op["key"]: op["seq"] for op in taken if op["op"] == "create_run"}
+        waiting: dict[str, list[str]] = {}  # a run still to be created -> the runs whose next write needs it
+        ready = deque(lanes)
+        done: set[int] = set()
+        busy: dict[Future[None], str] = {}
+        failed = False
+        with ThreadPoolExecutor(self.writers, thread_name_prefix="gtep-mlflow-writer") as pool:
+            while True:
+                while ready and not failed and len(busy) < self.writers:
+                    key = ready.popleft()
+                    blocker = self._blocker(lanes[key][0], creating)
+                    if blocker is None:
+                        busy[pool.submit(self._apply, lanes[key][0])] = key
+                    else:
+                        waiting.setdefault(blocker, []).append(key)
+                if not busy:
+                    break
+                finished, _ = wait(busy, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    key = busy.pop(future)
+                    error = future.exception()
+                    if error is not None:  # any failure to reach the store means: keep it and retry
+                        self._failed(error)
+                        failed = True
+                        continue
+                    op = lanes[key].popleft()
+                    done.add(op["seq"])
+                    if op["op"] == "create_run" and creating.get(key) == op["seq"]:
+                        del creating[key]
+                        ready.extend(waiting.pop(key, []))
+                    if lanes[key]:
+                        ready.append(key)
+        self._mark_applied(done)
+        return not failed
+
+    @staticmethod
+    def _blocker(op: dict[str, Any], creating: Mapping[str, int]) -> str | None:
+        """The run, journaled for creation before `op`, that `op` needs and that is not created yet."""
+        needs = [op["parent"]] if op["op"] == "create_run" and op.get("parent") else []
+        needs += [v[len(RUN_REF):] for v in op.get("tags", {}).values() if isinstance(v, str) and v.startswith(RUN_REF)]
+        return next((k for k in needs if k != op["key"] and creating.get(k, op["seq"]) < op["seq"]), None)
+
+    def _mark_applied(self, done: set[int]) -> None:
+        """Drop the applied writes from `pending` (under the journal's lock: writes are appended meanwhile), move
+        `applied` to the end of the unbroken applied prefix and list the writes applied past it."""
+        with self._journal_file:
+            self.pending = [op for op in self.pending if op["seq"] not in done]
+            after = sorted(done.union(self.state.applied_after))
+            first_left = self.pending[0]["seq"] if self.pending else self._next_seq
+            self.state.applied = max([self.state.applied, *(seq for seq in after if seq < first_left)])
+            self.state.applied_after = [seq for seq in after if seq > self.state.applied]
 
     def _resolve(self, tags: dict[str, str]) -> dict[str, str]:
         return {k: (self.state.runs.get(v[len(RUN_REF):], "") if isinstance(v, str) and v.startswith(RUN_REF) else v)

@@ -7,12 +7,13 @@ import json
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from gtep.orchestration import journal as journal_module
-from gtep.orchestration.journal import TrackingJournal
+from gtep.orchestration.journal import JournalState, TrackingJournal
 from gtep.orchestration.study import Manifest
 
 
@@ -226,3 +227,116 @@ def test_units_and_trial_keys_are_saved_at_most_every_few_seconds_and_at_the_end
     assert on_disk["phases"]["tune"]["trial_keys"] == {"0": "tune:1/set000"}
     manifest.record_unit("tune", 0, 1, {"acc": 0.25})  # not deferred: on disk at once
     assert "tune/0/1" in json.loads(path.read_text())["units"]
+
+
+def record_calls(journal: TrackingJournal, delay: float = 0.0, fail_for: set[str] | None = None) -> list[tuple]:
+    """Wrap the client's writes: each call is recorded as (start, end, method, run key or parent) and takes `delay`
+    seconds, so that several writer threads overlap; calls for the run ids of the keys in `fail_for` fail."""
+    calls: list[tuple] = []
+    lock = threading.Lock()
+    key_of_id = {}
+    fail_for = fail_for if fail_for is not None else set()
+
+    def wrap(name):
+        method = getattr(journal.client, name)
+
+        def recorded(*args, **kwargs):
+            start = time.monotonic()
+            time.sleep(delay)
+            if name == "create_run":
+                key = kwargs["tags"]["gtep.key"]
+            else:
+                key = key_of_id[args[0]]
+            if key in fail_for:
+                raise ConnectionError(f"store away for {key}")
+            result = method(*args, **kwargs)
+            if name == "create_run":
+                key_of_id[result.info.run_id] = key
+            with lock:
+                calls.append((start, time.monotonic(), name, key, kwargs.get("tags", {})))
+            return result
+        setattr(journal.client, name, recorded)
+
+    for name in ("create_run", "log_batch", "set_terminated", "update_run", "log_artifact"):
+        wrap(name)
+    return calls
+
+
+def write_units_with_a_reference(journal: TrackingJournal, units: int) -> None:
+    with journal.batch():  # journaled first, applied in one flush: what a server that was away finds
+        write_units(journal, units)
+        journal.log("phase", tags={"best": journal_module.RUN_REF + f"phase/o{units - 1}"})
+
+
+def test_writers_apply_different_runs_at_once_and_each_runs_writes_in_journal_order(store, tmp_path):
+    """Against a tracking server a unit's four writes are four round trips: several writers apply different runs'
+    writes at once, and what must stay ordered stays ordered (a run's own writes, a child after its parent, a
+    tag naming a run after that run exists)."""
+    uri, client, experiment = store
+    journal = TrackingJournal.open(tmp_path / "study", uri, experiment)
+    journal.writers = 4
+    journal._log_artifact = lambda run_id, name, source: journal.client.log_artifact(run_id, str(source))
+    calls = record_calls(journal, delay=0.02)
+    write_units_with_a_reference(journal, 12)
+    assert journal.pending == [] and journal.last_error == ""
+
+    overlapping = max(sum(1 for s, e, *_ in calls if s <= start < e) for start, *_ in calls)
+    assert overlapping >= 3, "the writers applied several runs' writes at once"
+    journal_order = {"create_run": 0, "log_batch": 1, "log_artifact": 2, "set_terminated": 3}
+    for u in range(12):
+        own = [name for _, _, name, key, _ in sorted(calls) if key == f"phase/o{u}"]
+        assert own == sorted(own, key=journal_order.get) and len(own) == 4, own
+    created = {key: end for _, end, name, key, _ in calls if name == "create_run"}
+    started = {key: start for start, _, name, key, _ in calls if name == "create_run"}
+    assert all(started[f"phase/o{u}"] >= created["phase"] for u in range(12)), "children after their parent"
+    reference = next(start for start, _, name, key, _ in calls if name == "log_batch" and key == "phase")
+    assert reference >= created["phase/o11"]
+
+    runs = runs_by_ordering(client, experiment)
+    assert len(runs) == 13 and all(r.info.status == "FINISHED" for r in runs.values())
+    assert runs["phase"].data.tags["best"] == runs["11"].info.run_id
+    assert all(runs[str(u)].data.metrics["acc"] == pytest.approx(u / 10) for u in range(12))
+    state = json.loads((tmp_path / "study" / "tracking" / "state.json").read_text())
+    assert state["applied"] == 1 + 12 * 4 + 2 and state["applied_after"] == []
+
+
+def test_writes_applied_past_a_failure_are_neither_applied_again_nor_renumbered(store, tmp_path):
+    """One run's writes fail while the other writers go on: `applied` stops before the first write left, the writes
+    applied past it are listed in state.json, and a resume (`gtep sync`) applies only what is left, once."""
+    uri, client, experiment = store
+    study = tmp_path / "study"
+    journal = TrackingJournal.open(study, uri, experiment)
+    journal.writers = 4
+    journal._log_artifact = lambda run_id, name, source: journal.client.log_artifact(run_id, str(source))
+    calls = record_calls(journal, fail_for={"phase/o2"})
+    with journal.batch():
+        write_units(journal, 6)
+    left = journal.flush()
+    assert "store away for phase/o2" in journal.last_error
+    o2 = [op for op in journal.pending if op["key"] == "phase/o2"]
+    assert [op["op"] for op in o2] == ["create_run", "log", "artifact", "terminate"], "o2's writes wait, in order"
+    assert left == len(journal.pending) and o2[0]["seq"] >= journal.pending[0]["seq"]
+    state = json.loads((study / "tracking" / "state.json").read_text())
+    assert state["applied"] == journal.pending[0]["seq"] - 1
+    assert set(state["applied_after"]).isdisjoint(op["seq"] for op in journal.pending) and state["applied_after"]
+    applied_before = len(calls)
+
+    synced = TrackingJournal.load(study)
+    synced.writers = 4
+    assert [op["seq"] for op in synced.pending] == [op["seq"] for op in journal.pending], "nothing applied twice"
+    assert synced._next_seq == journal._next_seq, "no number is given twice"
+    assert synced.flush(force=True) == 0 and synced.last_error == ""
+    assert len(calls) == applied_before, "the resumed journal writes through its own client"
+    runs = runs_by_ordering(client, experiment)
+    assert len(client.search_runs([experiment], max_results=1000)) == 1 + 6, "no run was created twice"
+    assert all(r.info.status == "FINISHED" for r in runs.values())
+    assert all(runs[str(u)].data.metrics["acc"] == pytest.approx(u / 10) for u in range(6))
+    assert [m.value for m in client.get_metric_history(runs["3"].info.run_id, "acc_t")] == [0.5, pytest.approx(0.3)]
+    state = json.loads((study / "tracking" / "state.json").read_text())
+    assert state["applied"] == 1 + 6 * 4 + 1 and state["applied_after"] == []
+    assert journal_seqs(study) == [] and snapshots(study) == []
+
+
+def test_a_local_store_takes_one_writer_and_a_server_several():
+    assert TrackingJournal(Path("/nonexistent"), None, JournalState("sqlite:///x.db", "0")).writers == 1
+    assert TrackingJournal(Path("/nonexistent"), None, JournalState("http://127.0.0.1:5000", "0")).writers == 4
