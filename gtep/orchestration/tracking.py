@@ -320,7 +320,8 @@ class MlflowWriter(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         if "ordering" in result:
             with self.journal.batch():  # a unit's writes reach the store in one flush
-                self.log_ordering(self.set_index_of(trial), result)
+                for unit in [*result.get("earlier_units", ()), result]:  # units a trial held (HeldUnits)
+                    self.log_ordering(self.set_index_of(trial), unit)
             self.partial_seconds.pop(self.set_index_of(trial), None)
         elif result.get("interim"):  # a score inside an ordering (search.fidelity: tasks): what it cost so far
             self.partial_seconds[self.set_index_of(trial)] = float(result.get("partial_seconds") or 0.0)

@@ -179,6 +179,25 @@ def interim_reporter(done: list[dict[str, Any]], tasks: int, job: TrialJob) -> T
     return on_task_end
 
 
+class HeldUnits:
+    """A trial's finished units not reported yet: reported together once `every_seconds` have passed since the last
+    report, and at the trial's last unit (TrialJob.report_every_seconds). A unit held when a trial dies is not
+    lost: its unit file is written, and the trial's retry or a resume reports it (run_unit reuses it)."""
+
+    def __init__(self, every_seconds: float) -> None:
+        self.every_seconds = every_seconds
+        self.units: list[dict[str, Any]] = []
+        self.last_report = time.monotonic()
+
+    def take(self, unit: dict[str, Any], last: bool) -> list[dict[str, Any]]:
+        """The units to report now, this one last; none while they may still be held."""
+        self.units.append(unit)
+        if not last and time.monotonic() - self.last_report < self.every_seconds:
+            return []
+        units, self.units, self.last_report = self.units, [], time.monotonic()
+        return units
+
+
 def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> None:
     """config: {"trial": {"set_index": i, "hparams": {...}} or "hparams": {...}, "orderings": [s, ...]};
     job: everything fixed for the phase (gtep/orchestration/trial_job.py). With `resources.parallel` > 1, that
@@ -192,10 +211,15 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> No
 
     tasks = job.tasks
 
-    def report(record: dict[str, Any]) -> None:
+    held = HeldUnits(job.report_every_seconds)
+
+    def report(record: dict[str, Any], last: bool) -> None:
         done.append(record)
-        tune.report({**record, "orderings_done": len(done), "tasks_done": len(done) * tasks,
-                     "progress": float(len(done)), "score": _running_score(done, job.criterion)})
+        units = held.take(record, last)
+        if units:  # the earlier units ride along; the driver logs each as it would have alone
+            tune.report({**units[-1], "earlier_units": units[:-1], "orderings_done": len(done),
+                         "tasks_done": len(done) * tasks, "progress": float(len(done)),
+                         "score": _running_score(done, job.criterion)})
 
     parallel = job.resources.parallel
     if parallel <= 1:
@@ -203,7 +227,7 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> No
         while pending:
             s = next_ordering(pending, hparams, job, start)
             pending.remove(s)
-            report(run_unit(set_index, hparams, s, phase_data, job, per_task))
+            report(run_unit(set_index, hparams, s, phase_data, job, per_task), last=not pending)
         return
     remote = ray.remote(run_unit).options(num_cpus=job.resources.cpus_per_ordering,
                                           num_gpus=job.resources.gpus_per_ordering,
@@ -218,7 +242,7 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> No
         ready, _ = ray.wait(list(running), num_returns=1)
         for ref in ready:
             running.pop(ref)
-            report(ray.get(ref))
+            report(ray.get(ref), last=not pending and not running)
 
 
 def trainable_for(resolved: ResolvedExperiment, phase: str, folders: StudyFolders) -> Any:

@@ -8,6 +8,7 @@ from string keys with a default that would hide a missing one.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ class TrialJob:
     fidelity: str  # "tasks": a running score after each task too (search.fidelity, tuning phase only)
     resources: OrderingResources
     folders: StudyFolders | None = None
+    # units finished within this many seconds of the last report go to the driver in one report (0: each alone)
+    report_every_seconds: float = 0.0
 
     def ordering(self, hparams: dict[str, Any], s: int) -> OrderingJob:
         """The engine's job for one (set, ordering) unit."""
@@ -102,6 +105,19 @@ def trial_job(resolved: ResolvedExperiment, phase: str, folders: StudyFolders | 
     search = resolved.config.search
     return TrialJob(phase=phase, scenario=phase_scenario(resolved, phase), criterion=resolved.criterion.name,
                     fidelity=search.fidelity if phase == "tune" else "orderings",
-                    resources=ordering_resources(resolved), folders=folders)
+                    resources=ordering_resources(resolved), folders=folders,
+                    report_every_seconds=report_every_seconds(resolved, phase))
+
+
+def report_every_seconds(resolved: ResolvedExperiment, phase: str) -> float:
+    """How long a trial may hold finished units before reporting them. A function trainable's `tune.report` waits
+    until the driver has taken the result: one round trip per unit, a third of a trial's time when units take a
+    tenth of a second (the paper-scale rehearsal). Units that train for a second or more are reported one by one
+    as before; a scheduler or a pruner, which decide after every ordering, always get every ordering alone.
+    GTEP_REPORT_EVERY_SECONDS, 1 by default; 0 reports every unit alone."""
+    search = resolved.config.search
+    decides_per_ordering = phase == "tune" and (search.scheduler != "none" or search.pruner != "none"
+                                                or search.fidelity == "tasks")
+    return 0.0 if decides_per_ordering else max(0.0, float(os.environ.get("GTEP_REPORT_EVERY_SECONDS", 1.0)))
 
 
