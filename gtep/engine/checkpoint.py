@@ -15,9 +15,12 @@ import json
 import os
 import sys
 import tempfile
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 import torch
@@ -99,6 +102,36 @@ class TaskCheckpoint:
     status: str = "finished"  # "diverged": the tasks after tasks_done never ran (a stored first task can be)
     message: str = ""
     first_task: str = ""  # how task 1 came about: trained, reused (first-task store) or resumed
+
+
+# Seconds of training between two per-task checkpoints of an ordering: 0 saves after every task (the engine's
+# default); a trial sets it from TrialJob.checkpoint_every_seconds. A task that trains for longer is always saved.
+_every_seconds: ContextVar[float] = ContextVar("checkpoint_every_seconds", default=0.0)
+
+
+@contextmanager
+def checkpoints_every(seconds: float) -> Iterator[None]:
+    """Inside, an ordering saves its per-task checkpoint only once `seconds` have passed since its last one (or its
+    start): a torch.save after every task of tasks that train for milliseconds cost more than the tasks."""
+    token = _every_seconds.set(max(0.0, seconds))
+    try:
+        yield
+    finally:
+        _every_seconds.reset(token)
+
+
+class CheckpointClock:
+    """Whether an ordering's next per-task checkpoint is due (see checkpoints_every)."""
+
+    def __init__(self) -> None:
+        self.every_seconds = _every_seconds.get()
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last >= self.every_seconds
+
+    def saved(self) -> None:
+        self.last = time.monotonic()
 
 
 def save_checkpoint(path: Path, checkpoint: TaskCheckpoint) -> None:

@@ -22,6 +22,7 @@ from gtep.algorithms import ALGORITHMS
 from gtep.config import ResolvedExperiment
 from gtep.data import ImageSet, resolve_dataset
 from gtep.engine import OrderingJob, run_ordering
+from gtep.engine.checkpoint import checkpoints_every
 from gtep.engine.first_task import FirstTaskStore, first_task_key
 from gtep.engine.runner import OrderingOutcome, hparams_reaching_first_task
 from gtep.orchestration.study import write_atomic
@@ -73,8 +74,9 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
                 checkpoint: Path | None, on_task_end: TaskHook | None = None) -> dict[str, Any]:
     torch.set_num_threads(job.resources.threads)
     started_at = int(time.time() * 1000)  # the ordering run's start in MLflow (it is written after training)
-    outcome = run_ordering(ordering_job(hparams, s, job), phase_data, on_task_end=on_task_end,
-                           checkpoint=checkpoint, first_tasks=first_task_store(job))
+    with checkpoints_every(job.checkpoint_every_seconds):  # tasks of milliseconds are not each saved
+        outcome = run_ordering(ordering_job(hparams, s, job), phase_data, on_task_end=on_task_end,
+                               checkpoint=checkpoint, first_tasks=first_task_store(job))
     record = {"status": outcome.status, **outcome.metrics}
     record.setdefault("acc", float("nan"))
     record.setdefault("avg_acc", float("nan"))

@@ -51,6 +51,8 @@ class TrialJob:
     folders: StudyFolders | None = None
     # units finished within this many seconds of the last report go to the driver in one report (0: each alone)
     report_every_seconds: float = 0.0
+    # an ordering's per-task checkpoint once this many seconds have passed since its last (0: after every task)
+    checkpoint_every_seconds: float = 0.0
 
     def ordering(self, hparams: dict[str, Any], s: int) -> OrderingJob:
         """The engine's job for one (set, ordering) unit."""
@@ -106,7 +108,8 @@ def trial_job(resolved: ResolvedExperiment, phase: str, folders: StudyFolders | 
     return TrialJob(phase=phase, scenario=phase_scenario(resolved, phase), criterion=resolved.criterion.name,
                     fidelity=search.fidelity if phase == "tune" else "orderings",
                     resources=ordering_resources(resolved), folders=folders,
-                    report_every_seconds=report_every_seconds(resolved, phase))
+                    report_every_seconds=report_every_seconds(resolved, phase),
+                    checkpoint_every_seconds=max(0.0, float(os.environ.get("GTEP_CHECKPOINT_EVERY_SECONDS", 10.0))))
 
 
 def report_every_seconds(resolved: ResolvedExperiment, phase: str) -> float:

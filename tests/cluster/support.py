@@ -20,6 +20,7 @@ BIN = Path(sys.executable).parent
 # the venv's bin first, as on a node where gtep is installed: Ray Jobs run `gtep ...` from the PATH
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
        "RAY_CHDIR_TO_TRIAL_DIR": "0", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+       "GTEP_CHECKPOINT_EVERY_SECONDS": "0",  # tiny tasks checkpointed each, so a kill mid-ordering resumes one
        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 

@@ -69,3 +69,29 @@ def test_checkpoints_load_with_weights_only(tmp_path):
     save_checkpoint(path, TaskCheckpoint("x", 1, Evil(), {}))
     with pytest.raises(Exception, match="weights_only|Unsupported global"):
         load_checkpoint(path, "x", torch.device("cpu"))
+
+
+def test_a_checkpoint_window_saves_tasks_of_milliseconds_only_once_it_has_passed(tmp_path, monkeypatch):
+    """Inside `checkpoints_every(s)` an ordering saves its task checkpoint only once s seconds passed since its last
+    one: an interrupted run then restarts from that checkpoint (or from scratch) with the same result."""
+    from gtep.engine import checkpoint as module
+
+    clock = [0.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    saved_after = []
+
+    def tick(index, outcome):  # record whether this task's checkpoint was written; the next task "trains" 4 s
+        saved_after.append(path.exists())
+        clock[0] += 4.0
+
+    path = tmp_path / "replay.pt"
+    with module.checkpoints_every(3.0):
+        whole = run_small("replay", {}, epochs=2, checkpoint=path, on_task_end=tick)
+    assert saved_after == [False, True, True], "after task 1, 0 s had passed: not due; after task 2, 4 s: due"
+
+    path.unlink(missing_ok=True)
+    with module.checkpoints_every(3600.0), pytest.raises(Stop):
+        run_small("replay", {}, epochs=2, checkpoint=path, on_task_end=stop_after(1))
+    assert not path.exists(), "nothing was due: the run restarts from its first task"
+    resumed = run_small("replay", {}, epochs=2, checkpoint=path)
+    assert resumed.resumed_tasks == 0 and resumed.metrics == whole.metrics

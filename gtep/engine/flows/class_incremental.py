@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gtep.data import ImageSet
-from gtep.engine.checkpoint import load_checkpoint, save_checkpoint
+from gtep.engine.checkpoint import CheckpointClock, load_checkpoint, save_checkpoint
 from gtep.engine.first_task import RESUMED, REUSED, FirstTaskStore
 from gtep.engine.flows.base import FLOWS, TaskHook
 from gtep.engine.runner import OrderingJob, OrderingOutcome, OrderingRun
@@ -17,7 +17,8 @@ def run_class_incremental(job: OrderingJob, data: ImageSet, on_task_end: TaskHoo
                           checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
     """Train one ordering task by task; never raises for a diverged run.
 
-    With `checkpoint`, the learner and RNG states are saved there after every finished task, and a run
+    With `checkpoint`, the learner and RNG states are saved there after a finished task (every task, or once
+    `checkpoints_every`'s seconds have passed since the last save), and a run
     that finds a checkpoint of the same job continues after its last task with the same result. With
     `first_tasks`, task 1 of a method with a fixed first-task recipe comes from the study's store when
     another set trained it already (the same result as training it here), and is put there when this run
@@ -34,14 +35,16 @@ def run_class_incremental(job: OrderingJob, data: ImageSet, on_task_end: TaskHoo
             run.restore(stored, REUSED)
         if on_task_end is not None and not run.outcome.diverged:
             on_task_end(0, run.outcome)
+    clock = CheckpointClock()
     for task in run.tasks[run.tasks_done:]:
         if run.outcome.diverged:
             break
         run.train_task(task)
         if run.outcome.diverged:
             break
-        if checkpoint is not None and task.index + 1 < len(run.tasks):
+        if checkpoint is not None and task.index + 1 < len(run.tasks) and clock.due():
             save_checkpoint(checkpoint, run.snapshot(run.key))
+            clock.saved()
         if on_task_end is not None:
             on_task_end(task.index, run.outcome)
     return run.finish()
