@@ -229,7 +229,10 @@ class MlflowWriter(tune.Callback):
         if f"{self.phase}/{set_index}/{s}" in self.manifest.data["units"]:
             self._maybe_finish(set_index)  # already logged by an earlier attempt
             return
-        finished_at = int(result.get("finished_at") or now_ms())
+        # a reused unit's points carry the time it was trained, not the time it was reused: a unit logged before a
+        # driver was killed and again by the resume (its manifest entry not saved yet) writes the same points,
+        # which the store keeps once, instead of a second point per metric
+        finished_at = int(result.get("trained_at") or result.get("finished_at") or now_ms())
         started_at = int(result.get("started_at") or finished_at - int(1000 * float(result.get("train_seconds") or 0)))
         parent = self.trial_run(set_index, start_time=started_at)  # (opened by on_trial_start, as a rule)
         key = unit_key(self.phase_key, set_index, s)

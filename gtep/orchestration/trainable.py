@@ -103,7 +103,9 @@ def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageS
         log_event(job, "unit_reused", set_index=set_index, ordering=int(s), node=_node_id())
         # it reaches the driver now (a scheduler's or a replay's arrival order); its training seconds are the
         # file's, counted once per file however many sets share it (protocol.replay.spent_seconds)
-        return {**json.loads(unit_file.read_text()), "unit_file": name, "finished_at": int(time.time() * 1000)}
+        trained = json.loads(unit_file.read_text())
+        return {**trained, "unit_file": name, "finished_at": int(time.time() * 1000),
+                "trained_at": trained.get("finished_at")}  # what MLflow stamps it with (tracking.log_ordering)
     checkpoint = folders.checkpoint_dir / f"{name}.pt" if folders and folders.checkpoint_dir else None
     log_event(job, "unit_started", set_index=set_index, ordering=int(s), node=_node_id(),
               checkpoint=bool(checkpoint and checkpoint.exists()))
