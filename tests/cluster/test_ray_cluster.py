@@ -30,7 +30,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_trials_run_on_both_nodes_into_one_study(cluster, tmp_path):
-    config = write_config(tmp_path, tiny_study("spread", trials=4, orderings=1, epochs=20, training=QUICK,
+    # trials of several seconds: Ray Tune runs sub-second trials one after another in one reused actor, on one node
+    config = write_config(tmp_path, tiny_study("spread", trials=4, orderings=1, epochs=20,
+                                               training={**QUICK, "epoch_scale": 0.25},
                                                compute={"cpus_per_trial": 1, "max_concurrent": 2}))
     finish(gtep("tune", "--config", str(config), "--output", str(tmp_path / "out"), "--address", cluster.address,
                 log=tmp_path / "tune.log"), tmp_path / "tune.log")
