@@ -185,8 +185,10 @@ def interim_reporter(done: list[dict[str, Any]], tasks: int, job: TrialJob) -> T
 
 class HeldUnits:
     """A trial's finished units not reported yet: reported together once `every_seconds` have passed since the last
-    report, and at the trial's last unit (TrialJob.report_every_seconds). A unit held when a trial dies is not
-    lost: its unit file is written, and the trial's retry or a resume reports it (run_unit reuses it)."""
+    report, and at the trial's last unit (TrialJob.report_every_seconds). A trial whose ordering raises reports
+    what it holds before the error goes on (train_set), so the study still sees the orderings that finished; a
+    unit held by a trial that is killed outright is not lost either: its unit file is written, and the trial's
+    retry or a resume reports it (run_unit reuses it)."""
 
     def __init__(self, every_seconds: float) -> None:
         self.every_seconds = every_seconds
@@ -198,6 +200,10 @@ class HeldUnits:
         self.units.append(unit)
         if not last and time.monotonic() - self.last_report < self.every_seconds:
             return []
+        return self.release()
+
+    def release(self) -> list[dict[str, Any]]:
+        """Every held unit, now (the trial's last report, or its ordering raised)."""
         units, self.units, self.last_report = self.units, [], time.monotonic()
         return units
 
@@ -217,14 +223,28 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> No
 
     held = HeldUnits(job.report_every_seconds)
 
-    def report(record: dict[str, Any], last: bool) -> None:
-        done.append(record)
-        units = held.take(record, last)
+    def send(units: list[dict[str, Any]]) -> None:
         if units:  # the earlier units ride along; the driver logs each as it would have alone
             tune.report({**units[-1], "earlier_units": units[:-1], "orderings_done": len(done),
                          "tasks_done": len(done) * tasks, "progress": float(len(done)),
                          "score": _running_score(done, job.criterion)})
 
+    def report(record: dict[str, Any], last: bool) -> None:
+        done.append(record)
+        send(held.take(record, last))
+
+    try:
+        _train_orderings(pending, set_index, hparams, start, phase_data, job, done, report)
+    except Exception:
+        send(held.release())  # the orderings that finished count for the set's status (never for its score)
+        raise
+
+
+def _train_orderings(pending: list[int], set_index: int, hparams: dict[str, Any], start: int,
+                     phase_data: ImageSet, job: TrialJob, done: list[dict[str, Any]],
+                     report: Callable[[dict[str, Any], bool], None]) -> None:
+    """Trains a set's pending orderings, one at a time or `resources.parallel` at once, reporting each unit."""
+    tasks = job.tasks
     parallel = job.resources.parallel
     if parallel <= 1:
         per_task = interim_reporter(done, tasks, job) if job.fidelity == "tasks" else None

@@ -4,6 +4,7 @@ third of a trial's time with units of a tenth of a second. Every unit still reac
 and a scheduler or pruner, which decides after every ordering, still gets every ordering alone."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -39,6 +40,29 @@ def test_units_within_the_window_are_held_and_the_last_one_always_goes(monkeypat
 
     alone = HeldUnits(0.0)
     assert [alone.take({"ordering": s}, last=False) for s in range(2)] == [[{"ordering": 0}], [{"ordering": 1}]]
+
+
+def test_a_trial_whose_ordering_raises_reports_what_it_held_first(monkeypatch):
+    """Held units of a trial that then fails must still reach the driver: the study counts a set's finished
+    orderings (its status says 1/2, never complete) and logs them; only a trial killed outright leaves them to
+    a retry or resume."""
+    job = trainable.trial_job(resolved_with(), "tune", None)
+    job = dataclasses.replace(job, report_every_seconds=600.0)  # everything held until the last unit
+    sent: list[dict] = []
+    monkeypatch.setattr(trainable.tune, "report", sent.append)
+
+    def unit(set_index, hparams, s, data, job, per_task=None):
+        if s == 2:
+            raise RuntimeError("the third ordering crashes")
+        return {"status": "finished", "ordering": s, "hmean": 0.5, "acc": 0.5, "avg_acc": 0.5}
+
+    monkeypatch.setattr(trainable, "run_unit", unit)
+    with pytest.raises(RuntimeError, match="third ordering"):
+        trainable.train_set({"trial": {"set_index": 0, "hparams": {}}, "orderings": [0, 1, 2]}, None, job)
+    assert len(sent) == 1, "one report, with what the trial held"
+    report, = sent
+    assert [u["ordering"] for u in [*report["earlier_units"], report]] == [0, 1]
+    assert report["orderings_done"] == 2
 
 
 def resolved_with(**search):
