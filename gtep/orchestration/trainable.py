@@ -251,7 +251,7 @@ def _train_orderings(pending: list[int], set_index: int, hparams: dict[str, Any]
         while pending:
             s = next_ordering(pending, hparams, job, start)
             pending.remove(s)
-            report(run_unit(set_index, hparams, s, phase_data, job, per_task), last=not pending)
+            report(run_unit(set_index, hparams, s, phase_data, job, per_task), not pending)  # last?
         return
     remote = ray.remote(run_unit).options(num_cpus=job.resources.cpus_per_ordering,
                                           num_gpus=job.resources.gpus_per_ordering,
@@ -266,7 +266,7 @@ def _train_orderings(pending: list[int], set_index: int, hparams: dict[str, Any]
         ready, _ = ray.wait(list(running), num_returns=1)
         for ref in ready:
             running.pop(ref)
-            report(ray.get(ref), last=not pending and not running)
+            report(ray.get(ref), not pending and not running)  # the trial's last unit
 
 
 def trainable_for(resolved: ResolvedExperiment, phase: str, folders: StudyFolders) -> Any:
