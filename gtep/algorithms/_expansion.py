@@ -18,11 +18,13 @@ from gtep.models import Backbone, create_backbone
 class BackboneStack(nn.Module):
     """Backbones added one at a time; forward returns their concatenated flat features, oldest first."""
 
-    def __init__(self, backbone: str) -> None:
+    def __init__(self, backbone: str, statistics_kept: str = "all") -> None:
         super().__init__()
         self.backbone_name = backbone
         self.backbones = nn.ModuleList()
         self.frozen = 0  # backbones [0, frozen) are frozen
+        # whose BatchNorm statistics stay fixed: "all" frozen backbones, or only the "first" (PyCIL's BEEF)
+        self.statistics_kept = statistics_kept
 
     @property
     def out_dim(self) -> int:
@@ -47,11 +49,17 @@ class BackboneStack(nn.Module):
         self.train(self.training)
         return new
 
+    @property
+    def middle(self) -> list[nn.Module]:
+        """Frozen backbones whose BatchNorm statistics follow the training batches (statistics_kept "first")."""
+        return [] if self.statistics_kept == "all" else list(self.backbones[1: self.frozen])
+
     def train(self, mode: bool = True) -> "BackboneStack":
-        """The training loop calls module.train() every fit; frozen backbones must stay in eval mode so
-        their BatchNorm statistics never move (PyCIL only protects the first one; we protect them all)."""
+        """The training loop calls module.train() every fit; frozen backbones stay in eval mode so their
+        BatchNorm statistics never move (PyCIL only protects the first one; by default we protect them all)."""
         super().train(mode)
-        for backbone in self.backbones[: self.frozen]:
+        kept = self.frozen if self.statistics_kept == "all" else min(self.frozen, 1)
+        for backbone in self.backbones[:kept]:
             backbone.eval()
         return self
 

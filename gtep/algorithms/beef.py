@@ -20,6 +20,7 @@ nothing here masks them: a NaN reaches the training loop, which ends the orderin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -41,15 +42,19 @@ class BEEFParams(CommonParams):
     sgld_steps: int = 3
     sgld_lr: float = 0.01
     sgld_noise: float = 0.001
+    # "all": every frozen backbone keeps its BatchNorm statistics. "first": PyCIL's BEEFISO, which puts only the
+    # first backbone in eval mode, so the statistics of those between it and the newest follow every batch
+    # its network sees (expansion, synthesised samples, fusion's balanced set). An ablation, not tuned.
+    statistics_kept: Literal["all", "first"] = "all"
 
 
 class BeefNet(nn.Module):
     """Backbones (old ones frozen) with the merged head of the old model and, while a task is learnt, the
     new model's heads on the newest backbone: new classes, backward and forward (energy) prototypes."""
 
-    def __init__(self, backbone: str) -> None:
+    def __init__(self, backbone: str, statistics_kept: str = "all") -> None:
         super().__init__()
-        self.stack = BackboneStack(backbone)
+        self.stack = BackboneStack(backbone, statistics_kept)
         self.stack.grow()
         self.old_head: LinearHead | None = None  # over the old backbones' features, old classes
         self.new_head: LinearHead | None = None
@@ -128,7 +133,7 @@ class BEEF(IncrementalLearner[BEEFParams]):
         self.task_sizes: list[int] = []
 
     def build_network(self) -> nn.Module:
-        return BeefNet(self.backbone_name)
+        return BeefNet(self.backbone_name, self.params.statistics_kept)
 
     def grow(self, task: TaskData) -> None:
         sizes = torch.tensor(self.task_sizes, dtype=torch.long)
@@ -163,12 +168,22 @@ class BEEF(IncrementalLearner[BEEFParams]):
         if tasks:
             train = torch.cat([train[:, :tasks] / self.params.logits_alignment, train[:, tasks:]], dim=1)
         clf = F.cross_entropy(train, pseudo)
-        return clf + self.params.energy_weight * self.energy_loss(x, y, pseudo)
+        synthesised = self.synthesise(x)
+        self.follow_middle_statistics(x, synthesised)
+        return clf + self.params.energy_weight * self.energy_loss(synthesised, y, pseudo)
 
-    def energy_loss(self, x: Tensor, y: Tensor, pseudo: Tensor) -> Tensor:
+    @torch.no_grad()
+    def follow_middle_statistics(self, *batches: Tensor) -> None:
+        """statistics_kept "first": PyCIL's expansion runs every backbone on each batch and on its synthesised
+        samples, so the middle backbones' BatchNorm statistics follow them; they add nothing to the loss."""
+        for backbone in self.net.stack.middle:
+            for batch in batches:
+                backbone(batch)
+
+    def energy_loss(self, synthesised: Tensor, y: Tensor, pseudo: Tensor) -> Tensor:
         """Synthesised samples must fall into the energy class of their source's class (PyCIL's
         get_energy_loss), with the real-class logits of the batch's labels masked to a constant."""
-        train, energy = self.net.branch(self.net.stack.newest(self.synthesise(x)))
+        train, energy = self.net.branch(self.net.stack.newest(synthesised))
         logits = torch.cat([train, energy], dim=1).index_fill(1, pseudo, 1e-9)
         return F.cross_entropy(logits, y + train.shape[1])
 

@@ -75,6 +75,35 @@ def test_expansion_adds_a_frozen_backbone_and_fusion_folds_the_heads():
     assert learner.parameter_counts()[0] == 2 * one_backbone + 4 * (2 * net.stack.out_dim + 1)
 
 
+@pytest.mark.parametrize("kept", ["all", "first"])
+def test_which_frozen_backbones_keep_their_batchnorm_statistics(kept):
+    """statistics_kept "first" is PyCIL's BEEFISO (only the first backbone in eval mode): at the third task the
+    middle backbone's statistics follow the batches while its weights stay; "all" (the default) keeps both."""
+    params = ALGORITHMS.get("beef").Params(fusion_epochs=1, statistics_kept=kept)
+    learner = ALGORITHMS.get("beef")(params, "resnet8", 8, torch.device("cpu"))
+    trainer = Trainer(torch.device("cpu"), seed=0, augment=False)
+    for index in range(3):
+        task = tiny_task(index, 2 * index, 2 * index + 2)
+        learner.begin_task(task)
+        if index == 2:
+            first, middle, _ = learner.net.stack.backbones
+            before = snapshot(first), snapshot(middle)
+        learner.learn_task(task, trainer.fit)
+        learner.end_task(task, trainer.fit)
+    assert same_state(first, before[0])
+    weights = {k: v for k, v in before[1].items() if not k.endswith(("running_mean", "running_var",
+                                                                     "num_batches_tracked"))}
+    assert all(torch.equal(middle.state_dict()[k], v) for k, v in weights.items()), "frozen weights never move"
+    assert same_state(middle, before[1]) == (kept == "all")
+
+
+def test_an_unknown_statistics_choice_is_refused(tmp_path):
+    from gtep.spaces import SearchSpaceError, validate_values
+
+    with pytest.raises(SearchSpaceError, match=r"statistics_kept='none' is not one of \['all', 'first'\]"):
+        validate_values(tmp_path / "space.yaml", "beef", {"statistics_kept": "none"})
+
+
 def test_nan_loss_ends_the_ordering_as_diverged():
     out = run_small("beef", {"energy_weight": 1e30, "fusion_epochs": 1}, epochs=2)
     assert out.status == "diverged" and "non-finite" in out.message
