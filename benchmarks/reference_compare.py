@@ -50,6 +50,9 @@ from gtep.protocol.scenarios import parse_increments  # noqa: E402
 
 METHODS = ("replay", "icarl", "bic", "wa", "podnet", "der", "foster", "beef", "memo")  # against PyCIL
 VIT_METHODS = ("simplecil", "ranpac")  # against LAMDA-PILOT (what of PILOT runs on a small ViT: docs/benchmarks.md)
+# methods whose PyCIL reports a model other than the one it goes on with: FOSTER's teacher (the boosted model), where
+# gtep reports the compressed student; their reference runs also record the student ("student_acc_t")
+STUDENT_METHODS = {"foster"}
 NME_METHODS = {"icarl"}  # methods whose reported accuracy is the nearest-mean classifier's, in both toolboxes
 
 
@@ -194,9 +197,11 @@ def start_reference(args: argparse.Namespace, method: str, seed: int, order: lis
 
 
 def run_pair(args: argparse.Namespace, method: str, seed: int, data, npz: str,
-             with_reference: bool = True) -> dict[str, dict]:
+             sides: tuple[str, ...] = SIDES) -> dict[str, dict]:
     """One seed in both toolboxes at once; {"gtep" | "reference": {"acc_t": [...] in %, "seconds": s}}.
-    Without the reference (an ablation whose reference run is stored), gtep alone."""
+    With fewer `sides`, those alone: gtep for an ablation whose reference run is stored, the reference for a stored
+    run that lacks what the table now reads (a FOSTER run without its student's accuracies)."""
+    with_reference = "reference" in sides
     run = OrderingRun(gtep_job(args, method, seed), data)
     order = [c for task in run.tasks for c in task.new_classes]
     with tempfile.TemporaryDirectory() as folder:
@@ -204,20 +209,25 @@ def run_pair(args: argparse.Namespace, method: str, seed: int, data, npz: str,
         pipeline = run.images.pipeline  # the reference divides by what gtep's run divides by
         normalise = (pipeline.mean.flatten().tolist(), pipeline.std.flatten().tolist())
         reference = start_reference(args, method, seed, order, npz, normalise, scratch) if with_reference else None
-        tic = time.perf_counter()
-        for task in run.tasks:
-            run.train_task(task)
-        outcome = run.finish()
-        ours = {"acc_t": [100 * a for a in outcome.metrics.get("acc_t", [])],
-                "seconds": time.perf_counter() - tic, "diverged": bool(outcome.diverged)}
+        pair: dict[str, dict] = {}
+        if "gtep" in sides:
+            tic = time.perf_counter()
+            for task in run.tasks:
+                run.train_task(task)
+            outcome = run.finish()
+            pair["gtep"] = {"acc_t": [100 * a for a in outcome.metrics.get("acc_t", [])],
+                            "seconds": time.perf_counter() - tic, "diverged": bool(outcome.diverged)}
         if reference is None:
-            return {"gtep": ours}
+            return pair
         if reference.wait() != 0:
             raise SystemExit(f"{reference_of(method)}'s {method} failed (seed {seed}):\n"
                              f"{(scratch / 'stderr.txt').read_text()[-3000:]}")
         result = json.loads((scratch / "result.json").read_text())
     acc = result["nme_t"] if method in NME_METHODS else result["acc_t"]
-    return {"gtep": ours, "reference": {"acc_t": [float(a) for a in acc], "seconds": float(result["seconds"])}}
+    pair["reference"] = {"acc_t": [float(a) for a in acc], "seconds": float(result["seconds"])}
+    if "student_acc_t" in result:
+        pair["reference"]["student_acc_t"] = [float(a) for a in result["student_acc_t"]]
+    return pair
 
 
 def setting_folder(args: argparse.Namespace) -> Path:
@@ -243,9 +253,10 @@ def ensure_runs(args: argparse.Namespace, method: str, data, npz: str) -> None:
     torch.set_num_threads(1)
     for seed in range(args.seeds):
         paths = {t: result_path(args, method, t, seed) for t in SIDES}
-        if all(p.is_file() for p in paths.values()):
+        missing = tuple(t for t in SIDES if not stored_complete(paths[t], method, t))
+        if not missing:
             continue
-        pair = run_pair(args, method, seed, data, npz, with_reference=not paths["reference"].is_file())
+        pair = run_pair(args, method, seed, data, npz, missing)
         for toolbox, path in paths.items():
             if toolbox not in pair:
                 continue
@@ -254,6 +265,15 @@ def ensure_runs(args: argparse.Namespace, method: str, data, npz: str) -> None:
         names = {"gtep": "gtep", "reference": reference_of(method)}
         print(f"{method} seed {seed}: " + " | ".join(
             f"{names[t]} " + " ".join(f"{a:5.1f}" for a in pair[t]["acc_t"]) for t in SIDES if t in pair), flush=True)
+
+
+def stored_complete(path: Path, method: str, side: str) -> bool:
+    """A stored run with everything the table reads: a FOSTER reference run stored before the student's accuracies
+    were recorded is trained again (the same seed gives the same teacher accuracies, and now the student's too)."""
+    if not path.is_file():
+        return False
+    return not (side == "reference" and method in STUDENT_METHODS
+                and "student_acc_t" not in json.loads(path.read_text()))
 
 
 def load_runs(args: argparse.Namespace, method: str) -> dict[str, list[dict]]:
@@ -314,9 +334,14 @@ class Comparison:
         return reference_of(self.method)
 
 
-def summarise(args: argparse.Namespace, method: str, images: int) -> Comparison | None:
-    """The method's comparison over the seeds present in both toolboxes (None when there is none)."""
+def summarise(args: argparse.Namespace, method: str, images: int, student: bool = False) -> Comparison | None:
+    """The method's comparison over the seeds present in both toolboxes (None when there is none); with `student`,
+    against the reference's student (STUDENT_METHODS; None unless every stored reference run recorded it)."""
     runs = load_runs(args, method)
+    if student:
+        if not runs["reference"] or any("student_acc_t" not in r for r in runs["reference"]):
+            return None
+        runs["reference"] = [{**r, "acc_t": r["student_acc_t"]} for r in runs["reference"]]
     for side in SIDES:  # a diverged run (gtep records it; its accuracies stop) is reported, not averaged
         for r in runs[side]:
             if r.get("diverged") or len(r["acc_t"]) != len(parse_increments(args.increments)):
@@ -329,7 +354,7 @@ def summarise(args: argparse.Namespace, method: str, images: int) -> Comparison 
     kept = {t: [r for r in runs[t] if r["seed"] in seeds] for t in SIDES}
     # both references report top-1 in % rounded to 2 decimals; gtep's float32 fractions are compared at that precision
     acc_t = {t: [[round(a, 2) for a in r["acc_t"]] for r in kept[t]] for t in SIDES}
-    label = method + ablation_suffix(args)
+    label = method + ablation_suffix(args) + (f" ({reference_of(method)}'s student)" if student else "")
     return Comparison(method, len(seeds), acc_t,
                       {t: images / statistics.mean(r["seconds"] for r in kept[t]) for t in SIDES}, label)
 
@@ -359,8 +384,15 @@ def print_markdown(rows: list[Comparison]) -> None:
         print("| " + " | ".join(" ".join(cell.replace("+-", "±").split()) for cell in cells) + " |")
 
 
+def like_for_like(rows: list[Comparison]) -> list[Comparison]:
+    """The rows that compare the same model: a method's row against the reference's student replaces its row
+    against the teacher."""
+    with_student = {c.method for c in rows if c.label.endswith("'s student)")}
+    return [c for c in rows if c.method not in with_student or c.label.endswith("'s student)")]
+
+
 def verdict(rows: list[Comparison]) -> str:
-    finals = [(c.label, *c.final_difference()) for c in rows]
+    finals = [(c.label, *c.final_difference()) for c in like_for_like(rows)]
     worst = max(finals, key=lambda row: abs(row[1]))
     significant = [m for m, _, _, _, p in finals if not math.isnan(p) and p < 0.05]
     return (f"verdict: largest |final Acc difference| {abs(worst[1]):.2f} points ({worst[0]}); "
@@ -423,9 +455,13 @@ def main() -> None:
         if comparison is None:
             print(f"{method}: no stored runs at this setting in {setting_folder(args)}")
             continue
-        rows.append(comparison)
+        method_rows = [comparison]
+        if method in STUDENT_METHODS and (student := summarise(args, method, images, student=True)):
+            method_rows.append(student)
+        rows += method_rows
         if not args.markdown:
-            print_comparison(comparison)
+            for row in method_rows:
+                print_comparison(row)
     if args.markdown and rows:
         print_markdown(rows)
     if rows:

@@ -34,7 +34,8 @@ sets from outside the toolbox's own code, and why:
 
 The loop is the toolboxes' trainer._train: incremental_train, eval_task, after_task per task; the CNN top-1
 accuracy on all classes seen so far is Acc_t (and the NME classifier's, for methods that have one). Writes
-{"acc_t": [...], "nme_t": [...], "seconds": ...} to the result file.
+{"acc_t": [...], "nme_t": [...], "seconds": ...} to the result file, and for a method that trains a student (PyCIL's
+FOSTER) the student's accuracies as "student_acc_t".
 """
 from __future__ import annotations
 
@@ -161,14 +162,28 @@ def run(job: dict) -> dict:
         module.num_workers = 0
     if job["args"].get("tuned_epoch", None) == 0 and hasattr(type(model), "_init_train"):
         type(model)._init_train = lambda self, *args, **kwargs: None  # zero epochs: the loop would do nothing
-    acc_t, nme_t, tic = [], [], time.perf_counter()
+    acc_t, nme_t, student_acc_t, tic = [], [], [], time.perf_counter()
     for _ in range(manager.nb_tasks):
         model.incremental_train(manager)
         cnn, nme = model.eval_task()
+        student_acc_t.append(student_accuracy(model, float(cnn["top1"])))
         model.after_task()
         acc_t.append(float(cnn["top1"]))
         nme_t.append(float(nme["top1"]) if nme is not None else float("nan"))
-    return {"acc_t": acc_t, "nme_t": nme_t, "seconds": time.perf_counter() - tic}
+    result = {"acc_t": acc_t, "nme_t": nme_t, "seconds": time.perf_counter() - tic}
+    if hasattr(model, "_snet"):
+        result["student_acc_t"] = student_acc_t
+    return result
+
+
+def student_accuracy(model, reported: float) -> float:
+    """PyCIL's FOSTER reports the boosted model (the teacher: two backbones and their heads) after each task and
+    goes on with the compressed student it trained only at the next task's start; the student's top-1 on the same
+    test set is what gtep reports. Before the first compression there is one model: the one reported."""
+    student = getattr(model, "_snet", None)
+    if student is None:
+        return reported
+    return float(model._compute_accuracy(student, model.test_loader))
 
 
 if __name__ == "__main__":

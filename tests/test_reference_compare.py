@@ -108,3 +108,103 @@ def test_an_ablation_changes_gteps_hyperparameter_and_reuses_the_reference_runs(
     assert comparison.finals("gtep") == [12.0, 13.0] and comparison.finals("reference") == [9.0, 10.0]
     with pytest.raises(SystemExit, match="NAME=VALUE"):
         rc.ablation(setting(gtep_set=["nca_margin"]))
+
+
+def test_foster_is_also_compared_with_pycils_student_and_the_verdict_uses_that_row(tmp_path):
+    """PyCIL's FOSTER reports its teacher and goes on with the student; gtep reports the student. The table gets a
+    second row against PyCIL's student, and the verdict compares like with like."""
+    args = setting(results=str(tmp_path / "results"), increments="5x3", seeds=3)
+    folder = rc.setting_folder(args)
+    for seed, (ours, teacher, student) in enumerate([(16.0, 21.0, 16.5), (17.0, 22.0, 17.5), (18.0, 20.0, 16.0)]):
+        store(folder, "foster", "gtep", seed, [40.0, 25.0, ours], 10.0)
+        path = folder / "foster" / f"pycil-seed{seed}.json"
+        path.write_text(json.dumps({"acc_t": [44.0, 28.0, teacher], "student_acc_t": [44.0, 24.0, student],
+                                    "seconds": 20.0, "seed": seed}))
+    teacher_row = rc.summarise(args, "foster", 100)
+    student_row = rc.summarise(args, "foster", 100, student=True)
+    assert teacher_row.label == "foster" and teacher_row.finals("reference") == [21.0, 22.0, 20.0]
+    assert student_row.label == "foster (PyCIL's student)"
+    assert student_row.finals("reference") == [16.5, 17.5, 16.0] and student_row.finals("gtep") == [16.0, 17.0, 18.0]
+    assert rc.verdict([teacher_row, student_row]).startswith("verdict: largest |final Acc difference| 0.33 points "
+                                                             "(foster (PyCIL's student))")
+    assert rc.summarise(args, "replay", 100, student=True) is None
+
+
+def test_a_stored_foster_reference_run_without_the_student_is_trained_again(tmp_path):
+    path = tmp_path / "pycil-seed0.json"
+    assert not rc.stored_complete(path, "foster", "reference")
+    path.write_text(json.dumps({"acc_t": [44.0], "seconds": 1.0}))
+    assert not rc.stored_complete(path, "foster", "reference")
+    assert rc.stored_complete(path, "foster", "gtep") and rc.stored_complete(path, "beef", "reference")
+    path.write_text(json.dumps({"acc_t": [44.0], "student_acc_t": [44.0], "seconds": 1.0}))
+    assert rc.stored_complete(path, "foster", "reference")
+
+
+FAKE_PYCIL = {
+    "utils/__init__.py": "",
+    "utils/data.py": "class iData:\n    pass\n\n\nclass iCIFAR100:\n    train_trsf, test_trsf = [], []\n",
+    "utils/data_manager.py": '''
+_get_idata = None  # reference_side points this at its adapter
+
+
+class DataManager:
+    def __init__(self, name, shuffle, seed, init_cls, increment):
+        self.data = _get_idata(name)
+        self.data.download_data()
+        self.increments = [init_cls]
+        while sum(self.increments) < len(self.data.class_order):
+            self.increments.append(increment)
+        self.nb_tasks = len(self.increments)
+''',
+    "utils/factory.py": "def get_model(name, args):\n    from models.fake import Fake\n\n    return Fake(args)\n",
+    "models/__init__.py": "",
+    "models/fake.py": '''
+EPOCHS = 1  # a recipe global the job sets
+
+
+class Fake:
+    """Reports, as its accuracy, the training images of the classes seen so far times EPOCHS; from its second task
+    on it holds a student, as PyCIL's FOSTER does, whose accuracy is 7 points a task."""
+
+    def __init__(self, args):
+        self.args, self._cur_task, self._snet, self.test_loader = args, -1, None, "the test loader"
+
+    def incremental_train(self, manager):
+        self._cur_task += 1
+        seen = manager.data.class_order[:sum(manager.increments[:self._cur_task + 1])]
+        self.images = int(sum((manager.data.train_targets == c).sum() for c in seen))
+        self._snet = "the student" if self._cur_task else None
+
+    def eval_task(self):
+        return {"top1": float(self.images * EPOCHS)}, None
+
+    def after_task(self):
+        pass
+
+    def _compute_accuracy(self, model, loader):
+        assert (model, loader) == ("the student", "the test loader")
+        return 7.0 * self._cur_task
+''',
+}
+
+
+def test_the_reference_side_drives_a_toolbox_checkout_and_records_the_student(tmp_path):
+    checkout = tmp_path / "pycil"
+    for name, text in FAKE_PYCIL.items():
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text(text)
+    npz = tmp_path / "tiny.npz"
+    rng = np.random.default_rng(0)
+    np.savez(npz, x_train=rng.integers(0, 255, (15, 32, 32, 3), dtype=np.uint8),
+             y_train=np.array([0] * 3 + [1] * 5 + [2] * 7), x_test=rng.integers(0, 255, (3, 32, 32, 3), dtype=np.uint8),
+             y_test=np.arange(3))
+    job = {"toolbox": "pycil", "method": "fake", "backbone": "resnet32", "npz": str(npz), "class_order": [2, 0],
+           "increments": [1, 1], "memory": 0, "seed": 0, "threads": 1, "args": {}, "globals": {"EPOCHS": 2},
+           "mean": [0.5] * 3, "std": [0.25] * 3}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    env = {"PYTHONPATH": f"{checkout}:{BENCHMARKS}:{Path(__file__).resolve().parents[1]}", "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, str(BENCHMARKS / "reference_side.py"), "job.json", "result.json"],
+                   cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["acc_t"] == [14.0, 20.0], "class 2's 7 images, then class 0's 3 too, times the EPOCHS global"
+    assert result["student_acc_t"] == [14.0, 7.0], "the only model at first, then the student"
