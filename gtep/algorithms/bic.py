@@ -20,7 +20,7 @@ network runs in eval mode, so its logits are computed once and stage 2 fits the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,9 @@ class BiCParams(CommonParams):
     # Bias-correction epochs: PyCIL's 170, not tuned. 0 reuses the stage-1 epochs and schedule, which is what
     # the GTEP reference code does (it runs stage 2 for the sampled `epochs`).
     bias_epochs: int = 170
+    # "eval": stage 2 as described above. "pycil": as PyCIL runs it (the network in train mode on augmented
+    # views of the split, BatchNorm statistics following them, softmax before the cross-entropy). An ablation.
+    bias_stage: Literal["eval", "pycil"] = "eval"
 
 
 class BiasLayer(nn.Module):
@@ -128,6 +131,9 @@ class BiC(IncrementalLearner[BiCParams]):
 
     def correct_bias(self, task: TaskData, fit: FitFn, x_val: Tensor, y_val: Tensor) -> None:
         """Stage 2: fit this task's (alpha, beta) on the held-out split with everything else frozen."""
+        if self.params.bias_stage == "pycil":
+            self.correct_bias_as_pycil(task, fit, x_val, y_val)
+            return
         self.net.eval()
         with torch.no_grad():
             raw = self.batched(lambda xb: self.net(xb)["raw_logits"])(x_val)
@@ -135,6 +141,20 @@ class BiC(IncrementalLearner[BiCParams]):
         loss = lambda z, y: F.cross_entropy(self.net.correct(z), y)  # noqa: E731
         # the inputs are logits, not images: no augmentation, and no module to put in train mode
         fit(layer.parameters(), loss, raw, y_val, self.bias_recipe(task), augment=False)
+
+    def correct_bias_as_pycil(self, task: TaskData, fit: FitFn, x_val: Tensor, y_val: Tensor) -> None:
+        """PyCIL's stage 2: every batch through the network in train mode (augmented; BatchNorm statistics move),
+        cross-entropy of the softmax of the corrected logits. Only the layer trains."""
+        layer = self.net.bias_layers[-1]
+        others = [p for p in self.net.parameters() if p.requires_grad and all(p is not q for q in layer.parameters())]
+        for p in others:
+            p.requires_grad_(False)
+        loss = lambda xb, yb: F.cross_entropy(F.softmax(self.net(xb)["logits"], dim=1), yb)  # noqa: E731
+        try:
+            fit(layer.parameters(), loss, x_val, y_val, self.bias_recipe(task), modules=[self.net])
+        finally:
+            for p in others:
+                p.requires_grad_(True)
 
     def bias_recipe(self, task: TaskData) -> FitRecipe:
         """Stage 1's optimiser settings (as PyCIL) over bias_epochs, milestones stretched to keep their

@@ -135,3 +135,36 @@ def test_search_space_and_original_preset():
     params = ALGORITHMS.get("bic").Params.from_mapping(space.presets["original"])
     assert (params.epochs, params.T, params.lambda_kd, params.split_ratio) == (170, 2, 0, 0.1)
     assert params.milestones == (60, 100, 140) and params.bias_epochs == 170
+
+
+def test_pycils_bias_stage_trains_only_the_layer_on_images_in_train_mode():
+    """bias_stage "pycil" (an ablation for benchmarks/reference_compare.py): stage 2 sees augmented images with
+    the network in train mode, so the BatchNorm statistics follow the split while every weight but (alpha, beta)
+    stays, and everything trains again in the next task's stage 1."""
+    from gtep.algorithms import FitRecipe, TaskData
+    from gtep.engine.loop import Trainer
+
+    params = ALGORITHMS.get("bic").Params(bias_epochs=2, bias_stage="pycil")
+    learner = ALGORITHMS.get("bic")(params, "resnet8", 8, torch.device("cpu"))
+    trainer = Trainer(torch.device("cpu"), seed=0, augment=True)
+    recipe = FitRecipe(epochs=1, lr=0.01, batch_size=8, weight_decay=5e-4, scheduler="constant", milestones=(),
+                       lr_decay=0.1)
+    for index in range(2):
+        g = torch.Generator().manual_seed(index)
+        y = torch.arange(2 * index, 2 * index + 2).repeat_interleave(8)
+        task = TaskData(index, 2 * index, 2 * index + 2, torch.randn(len(y), 3, 32, 32, generator=g), y, recipe)
+        learner.begin_task(task)
+        if index == 1:
+            stage2 = []
+            learner.correct_bias_as_pycil = lambda *a, f=learner.correct_bias_as_pycil: (
+                stage2.append({k: v.clone() for k, v in learner.net.state_dict().items()}), f(*a),
+                stage2.append({k: v.clone() for k, v in learner.net.state_dict().items()}))
+        learner.learn_task(task, trainer.fit)
+        learner.end_task(task, trainer.fit)
+    before, after = stage2
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert {"bias_layers.1.alpha", "bias_layers.1.beta"} <= moved
+    assert moved - {"bias_layers.1.alpha", "bias_layers.1.beta"}, "BatchNorm statistics followed the split"
+    assert all(k.endswith(("running_mean", "running_var", "num_batches_tracked")) for k in moved
+               if not k.startswith("bias_layers")), "no weight but the layer's trained"
+    assert all(p.requires_grad for n, p in learner.net.named_parameters() if not n.startswith("bias_layers"))
