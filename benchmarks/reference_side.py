@@ -183,7 +183,15 @@ def student_accuracy(model, reported: float) -> float:
     student = getattr(model, "_snet", None)
     if student is None:
         return reported
-    return float(model._compute_accuracy(student, model.test_loader))
+    # a DataLoader draws its base seed from torch's generator: without the states put back, looking at the
+    # student would change every later draw of the run, and the same seed would no longer give the same run
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        return float(model._compute_accuracy(student, model.test_loader))
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from scipy import stats
 
 from gtep.spaces import validate_values
@@ -163,8 +164,9 @@ EPOCHS = 1  # a recipe global the job sets
 
 
 class Fake:
-    """Reports, as its accuracy, the training images of the classes seen so far times EPOCHS; from its second task
-    on it holds a student, as PyCIL's FOSTER does, whose accuracy is 7 points a task."""
+    """Reports, as its accuracy, the training images of the classes seen so far times EPOCHS plus a draw of torch's
+    generator; from its second task on it holds a student, as PyCIL's FOSTER does, whose accuracy is 7 points a
+    task."""
 
     def __init__(self, args):
         self.args, self._cur_task, self._snet, self.test_loader = args, -1, None, "the test loader"
@@ -176,13 +178,18 @@ class Fake:
         self._snet = "the student" if self._cur_task else None
 
     def eval_task(self):
-        return {"top1": float(self.images * EPOCHS)}, None
+        import torch
+
+        return {"top1": self.images * EPOCHS + round(float(torch.rand(())), 4)}, None
 
     def after_task(self):
         pass
 
     def _compute_accuracy(self, model, loader):
+        import torch
+
         assert (model, loader) == ("the student", "the test loader")
+        torch.rand(3)  # a DataLoader draws from the global generator; the run must not see it
         return 7.0 * self._cur_task
 ''',
 }
@@ -198,7 +205,7 @@ def test_the_reference_side_drives_a_toolbox_checkout_and_records_the_student(tm
     np.savez(npz, x_train=rng.integers(0, 255, (15, 32, 32, 3), dtype=np.uint8),
              y_train=np.array([0] * 3 + [1] * 5 + [2] * 7), x_test=rng.integers(0, 255, (3, 32, 32, 3), dtype=np.uint8),
              y_test=np.arange(3))
-    job = {"toolbox": "pycil", "method": "fake", "backbone": "resnet32", "npz": str(npz), "class_order": [2, 0],
+    job = {"toolbox": "pycil", "method": "fake", "backbone": "resnet32", "npz": str(npz), "class_order": [2, 0, 1],
            "increments": [1, 1], "memory": 0, "seed": 0, "threads": 1, "args": {}, "globals": {"EPOCHS": 2},
            "mean": [0.5] * 3, "std": [0.25] * 3}
     (tmp_path / "job.json").write_text(json.dumps(job))
@@ -206,5 +213,9 @@ def test_the_reference_side_drives_a_toolbox_checkout_and_records_the_student(tm
     subprocess.run([sys.executable, str(BENCHMARKS / "reference_side.py"), "job.json", "result.json"],
                    cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["acc_t"] == [14.0, 20.0], "class 2's 7 images, then class 0's 3 too, times the EPOCHS global"
-    assert result["student_acc_t"] == [14.0, 7.0], "the only model at first, then the student"
+    torch.manual_seed(0)  # the job's seed: the run's draws are the generator's first three
+    draws = [round(float(torch.rand(())), 4) for _ in range(3)]
+    # class 2's 7 images, then class 0's 3 too, then class 1's 5, times the EPOCHS global; the student's evaluation
+    # in between leaves the generator where it was
+    assert result["acc_t"] == [14 + draws[0], 20 + draws[1], 30 + draws[2]]
+    assert result["student_acc_t"] == [14 + draws[0], 7.0, 14.0], "the only model at first, then the student"
