@@ -94,3 +94,25 @@ def test_a_learner_pickles_as_checkpoints_do(ps):
 
     cls = ps.ALGORITHMS.get("ps_replay")
     assert pickle.loads(pickle.dumps(cls)) is cls
+
+
+def test_the_store_counts_a_diverged_ordering_failed_by_design_apart_from_unfinished_runs(tmp_path):
+    """A diverged ordering ends its MLflow run FAILED with metric diverged = 1 (gtep's tracking does so on purpose):
+    the rehearsal's 'every run finished' verdict must not count it, and must count any other run left unfinished."""
+    from mlflow.tracking import MlflowClient
+
+    sys.path.insert(0, BENCHMARKS)
+    import paper_scale
+
+    backend = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=backend)
+    experiment = client.create_experiment("gtep/s", artifact_location=str(tmp_path / "artifacts"))
+    for key, status, diverged in (("o0", "FINISHED", None), ("o1", "FAILED", 1.0), ("o2", "FAILED", None),
+                                  ("o3", "RUNNING", None)):
+        run = client.create_run(experiment, tags={"gtep.key": key, "gtep.level": "ordering"})
+        if diverged is not None:
+            client.log_metric(run.info.run_id, "diverged", diverged)
+        if status != "RUNNING":
+            client.set_terminated(run.info.run_id, status)
+    store = paper_scale.store_figures(backend)
+    assert store["runs_failed_as_diverged"] == 1 and store["runs_not_finished"] == 2

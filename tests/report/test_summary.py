@@ -250,3 +250,13 @@ def test_set_states_from_tags_or_derived_for_older_stores():
                            "diverged_orderings": [0, 0, 1, 0, 0],
                            "set_status": ["", "", "", "", "incomplete"]})
     assert list(set_status(trials)) == ["complete", "incomplete", "diverged", "interrupted", "incomplete"]
+
+
+def test_report_figures_are_drawn_by_one_process_per_cpu_at_most_one_per_group(monkeypatch):
+    from gtep.reporting.build import report_workers
+
+    monkeypatch.delenv("GTEP_REPORT_WORKERS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert report_workers(20) == 8 and report_workers(3) == 3 and report_workers(1) == 1
+    monkeypatch.setenv("GTEP_REPORT_WORKERS", "1")
+    assert report_workers(8) == 1, "GTEP_REPORT_WORKERS=1 draws every group in the report's own process"
