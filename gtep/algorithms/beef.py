@@ -46,15 +46,20 @@ class BEEFParams(CommonParams):
     # first backbone in eval mode, so the statistics of those between it and the newest follow every batch
     # its network sees (expansion, synthesised samples, fusion's balanced set). An ablation, not tuned.
     statistics_kept: Literal["all", "first"] = "all"
+    # "kept": the old head's bias is part of the old classes' logits, in training, evaluation and the merged head.
+    # "dropped": PyCIL's BEEFISO, whose forward adds no old-head bias (`fc_bias=+new_fc_bias`) while a task is
+    # learnt and evaluated, so only the last fusion's (1 + alpha) b + beta reaches an old class. An ablation.
+    old_head_bias: Literal["kept", "dropped"] = "kept"
 
 
 class BeefNet(nn.Module):
     """Backbones (old ones frozen) with the merged head of the old model and, while a task is learnt, the
     new model's heads on the newest backbone: new classes, backward and forward (energy) prototypes."""
 
-    def __init__(self, backbone: str, statistics_kept: str = "all") -> None:
+    def __init__(self, backbone: str, statistics_kept: str = "all", old_head_bias: str = "kept") -> None:
         super().__init__()
         self.stack = BackboneStack(backbone, statistics_kept)
+        self.old_head_bias = old_head_bias
         self.stack.grow()
         self.old_head: LinearHead | None = None  # over the old backbones' features, old classes
         self.new_head: LinearHead | None = None
@@ -93,11 +98,15 @@ class BeefNet(nn.Module):
         else:
             tasks = len(self.alpha)
             aligned = train[:, :tasks] * (1 + self.alpha) + self.beta
-            # PyCIL's training forward drops the old head's bias ("fc_bias=+new_fc_bias"); its merge keeps
-            # it. We keep it in both, so training, evaluation and the merged head agree.
-            old = self.old_head(features[:, :-d]) + aligned[:, self.class_task]
+            # PyCIL's forward drops the old head's bias ("fc_bias=+new_fc_bias") in training and evaluation;
+            # by default we keep it (old_head_bias "dropped" does as PyCIL), and the merged head agrees either way.
+            old = self.old_logits(features[:, :-d]) + aligned[:, self.class_task]
             logits = torch.cat([old, train[:, tasks:]], dim=1)
         return {"features": features, "logits": logits, "train_logits": train, "energy_logits": energy}
+
+    def old_logits(self, old_features: Tensor) -> Tensor:
+        head = required(self.old_head, "BEEF's merged head")
+        return head(old_features) if self.old_head_bias == "kept" else F.linear(old_features, head.weight)
 
     @torch.no_grad()
     def merge(self) -> None:
@@ -114,8 +123,8 @@ class BeefNet(nn.Module):
             merged.weight[:known, :-d] = self.old_head.weight
             merged.weight[:known, -d:] = backward.weight[self.class_task] * scale[:, None]
             merged.weight[known:, -d:] = new.weight
-            merged.bias[:known] = (self.old_head.bias + backward.bias[self.class_task] * scale
-                                   + self.beta[self.class_task])
+            old_bias = self.old_head.bias if self.old_head_bias == "kept" else torch.zeros_like(self.old_head.bias)
+            merged.bias[:known] = old_bias + backward.bias[self.class_task] * scale + self.beta[self.class_task]
             merged.bias[known:] = new.bias
         self.old_head = freeze(merged)
         self.new_head = self.backward = self.energy_head = None
@@ -133,7 +142,7 @@ class BEEF(IncrementalLearner[BEEFParams]):
         self.task_sizes: list[int] = []
 
     def build_network(self) -> nn.Module:
-        return BeefNet(self.backbone_name, self.params.statistics_kept)
+        return BeefNet(self.backbone_name, self.params.statistics_kept, self.params.old_head_bias)
 
     def grow(self, task: TaskData) -> None:
         sizes = torch.tensor(self.task_sizes, dtype=torch.long)

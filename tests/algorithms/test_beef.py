@@ -97,6 +97,31 @@ def test_which_frozen_backbones_keep_their_batchnorm_statistics(kept):
     assert same_state(middle, before[1]) == (kept == "all")
 
 
+@pytest.mark.parametrize("bias", ["kept", "dropped"])
+def test_the_old_heads_bias_counts_only_when_kept_and_the_merge_agrees_either_way(bias):
+    """old_head_bias "dropped" is PyCIL's BEEFISO forward (no old-head bias while a task is learnt and evaluated)."""
+    params = ALGORITHMS.get("beef").Params(fusion_epochs=1, old_head_bias=bias)
+    learner = ALGORITHMS.get("beef")(params, "resnet8", 8, torch.device("cpu"))
+    trainer = Trainer(torch.device("cpu"), seed=0, augment=False)
+    for index in range(2):
+        task = tiny_task(index, 2 * index, 2 * index + 2)
+        learner.begin_task(task)
+        learner.learn_task(task, trainer.fit)
+        net = learner.net
+        net.eval()
+        with torch.no_grad():
+            if index == 1:
+                fused = net(task.x)["logits"]
+                net.old_head.bias.add_(5.0)
+                shifted = net(task.x)["logits"]
+                net.old_head.bias.sub_(5.0)
+                assert torch.equal(shifted[:, 2:], fused[:, 2:])
+                assert torch.allclose(shifted[:, :2], fused[:, :2] + (5.0 if bias == "kept" else 0.0), atol=1e-4)
+            learner.end_task(task, trainer.fit)
+            if index == 1:
+                assert torch.allclose(net(task.x)["logits"], fused, atol=1e-5), "the merged head gives the same logits"
+
+
 def test_an_unknown_statistics_choice_is_refused(tmp_path):
     from gtep.spaces import SearchSpaceError, validate_values
 
