@@ -11,11 +11,13 @@ module is the only place the report's data touches MLflow.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import numpy as np
 import pandas as pd
 from mlflow.entities import Run, ViewType
 from mlflow.tracking import MlflowClient
@@ -196,9 +198,13 @@ class RunStore:
         return frame.drop_duplicates(["run_id", "metric", "step"], keep="last").sort_values(
             ["run_id", "metric", "step"]).reset_index(drop=True)
 
-    def log_report(self, folder: Path, selectors: list[str], matrix: str | None, metrics: dict[str, float]) -> str:
+    def log_report(self, folder: Path, selectors: list[str], matrix: str | None, metrics: dict[str, float],
+                   rows: pd.DataFrame | None = None) -> str:
         """One run in gtep/reports with every file of the report as an artifact, so the MLflow UI shows the tables
-        and plots beside the studies' runs."""
+        and plots beside the studies' runs; under it one child run per row of `rows` (the report's summary: a
+        study's phase), so that all the phases it compares are one experiment's runs table in the UI. MLflow's
+        compare-experiments view asks for every experiment once per experiment it shows (N^2 requests: 6 minutes
+        over a paper-scale matrix's 120 studies; benchmarks/ui_compare_requests.py)."""
         experiment_id = self._reports_experiment()
         tags = {"gtep.level": "report", "gtep.sources": ",".join(selectors) or "*"}
         if matrix:
@@ -210,11 +216,32 @@ class RunStore:
                 if math.isfinite(value):
                     self.client.log_metric(run_id, key, value)
             self.client.log_artifacts(run_id, str(folder))
+            self._log_rows(experiment_id, run_id, matrix, rows)
         except Exception:
             self.client.set_terminated(run_id, "FAILED")
             raise
         self.client.set_terminated(run_id, "FINISHED")
         return run_id
+
+    def _log_rows(self, experiment_id: str, parent: str, matrix: str | None, rows: pd.DataFrame | None) -> None:
+        """A finished child run per summary row: its study, algorithm, scenario, pairing and phase as params, its
+        finite numbers (acc, avg_acc, hmean, their stds, costs) as metrics, the phase run it summarises as a tag."""
+        from mlflow.entities import Metric, Param
+
+        if rows is None or rows.empty:
+            return
+        now = int(time.time() * 1000)
+        for row in rows.to_dict("records"):
+            tags = {"mlflow.parentRunId": parent, "gtep.level": "report_row", "gtep.phase_run": str(row["run_id"])}
+            if matrix:
+                tags["gtep.matrix"] = matrix
+            run = self.client.create_run(experiment_id, run_name=f"{row['label']} {row['phase']}", tags=tags)
+            params = [Param(k, str(row[k])) for k in ("study", "algorithm", "scenario", "pairing", "phase")
+                      if k in row]
+            metrics = [Metric(k, float(v), now, 0) for k, v in row.items()
+                       if isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)]
+            self.client.log_batch(run.info.run_id, metrics=metrics, params=params)
+            self.client.set_terminated(run.info.run_id, "FINISHED")
 
     def _histories(self, run_ids: list[str], key: str) -> list[list[Any]]:
         """Each run's history of `key`, in the order of run_ids. MLflow has one request per run and metric (its

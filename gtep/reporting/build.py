@@ -455,5 +455,5 @@ def run_report(tracking_uri: str, selectors: list[str], *, matrix: str | None = 
     if "table" in formats:
         print_report(report, console or Console())
     if log_to_mlflow:
-        report.run_id = runs.log_report(report.out, list(selectors), matrix, report_metrics(report))
+        report.run_id = runs.log_report(report.out, list(selectors), matrix, report_metrics(report), report.summary)
     return report

@@ -203,6 +203,23 @@ def test_plots_exist_and_are_png(tracked):
     assert (folder / "table.tex").exists() and (folder / "table.csv").exists()
 
 
+def test_every_summarised_phase_is_a_child_run_of_the_report_in_one_experiment(tracked):
+    """The phases a report compares as one experiment's runs in the UI (MLflow's view over several experiments
+    makes N^2 requests): a child of the report run per summary row, with its numbers and the phase run it sums up."""
+    client, report = tracked["client"], tracked["report"]
+    run = client.get_run(report.run_id)
+    children = client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{report.run_id}'")
+    assert len(children) == len(report.summary) > 0
+    assert all(c.data.tags["gtep.level"] == "report_row" and c.info.status == "FINISHED" for c in children)
+    by_phase_run = {c.data.tags["gtep.phase_run"]: c for c in children}
+    for row in report.summary.itertuples():
+        child = by_phase_run[row.run_id]
+        assert child.data.params["study"] == row.study and child.data.params["phase"] == row.phase
+        assert child.data.metrics["hmean"] == pytest.approx(row.hmean)
+        assert child.data.metrics["acc"] == pytest.approx(row.acc)
+        assert client.get_run(row.run_id).data.tags["gtep.level"] == "phase", "the tag names the phase run"
+
+
 def test_report_run_holds_the_files(tracked):
     client, report = tracked["client"], tracked["report"]
     run = client.get_run(report.run_id)
