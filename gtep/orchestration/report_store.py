@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 import pandas as pd
-from mlflow.entities import Run, ViewType
+from mlflow.entities import Metric, Param, Run, ViewType
 from mlflow.tracking import MlflowClient
 
 from gtep.config import ConfigError
@@ -226,8 +226,6 @@ class RunStore:
     def _log_rows(self, experiment_id: str, parent: str, matrix: str | None, rows: pd.DataFrame | None) -> None:
         """A finished child run per summary row: its study, algorithm, scenario, pairing and phase as params, its
         finite numbers (acc, avg_acc, hmean, their stds, costs) as metrics, the phase run it summarises as a tag."""
-        from mlflow.entities import Metric, Param
-
         if rows is None or rows.empty:
             return
         now = int(time.time() * 1000)
