@@ -2,6 +2,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import pytest
+
 # Test environment (../shared/INSTALL.md): no Ray token auth, no MLflow job runners, no hub downloads.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
@@ -15,10 +17,16 @@ os.environ.setdefault("GTEP_CACHE", tempfile.mkdtemp(prefix="gtep-test-cache-"))
 # the sessions, their logs and sockets, and the file through which ray.init() finds a cluster that `ray start`
 # made on this machine. Without it a worker's plain ray.init() could join the two-node cluster another worker's
 # test started. Kept short: Ray's Unix socket paths must stay under 108 characters.
-_worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-_ray_tmp = Path(tempfile.gettempdir()) / f"gtep-ray-{os.getpid()}-{_worker}"
+# Set, not defaulted: xdist's workers inherit the controller's environment, this included.
+_ray_tmp = Path(tempfile.gettempdir()) / f"gtep-ray-{os.getpid()}"
 _ray_tmp.mkdir(parents=True, exist_ok=True)
-os.environ.setdefault("RAY_TMPDIR", str(_ray_tmp))
+os.environ["RAY_TMPDIR"] = str(_ray_tmp)
+
+# xdist's workers get COLUMNS and LINES of the controller's terminal (80 x 24 when it has none), which the CLI's
+# console would take as a terminal's width; tests see the width a single pytest process sees.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 import torch  # noqa: E402
 
@@ -26,8 +34,86 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-def pytest_sessionfinish(session, exitstatus):
-    """Ray's session folders of this worker go with it (a Ray still running has been shut down by its fixture)."""
-    import shutil
+# How pytest-xdist shares the tests out (pyproject's addopts: -n auto --dist loadscope). A module's tests stay on one
+# worker, so its module fixtures (a study, a Ray cluster) are built once; these exceptions widen or narrow that.
+# (xdist_group marks would say the same, but pytest 9.2's structured node ids lose them: pytest-xdist#1386.)
+SHARED_SCOPES = {
+    # the session's tiny study (fixture tiny_study below), read by both modules: built once, on one worker
+    "tests/test_api.py": "tiny-study",
+    "tests/orchestration/test_study_end_to_end.py": "tiny-study",
+    # the one PostgreSQL database of tests/with-postgres.sh: one writer at a time
+    "tests/cluster/test_paper_scale.py": "postgres",
+    "tests/cluster/test_tracking_server.py::test_a_study_logs_its_lineage_to_a_postgresql_backed_server": "postgres",
+}
+# many independent, expensive cases and no module fixture to share: each test is a unit of its own
+PER_TEST = ("tests/algorithms/test_contract_regression.py", "tests/orchestration/test_phases.py")
+# the longest scopes (docs/development.md's measurements), handed out first so that no worker starts one at the end
+LONGEST_FIRST = ("tests/orchestration/test_matrix.py", "tests/cluster/test_paper_scale.py", "postgres",
+                 "tests/orchestration/test_cheap_study.py", "tests/report/test_report_store.py",
+                 "tests/cluster/test_tracking_server.py", "tests/cluster/test_resume.py", "tiny-study",
+                 "tests/orchestration/test_interrupt.py", "tests/orchestration/test_speed.py",
+                 "tests/orchestration/test_incomplete.py", "tests/orchestration/test_iirc_study.py",
+                 "tests/cluster/test_ray_cluster.py")
 
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a test belongs to: a shared scope, itself, or its module."""
+    for prefix, scope in SHARED_SCOPES.items():
+        if nodeid == prefix or nodeid.startswith(prefix + "::"):
+            return scope
+    module = nodeid.split("::")[0]
+    return nodeid if module in PER_TEST else module
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would pick its scheduler by --dist alone
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GtepScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            for scope in LONGEST_FIRST:  # the longest waiting scope first, then in collection order
+                if scope in self.workqueue:
+                    self.workqueue.move_to_end(scope, last=False)
+                    break
+            super()._assign_work_unit(node)
+
+    return GtepScheduling(config, log)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """This worker's local Ray (2 CPUs, as the project's machines), started by the first module that needs it and
+    kept for the next: the CLI and the API join a running Ray instead of starting their own. Tests of Ray's own
+    start-up, or of a cluster, do not use it."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_study(tmp_path_factory):
+    """One tiny finished study, both phases through `gtep run` on Ray into a sqlite MLflow store, for the tests that
+    only read a study (its runs, files, frames, report, replay). Built once per worker that runs such a test; the
+    modules that use it are one scope of SHARED_SCOPES, so that is once per session."""
+    import ray
+
+    from tests.studies import run_tiny_study
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    return run_tiny_study(tmp_path_factory.mktemp("tiny-study"))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """This worker's Ray stops, and its session folders go with it."""
+    import shutil
+    import sys
+
+    if "ray" in sys.modules:
+        sys.modules["ray"].shutdown()
     shutil.rmtree(_ray_tmp, ignore_errors=True)

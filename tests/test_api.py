@@ -1,7 +1,7 @@
 """The Python API as a notebook uses it: build a config, run a study, read its frames, report and replay it.
 
-One tiny study through real Ray Tune and a real sqlite MLflow store (module fixture); every frame is checked
-against what the study wrote to its folder and to MLflow, so the API cannot drift from the CLI's files."""
+One tiny study through real Ray Tune and a real sqlite MLflow store (the session's, tests/studies.py); every frame
+is checked against what the study wrote to its folder and to MLflow, so the API cannot drift from the CLI's files."""
 from __future__ import annotations
 
 import ast
@@ -19,8 +19,8 @@ from rich.console import Console
 import gtep
 import gtep.api
 from gtep.config import ConfigError, ExperimentConfig
+from tests.studies import STUDY, R, S
 
-R, S = 3, 2
 SCENARIO = {
     "study": "api",
     "algorithm": "replay",
@@ -38,12 +38,13 @@ def quiet() -> Console:
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    out = tmp_path_factory.mktemp("api") / "runs"
-    cfg = gtep.experiment(SCENARIO, trials=R, orderings=S, seed=3, output=out, fields={"training.epoch_scale": 0.02})
+def study(tiny_study):  # shared with test_study_end_to_end.py (tests/conftest.py: SHARED_SCOPES)
+    """The session's tiny study (`gtep run`, which calls api.run), as gtep.run returns it to a notebook that runs it
+    again: every phase finished, so nothing is trained."""
     console = quiet()
-    result = gtep.run(cfg, console=console)
-    return {"cfg": cfg, "out": out, "result": result, "printed": console.file.getvalue()}
+    result = gtep.run(resume=tiny_study["folder"], console=console)
+    return {"cfg": gtep.study_config(tiny_study["folder"]), "out": tiny_study["out"], "result": result,
+            "printed": console.file.getvalue()}
 
 
 def test_import_gtep_is_light_and_lists_the_api():
@@ -147,7 +148,7 @@ def test_evaluate_refuses_a_set_before_any_compute(study, tmp_path):
 
 
 def test_report_frames_from_the_store(study, tmp_path):
-    report = gtep.report(["api"], output=study["out"], out=tmp_path / "report")
+    report = gtep.report([STUDY], output=study["out"], out=tmp_path / "report")
     summary = report.summary
     rows = summary[summary["algorithm"] == "replay"]
     assert set(rows["phase"]) >= {"tune", "evaluate"}

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from gtep.config import ConfigError, load_preset, resolve, validate_config
-from gtep.protocol.families.cfsl import metrics as cfsl_metrics
-from gtep.protocol.families.cfsl.generator import CfslOptions, ordering_tasks, sample_task
-from gtep.protocol.families.cfsl import ContinualFewShot, with_aliases
 from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import FAMILIES
+from gtep.protocol.families.cfsl import ContinualFewShot, with_aliases
+from gtep.protocol.families.cfsl import metrics as cfsl_metrics
+from gtep.protocol.families.cfsl.generator import CfslOptions, ordering_tasks, sample_task
 
 CLASSES = list(range(40))
 POOL = np.repeat(np.arange(40), 40)  # 40 classes x 40 images, pool index i is of class i // 40

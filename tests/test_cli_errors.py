@@ -438,6 +438,7 @@ def sandbox(tmp_path, monkeypatch):
         raise AssertionError("Ray started: bad input must be refused before ray_session")
 
     monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # a Ray this worker kept from another module: ignored
     monkeypatch.delenv("CIFAR100_ROOT", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     cwd = tmp_path / "cwd"

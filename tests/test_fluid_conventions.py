@@ -20,10 +20,10 @@ from gtep.data import resolve_dataset
 from gtep.engine import OrderingJob, run_ordering
 from gtep.engine.flows.stream import ComputeMeter, StreamRun
 from gtep.models import create_backbone
-from gtep.protocol.families.fluid import metrics as fm
 from gtep.protocol.families import FAMILIES, PhaseData
-from gtep.protocol.families.fluid.generator import first_occurrences
 from gtep.protocol.families.fluid import FluidOptions, class_pools, held_out, phase_stream
+from gtep.protocol.families.fluid import metrics as fm
+from gtep.protocol.families.fluid.generator import first_occurrences
 
 torch.set_num_threads(1)
 OPTIONS = {"pretrain_classes": [0, 1, 2], "n_pretrain_classes": 2, "n_novel_classes": 4, "total_samples": 60,

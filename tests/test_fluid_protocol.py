@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from gtep.config import ConfigError, load_preset, resolve, validate_config
-from gtep.protocol.families.fluid import metrics as fm
 from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import FAMILIES
+from gtep.protocol.families.fluid import FluidOptions, class_pools, phase_stream
+from gtep.protocol.families.fluid import metrics as fm
 from gtep.protocol.families.fluid.generator import (
     UNSEEN,
     LabelNotYetPredicted,
@@ -18,7 +19,6 @@ from gtep.protocol.families.fluid.generator import (
     fluid_stream,
     zipf_counts,
 )
-from gtep.protocol.families.fluid import FluidOptions, class_pools, phase_stream
 
 # ---------------------------------------------------------------- generator
 

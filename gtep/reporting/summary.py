@@ -129,12 +129,18 @@ def _pivot(summary: pd.DataFrame, phase: str, columns: tuple[str, ...]) -> pd.Da
     return part[list(columns)]
 
 
+def _side_by_side(tune: pd.DataFrame, evaluate: pd.DataFrame) -> pd.DataFrame:
+    """The phases' columns side by side, named metric_tuning and metric_evaluation, for the groups in both (suffixes
+    added before the join: pandas 3 deprecates join's lsuffix/rsuffix)."""
+    return tune.add_suffix("_tuning").join(evaluate.add_suffix("_evaluation"), how="inner")
+
+
 def gaps(summary: pd.DataFrame) -> pd.DataFrame:
     """Per algorithm: the harmonic means of both phases, the overestimation gap (tuning minus evaluation,
     paper Figures 4b and 7b) and the algorithm's rank in each phase (1 = best, by harmonic mean)."""
     tune = _pivot(summary, "tune", ("acc", "avg_acc", "hmean"))
     evaluate = _pivot(summary, "evaluate", ("acc", "avg_acc", "hmean"))
-    both = tune.join(evaluate, how="inner", lsuffix="_tuning", rsuffix="_evaluation").reset_index()
+    both = _side_by_side(tune, evaluate).reset_index()
     if both.empty:
         return pd.DataFrame(columns=[*GROUP, "label", "hmean_tuning", "hmean_evaluation", "gap", "rank_tuning",
                                      "rank_evaluation"])
@@ -152,7 +158,7 @@ def rankings(summary: pd.DataFrame) -> pd.DataFrame:
     rows = []
     tune = _pivot(summary, "tune", RANKED)
     evaluate = _pivot(summary, "evaluate", RANKED)
-    both = tune.join(evaluate, how="inner", lsuffix="_tuning", rsuffix="_evaluation")
+    both = _side_by_side(tune, evaluate)
     for group, part in both.groupby(level=[0, 1], sort=True):
         for metric in RANKED:
             x, y = part[f"{metric}_tuning"], part[f"{metric}_evaluation"]

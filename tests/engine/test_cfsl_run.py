@@ -5,8 +5,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from gtep.algorithms import ALGORITHMS
-from gtep.algorithms.cfsl.base import FewShotLearner
 from gtep.algorithms.base import CommonParams
+from gtep.algorithms.cfsl.base import FewShotLearner
 from gtep.algorithms.cfsl.finetune import CfslFinetune, FinetuneParams
 from gtep.algorithms.cfsl.proto_tune import CfslProtoTune, ProtoTuneParams
 from gtep.algorithms.cfsl.prototypes import CfslPrototypes, PrototypeParams

@@ -14,8 +14,8 @@ import yaml
 
 from gtep.config import ConfigError, resolve, validate_config
 from gtep.engine import FirstTaskSpec, OrderingJob, run_ordering
-from gtep.protocol.families.iirc import metrics as iirc_metrics
 from gtep.protocol.families import FAMILIES
+from gtep.protocol.families.iirc import metrics as iirc_metrics
 from gtep.protocol.families.iirc import phase_hierarchy
 from tests.helpers import load
 

@@ -7,24 +7,18 @@ import json
 
 import pandas as pd
 import pytest
-import ray
 import yaml
 
 from gtep.cli import app
 from tests.orchestration.test_phases import config, gtep, runner, runs_of, store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("local_ray")]  # this worker's Ray (tests/conftest.py)
 
 # learning rates far apart, so the sets' running scores differ and ASHA has something to stop
 SPACE = {"algorithm": "replay", "space": {"lr": [0.0001, 0.001, 0.05, 0.2], "epochs": [40], "batch_size": [16],
                                           "scheduler": ["constant"]}}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def shared_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def cheap_config(tmp_path, study: str, **search):

@@ -8,7 +8,6 @@ import dataclasses
 import json
 
 import pytest
-import ray
 
 from gtep.config import ExperimentConfig
 from gtep.config.resolution import resolve
@@ -87,10 +86,8 @@ def test_the_window_is_a_second_unless_set(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def shared_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def shared_ray(local_ray):
+    """This worker's Ray (tests/conftest.py)."""
 
 
 @pytest.mark.slow  # a real study on Ray; every default-group study holds units too (the 1-second window)

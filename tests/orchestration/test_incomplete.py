@@ -29,6 +29,8 @@ def ray_with_the_plugin(tmp_path_factory):
     patch = pytest.MonkeyPatch()
     patch.setenv("GTEP_PLUGINS", "tests.orchestration.flaky_learner")
     patch.setenv("GTEP_TEST_FLAKY_DIR", str(markers))
+    if ray.is_initialized():  # this worker's shared Ray lacks the plugin's environment
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield markers
     ray.shutdown()

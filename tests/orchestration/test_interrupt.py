@@ -21,8 +21,11 @@ from mlflow.tracking import MlflowClient
 
 from tests.cluster.support import count, events, finish, gtep, tiny_study, wait_for, write_config
 
+# real processes signalled and resumed, as the cluster group's other fault tests (a minute of drivers and Ray starts)
+pytestmark = pytest.mark.cluster
+
 CONFIG = tiny_study("sigint", trials=2, orderings=2, epochs=20, training={"memory_size": 18, "epoch_scale": 0.3})
-# units of a few seconds: long enough for a Ctrl-C to land inside a phase, short enough for the default group
+# units of a few seconds: long enough for a Ctrl-C to land inside a phase
 SPACE = {"algorithm": "replay", "space": {"epochs": [20], "batch_size": [16], "lr": [0.05, 0.1],
                                           "scheduler": ["cosine"]}}
 

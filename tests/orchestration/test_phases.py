@@ -1,6 +1,6 @@
 """Every algorithm through `gtep run`, diverged sets, Optuna, evaluate from a run id or a preset, the UI.
 
-Ray is started once for the module; the CLI joins the running instance instead of starting its own.
+Ray is started once per test worker (tests/conftest.py: local_ray); the CLI joins it instead of starting its own.
 """
 import json
 import os
@@ -12,7 +12,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import ray
 import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
@@ -40,11 +39,7 @@ def config(**changes) -> dict:
     return doc
 
 
-@pytest.fixture(scope="module", autouse=True)
-def shared_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("local_ray")  # this worker's Ray (tests/conftest.py)
 
 
 def gtep(tmp_path: Path, command: str, doc: dict, *extra: str):

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 import yaml
 from ray import tune
 from ray.tune.search import ConcurrencyLimiter
@@ -160,10 +159,8 @@ def test_a_search_generator_that_cannot_hold_the_limit_is_refused():
 
 
 @pytest.fixture(scope="module")
-def small_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+def small_ray(local_ray):
+    """This worker's Ray (tests/conftest.py)."""
 
 
 def most_at_once(spans: list[tuple[float, float]]) -> int:

@@ -31,7 +31,7 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def studies(tmp_path_factory):
+def studies(tmp_path_factory, local_ray):  # the three commands join this worker's Ray
     root = tmp_path_factory.mktemp("speed")
     out = {}
     for name, change in VARIANTS.items():

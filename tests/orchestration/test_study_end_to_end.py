@@ -1,42 +1,20 @@
-"""A tiny `gtep run` through real Ray Tune and a real sqlite MLflow store, then the store read back."""
+"""A tiny `gtep run` through real Ray Tune and a real sqlite MLflow store (the session's shared study), then the
+store read back."""
 import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from gtep.cli import app
-
-R, S, TASKS = 3, 2, 2
-
-CONFIG = {
-    "study": "tiny",
-    "algorithm": "replay",
-    "backbone": "resnet8",
-    "scenario": {"increments": "3x2"},
-    "datasets": {"split": {"dataset": "synthetic:classes=14,train=20,test=8", "classes_per_phase": 6, "seed": 1}},
-    "search": {"trials": R, "orderings": S},
-    "first_task": {"epochs": 3, "milestones": [2], "batch_size": 16},
-    "training": {"memory_size": 12, "epoch_scale": 0.02},
-    "compute": {"cpus_per_trial": 1, "max_concurrent": 2},
-    "seed": 3,
-}
+from tests.studies import CONFIG, TASKS, R, S
 
 
 @pytest.fixture(scope="module")
-def study(tmp_path_factory):
-    root = tmp_path_factory.mktemp("e2e")
-    config = root / "exp.yaml"
-    config.write_text(yaml.safe_dump(CONFIG))
-    result = CliRunner().invoke(app, ["run", "--config", str(config), "--output", str(root / "out")])
-    assert result.exit_code == 0, result.output + str(result.exception)
-    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'out' / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("gtep/tiny")
-    runs = client.search_runs([experiment.experiment_id], max_results=1000)
-    return {"root": root, "out": root / "out", "client": client, "runs": runs, "output": result.output}
+def study(tiny_study):  # shared with tests/test_api.py (tests/conftest.py: SHARED_SCOPES)
+    return tiny_study
 
 
 def runs_where(runs, **tags):

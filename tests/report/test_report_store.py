@@ -1,12 +1,10 @@
 """gtep report over a real tracked study: replay and icarl, each `gtep run` plus `gtep evaluate --hparams original`
 through the CLI into one sqlite MLflow store; every table value is then checked against the store, read here
 independently with MlflowClient."""
-import logging
 import math
 import statistics
 
 import pytest
-import ray
 import yaml
 from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
@@ -39,20 +37,15 @@ def invoke(*args):
 
 
 @pytest.fixture(scope="module")
-def tracked(tmp_path_factory):
+def tracked(tmp_path_factory, local_ray):
     root = tmp_path_factory.mktemp("report")
     config = root / "exp.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
     out = root / "out"
-    # one local Ray for the four commands (each would start and stop its own otherwise)
-    ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
-    try:
-        for algorithm in ALGORITHMS:
-            common = ["--config", config, "--output", out, "--algorithm", algorithm, "--study", f"rep-{algorithm}"]
-            invoke("run", *common)
-            invoke("evaluate", *common, "--hparams", "original")
-    finally:
-        ray.shutdown()
+    for algorithm in ALGORITHMS:  # on this worker's Ray (local_ray), which the four commands join
+        common = ["--config", config, "--output", out, "--algorithm", algorithm, "--study", f"rep-{algorithm}"]
+        invoke("run", *common)
+        invoke("evaluate", *common, "--hparams", "original")
     uri = f"sqlite:///{out / 'mlflow.db'}"
     report = run_report(uri, ["rep-*"], out=root / "report", formats=("table", "md", "csv", "latex"))
     return {"root": root, "out": out, "uri": uri, "client": MlflowClient(tracking_uri=uri), "report": report}
