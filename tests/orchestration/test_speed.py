@@ -10,19 +10,10 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from gtep.cli import app
+from tests.studies import CONFIG, R, S
 
-R, S = 3, 2
-BASE = {
-    "algorithm": "icarl",
-    "backbone": "resnet8",
-    "scenario": {"increments": "3x2"},
-    "datasets": {"split": {"dataset": "synthetic:classes=14,train=20,test=8", "classes_per_phase": 6, "seed": 1}},
-    "search": {"trials": R, "orderings": S},
-    "first_task": {"epochs": 3, "milestones": [2], "batch_size": 16},
-    "training": {"memory_size": 12, "epoch_scale": 0.02},
-    "compute": {"cpus_per_trial": 1, "max_concurrent": 2},
-    "seed": 3,
-}
+# the session's tiny study (tests/studies.py) with iCaRL: its exemplars make the first task's reuse matter
+BASE = {**CONFIG, "algorithm": "icarl"}
 VARIANTS = {
     "shared": {},
     "unshared": {"training": {"memory_size": 12, "epoch_scale": 0.02, "reuse_first_task": False}},
