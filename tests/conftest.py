@@ -83,16 +83,19 @@ def pytest_xdist_make_scheduler(config, log):
     return GtepScheduling(config, log)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    """This worker's local Ray (2 CPUs, as the project's machines), started by the first module that needs it and
-    kept for the next: the CLI and the API join a running Ray instead of starting their own. Tests of Ray's own
-    start-up, or of a cluster, do not use it."""
+def ensure_local_ray() -> None:
+    """This worker's local Ray (2 CPUs, as the project's machines), started once and kept for the next module (the
+    CLI and the API join a running Ray instead of starting their own); pytest_sessionfinish stops it."""
     import ray
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """ensure_local_ray() for a module. Tests of Ray's own start-up, or of a cluster, do not use it."""
+    ensure_local_ray()
 
 
 @pytest.fixture(scope="session")
@@ -100,12 +103,9 @@ def tiny_study(tmp_path_factory):
     """One tiny finished study, both phases through `gtep run` on Ray into a sqlite MLflow store, for the tests that
     only read a study (its runs, files, frames, report, replay). Built once per worker that runs such a test; the
     modules that use it are one scope of SHARED_SCOPES, so that is once per session."""
-    import ray
-
     from tests.studies import run_tiny_study
 
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ensure_local_ray()
     return run_tiny_study(tmp_path_factory.mktemp("tiny-study"))
 
 
