@@ -32,7 +32,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
@@ -46,6 +45,7 @@ from gtep.config import (
     read_yaml,
     with_added_defaults,
 )
+from gtep.data.file_parsing import parse_yaml
 from gtep.preflight import preflight
 from gtep.protocol.scenarios import parse_increments
 
@@ -233,7 +233,7 @@ def matrix_preset_text(name: str) -> str:
 
 
 def load_matrix_preset(name: str) -> MatrixConfig:
-    return parse_matrix(yaml.safe_load(matrix_preset_text(name)), f"matrix preset {name}")
+    return parse_matrix(parse_yaml(matrix_preset_text(name), f"matrix preset {name}"), f"matrix preset {name}")
 
 
 # ---------------------------------------------------------------- cells

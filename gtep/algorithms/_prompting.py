@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner
-from gtep.algorithms.base import CommonParams, FitFn, TaskData, freeze
+from gtep.algorithms.base import NON_NEGATIVE, CommonParams, Constraint, FitFn, TaskData, freeze
 from gtep.models.vit import PromptableViT
 
 
@@ -30,6 +30,12 @@ class PromptParams(CommonParams):
     """What both methods' Params have: the weight of the key-query pull loss."""
 
     lamb: float = 0.1
+    ranges = {"lamb": NON_NEGATIVE}
+
+
+# L2P and DualPrompt choose top_k prompts per image from a pool of pool_size
+TOP_K_IN_POOL = Constraint(("top_k", "pool_size"), lambda top_k, pool_size: top_k <= pool_size,
+                           "top_k prompts are chosen from a pool of pool_size; lower top_k or raise pool_size")
 
 
 # L2PParams or DualPromptParams

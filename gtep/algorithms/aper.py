@@ -22,7 +22,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner, class_means
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData, freeze, parameter_count
+from gtep.algorithms.base import (
+    ALGORITHMS,
+    AT_LEAST_ONE,
+    DROPOUT,
+    CommonParams,
+    FitFn,
+    TaskData,
+    freeze,
+    parameter_count,
+)
 from gtep.models.vit import Adapter, PromptableViT
 
 
@@ -59,6 +68,7 @@ class CosineHead(nn.Module):
 class APERParams(CommonParams):
     ffn_num: int = 64  # adapter bottleneck width (Table 5: 4-64; the paper's original run used 100)
     adapter_dropout: float = 0.1  # fixed in PILOT; a field so it is stated, not tuned by Table 5
+    ranges = {"ffn_num": AT_LEAST_ONE, "adapter_dropout": DROPOUT}
 
 
 class APERNet(nn.Module):

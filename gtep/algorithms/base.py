@@ -69,6 +69,56 @@ Optimizer = Literal["sgd", "adam", "adamw"]
 
 
 @dataclass(frozen=True)
+class Range:
+    """The values a numeric hyperparameter accepts: from `low` to `high` (None: unbounded), each bound in the range
+    unless marked open. A tuple-valued hyperparameter (milestones, prompt layers) applies it to every element."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: object) -> bool:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:  # NaN: in no range
+            return False
+        if value < self.low or (self.low_open and value == self.low):
+            return False
+        return self.high is None or value < self.high or (not self.high_open and value == self.high)
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        return f"in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+
+# The ranges most hyperparameters share: a rate, a temperature or a scale (> 0), a weight or a count that may be
+# zero (>= 0), a count of things there must be at least one of (>= 1), a probability or a share ([0, 1]).
+POSITIVE = Range(0, low_open=True)
+NON_NEGATIVE = Range(0)
+AT_LEAST_ONE = Range(1)
+PROBABILITY = Range(0, 1)
+DROPOUT = Range(0, 1, high_open=True)  # a dropout of 1 drops everything
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A rule that a range cannot say: between two hyperparameters (top_k at most pool_size), or on one beyond its
+    range (an even prompt length). `holds` takes the values of `names`, in order; `rule` says the rule and the fix.
+    A broken rule's message names every one of `names` with its value, so none is blamed for the other."""
+
+    names: tuple[str, ...]
+    holds: Callable[..., bool]
+    rule: str
+
+    def problem(self, values: dict[str, Any]) -> str | None:
+        given = [values[name] for name in self.names]
+        if self.holds(*given):
+            return None
+        stated = " and ".join(f"{name}={value!r}" for name, value in zip(self.names, given))
+        return f"{stated} {'conflict' if len(self.names) > 1 else 'is refused'}: {self.rule}"
+
+
+@dataclass(frozen=True)
 class CommonParams:
     """General hyperparameters of the paper's Table 4; every algorithm's Params extends this."""
 
@@ -83,19 +133,78 @@ class CommonParams:
     momentum: float = 0.9  # fixed by the paper (appendix A.1), kept as a field so presets can state it
     milestones: tuple[int, ...] | None = None  # explicit milestones (PyCIL presets); else the paper's rule
 
+    # Every numeric hyperparameter's valid values, from what the code does with it; each Params class gives its
+    # own fields' (a subclass's entry wins) and tests/test_param_ranges.py checks that none is left out. The
+    # pre-flight pass checks every value of a search space against them (gtep/preflight.py).
+    ranges: ClassVar[dict[str, Range]] = {
+        "epochs": AT_LEAST_ONE,
+        "lr": POSITIVE,
+        "milestone_num": AT_LEAST_ONE,
+        # 0 would stop training at the first milestone; torch's plateau schedule (IIRC) refuses 1 (use constant)
+        "lr_decay": Range(0, 1, low_open=True, high_open=True),
+        "batch_size": AT_LEAST_ONE,
+        "weight_decay": NON_NEGATIVE,
+        "momentum": Range(0, 1, high_open=True),  # 1 never forgets a step: the velocity grows without bound
+        "milestones": NON_NEGATIVE,
+    }
+    # Rules across hyperparameters, checked with the ranges; each Params class adds its own
+    constraints: ClassVar[tuple[Constraint, ...]] = ()
+
     @classmethod
     def tunable(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls) if f.name not in ("milestones",)]
 
     @classmethod
+    def value_ranges(cls) -> dict[str, Range]:
+        """The range of every numeric hyperparameter: the `ranges` of each class of the Params' lineage merged."""
+        merged: dict[str, Range] = {}
+        for klass in reversed(cls.__mro__):
+            merged.update(vars(klass).get("ranges", {}))
+        return merged
+
+    @classmethod
+    def all_constraints(cls) -> list[Constraint]:
+        """The `constraints` of each class of the Params' lineage, the base's first."""
+        found: list[Constraint] = []
+        for klass in reversed(cls.__mro__):
+            found += [c for c in vars(klass).get("constraints", ()) if c not in found]
+        return found
+
+    @classmethod
+    def range_problem(cls, name: str, value: Any) -> str | None:
+        """What is wrong with `value` for the hyperparameter `name` beyond its type: a number (or, for a tuple, an
+        element) outside the declared range; None if nothing."""
+        valid = cls.value_ranges().get(name)
+        if valid is None or value is None:
+            return None
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if item not in valid:
+                return f"{name}={item!r} is outside its range: {name} must be {valid}"
+        return None
+
+    def constraint_problem(self) -> str | None:
+        """The first rule across hyperparameters these values break (Params.constraints); None if none."""
+        values = dataclasses.asdict(self)
+        problems = (c.problem(values) for c in self.all_constraints())
+        return next((p for p in problems if p is not None), None)
+
+    @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> Self:
-        """Build from a sampled set, rejecting names the algorithm does not have."""
+        """Build from a sampled set, rejecting names the algorithm does not have and values outside their ranges
+        or against its constraints (the pre-flight pass refuses those earlier, naming the search-space file)."""
         known = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"{cls.__name__} has no hyperparameter(s) {unknown}; it has {sorted(known)}")
+        problem = next((p for p in (cls.range_problem(k, v) for k, v in values.items()) if p), None)
+        if problem:
+            raise ValueError(f"{cls.__name__}: {problem}")
         coerced: dict[str, Any] = {k: tuple(v) if k == "milestones" and v is not None else v for k, v in values.items()}
-        return cls(**coerced)
+        params = cls(**coerced)
+        problem = params.constraint_problem()
+        if problem:
+            raise ValueError(f"{cls.__name__}: {problem}")
+        return params
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._expansion import BackboneStack
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, freeze, required
+from gtep.algorithms.base import (
+    ALGORITHMS,
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    CommonParams,
+    FitFn,
+    IncrementalLearner,
+    TaskData,
+    freeze,
+    required,
+)
 from gtep.models.heads import LinearHead
 from gtep.protocol.sampling import steplr_milestones
 
@@ -50,6 +61,8 @@ class BEEFParams(CommonParams):
     # "dropped": PyCIL's BEEFISO, whose forward adds no old-head bias (`fc_bias=+new_fc_bias`) while a task is
     # learnt and evaluated, so only the last fusion's (1 + alpha) b + beta reaches an old class. An ablation.
     old_head_bias: Literal["kept", "dropped"] = "kept"
+    ranges = {"fusion_epochs": AT_LEAST_ONE, "energy_weight": NON_NEGATIVE, "logits_alignment": POSITIVE,
+              "fusion_lr": POSITIVE, "sgld_steps": NON_NEGATIVE, "sgld_lr": NON_NEGATIVE, "sgld_noise": NON_NEGATIVE}
 
 
 class BeefNet(nn.Module):

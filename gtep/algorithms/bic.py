@@ -26,7 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, FitRecipe, IncrementalLearner, TaskData
+from gtep.algorithms.base import (
+    ALGORITHMS,
+    NON_NEGATIVE,
+    POSITIVE,
+    CommonParams,
+    FitFn,
+    FitRecipe,
+    IncrementalLearner,
+    Range,
+    TaskData,
+)
 from gtep.models import Backbone, IncrementalNet
 
 
@@ -41,6 +51,8 @@ class BiCParams(CommonParams):
     # "eval": stage 2 as described above. "pycil": as PyCIL runs it (the network in train mode on augmented
     # views of the split, BatchNorm statistics following them, softmax before the cross-entropy). An ablation.
     bias_stage: Literal["eval", "pycil"] = "eval"
+    ranges = {"T": POSITIVE, "lambda_kd": NON_NEGATIVE, "bias_epochs": NON_NEGATIVE,
+              "split_ratio": Range(0, 1, low_open=True, high_open=True)}  # 1 would hold out every exemplar
 
 
 class BiasLayer(nn.Module):

@@ -29,7 +29,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, Optimizer, Scheduler, TaskData
+from gtep.algorithms.base import (
+    ALGORITHMS,
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    CommonParams,
+    Constraint,
+    FitFn,
+    Optimizer,
+    Range,
+    Scheduler,
+    TaskData,
+)
 from gtep.models.heads import LinearHead
 from gtep.models.vit import Prefix, PromptableViT
 
@@ -48,6 +59,10 @@ class CodaPromptParams(CommonParams):
     ortho_mu: float = 0.0  # weight of the orthogonality penalty
     n_tasks: int = 10  # tasks the pool is split over (the scenario's length; see the module docstring)
     prompt_layers: tuple[int, ...] = (0, 1, 2, 3, 4)  # PILOT's e_layers, clamped to the model depth
+    ranges = {"pool_size": AT_LEAST_ONE, "prompt_length": Range(2), "ortho_mu": NON_NEGATIVE, "n_tasks": AT_LEAST_ONE,
+              "prompt_layers": NON_NEGATIVE}
+    constraints = (Constraint(("prompt_length",), lambda length: length % 2 == 0,
+                              "prompt_length must be even (half key, half value prefix)"),)
 
 
 def orthogonal_block(earlier: Tensor, n: int) -> Tensor:
@@ -165,8 +180,9 @@ class CodaPrompt(PretrainedLearner[CodaPromptParams]):
         p = self.params
         if p.prompt_length < 2 or p.prompt_length % 2:
             raise ValueError(f"prompt_length={p.prompt_length} must be even: half key, half value prefix")
-        if p.pool_size < 1 or p.n_tasks < 1:
-            raise ValueError(f"pool_size={p.pool_size} and n_tasks={p.n_tasks} must both be positive")
+        problem = p.range_problem("pool_size", p.pool_size) or p.range_problem("n_tasks", p.n_tasks)
+        if problem:  # the one at fault, not both
+            raise ValueError(problem)
         return CodaPromptNet(self.new_backbone(), tuple(p.prompt_layers), p.pool_size, p.prompt_length)
 
     def grow(self, task: TaskData) -> None:

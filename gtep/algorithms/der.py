@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, freeze
+from gtep.algorithms.base import ALGORITHMS, NON_NEGATIVE, CommonParams, FitFn, IncrementalLearner, TaskData, freeze
 from gtep.models import Backbone
 from gtep.models.heads import LinearHead, align_weights, embed_head
 
@@ -29,6 +29,7 @@ from gtep.models.heads import LinearHead, align_weights, embed_head
 @dataclass(frozen=True)
 class DERParams(CommonParams):
     lambda_aux: float = 1.0  # weight of the auxiliary (new classes + "old") loss
+    ranges = {"lambda_aux": NON_NEGATIVE}
 
 
 class Extractor(nn.Module):

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from gtep.algorithms._prompting import (
+    TOP_K_IN_POOL,
     PromptLearner,
     PromptNet,
     PromptParams,
@@ -33,7 +34,7 @@ from gtep.algorithms._prompting import (
     pull_loss,
     uniform_parameter,
 )
-from gtep.algorithms.base import ALGORITHMS, Optimizer, Scheduler, TaskData
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, Optimizer, Scheduler, TaskData
 from gtep.models.vit import Prefix, PromptableViT
 
 
@@ -54,6 +55,9 @@ class DualPromptParams(PromptParams):
     lamb: float = 0.1  # weight of the key-query pull loss (declared by PromptParams, restated here)
     g_prompt_layers: tuple[int, ...] = (0, 1)
     e_prompt_layers: tuple[int, ...] = (2, 3, 4)
+    ranges = {"pool_size": AT_LEAST_ONE, "g_prompt_length": AT_LEAST_ONE, "e_prompt_length": AT_LEAST_ONE,
+              "top_k": AT_LEAST_ONE, "g_prompt_layers": NON_NEGATIVE, "e_prompt_layers": NON_NEGATIVE}
+    constraints = (TOP_K_IN_POOL,)
 
     def __post_init__(self) -> None:  # a YAML preset gives lists; keep the Params hashable
         object.__setattr__(self, "g_prompt_layers", tuple(self.g_prompt_layers))
@@ -66,7 +70,8 @@ class DualPromptNet(PromptNet):
     def __init__(self, backbone: PromptableViT, p: DualPromptParams) -> None:
         super().__init__(backbone)
         if not 1 <= p.top_k <= p.pool_size:
-            raise ValueError(f"DualPrompt top_k={p.top_k} must be between 1 and pool_size={p.pool_size}")
+            raise ValueError(f"DualPrompt top_k={p.top_k} and pool_size={p.pool_size} conflict: top_k prompts are "
+                             "chosen from a pool of pool_size (top_k >= 1); lower top_k or raise pool_size")
         depth, dim = backbone.depth, backbone.out_dim
         self.g_layers = sorted({i for i in p.g_prompt_layers if 0 <= i < depth})
         self.e_layers = sorted({i for i in p.e_prompt_layers if 0 <= i < depth} - set(self.g_layers))

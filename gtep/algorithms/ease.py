@@ -30,7 +30,17 @@ from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner, class_means
 from gtep.algorithms.aper import CosineHead, adapter_set
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData, freeze, parameter_count
+from gtep.algorithms.base import (
+    ALGORITHMS,
+    AT_LEAST_ONE,
+    DROPOUT,
+    NON_NEGATIVE,
+    CommonParams,
+    FitFn,
+    TaskData,
+    freeze,
+    parameter_count,
+)
 from gtep.models.vit import PromptableViT
 
 
@@ -40,6 +50,7 @@ class EASEParams(CommonParams):
     alpha: float = 0.1  # weight of the other subspaces' similarities at inference (Table 5: 0.01-0.2)
     adapter_dropout: float = 0.1  # fixed in PILOT; stated here, not tuned by Table 5
     recalc_sim: bool = True  # PILOT's default; False = complement only the newest subspace (paper, eq. 9)
+    ranges = {"ffn_num": AT_LEAST_ONE, "alpha": NON_NEGATIVE, "adapter_dropout": DROPOUT}
 
 
 class EASENet(nn.Module):

@@ -30,9 +30,13 @@ from torch import Tensor, nn
 from gtep.algorithms._expansion import BackboneStack
 from gtep.algorithms.base import (
     ALGORITHMS,
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
     CommonParams,
     FitFn,
     IncrementalLearner,
+    Range,
     TaskData,
     distillation_loss,
     freeze,
@@ -50,6 +54,9 @@ class FOSTERParams(CommonParams):
     beta1: float = 0.96  # effective-number beta of the boosting logit adjustment
     beta2: float = 0.97  # effective-number beta of the compression's balanced KD
     compression_epochs: int = 130
+    ranges = {"T": POSITIVE, "lambda_kd": NON_NEGATIVE, "lambda_fe": NON_NEGATIVE, "compression_epochs": AT_LEAST_ONE,
+              # (1 - beta) / (1 - beta^n): beta 1 divides zero by zero
+              "beta1": Range(0, 1, high_open=True), "beta2": Range(0, 1, high_open=True)}
 
 
 class FosterNet(nn.Module):

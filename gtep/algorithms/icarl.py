@@ -10,13 +10,23 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gtep.algorithms._distances import euclidean
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, distillation_loss
+from gtep.algorithms.base import (
+    ALGORITHMS,
+    NON_NEGATIVE,
+    POSITIVE,
+    CommonParams,
+    FitFn,
+    IncrementalLearner,
+    TaskData,
+    distillation_loss,
+)
 
 
 @dataclass(frozen=True)
 class ICaRLParams(CommonParams):
     T: float = 2.0  # distillation temperature
     lambda_aux: float = 1.0  # weight of the distillation term
+    ranges = {"T": POSITIVE, "lambda_aux": NON_NEGATIVE}
 
 
 @ALGORITHMS.register("icarl")

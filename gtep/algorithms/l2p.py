@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from gtep.algorithms._prompting import (
+    TOP_K_IN_POOL,
     PromptLearner,
     PromptNet,
     PromptParams,
@@ -26,7 +27,7 @@ from gtep.algorithms._prompting import (
     pull_loss,
     uniform_parameter,
 )
-from gtep.algorithms.base import ALGORITHMS, Optimizer, Scheduler
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, Optimizer, Scheduler
 from gtep.models.vit import PromptableViT
 
 
@@ -44,6 +45,8 @@ class L2PParams(PromptParams):
     prompt_length: int = 5  # L_p, tokens per prompt
     top_k: int = 5  # prompts chosen per image (N in the paper)
     lamb: float = 0.1  # weight of the key-query pull loss (declared by PromptParams, restated here)
+    ranges = {"pool_size": AT_LEAST_ONE, "prompt_length": AT_LEAST_ONE, "top_k": AT_LEAST_ONE}
+    constraints = (TOP_K_IN_POOL,)
 
 
 class L2PNet(PromptNet):
@@ -52,7 +55,8 @@ class L2PNet(PromptNet):
     def __init__(self, backbone: PromptableViT, pool_size: int, prompt_length: int, top_k: int) -> None:
         super().__init__(backbone)
         if not 1 <= top_k <= pool_size:
-            raise ValueError(f"L2P top_k={top_k} must be between 1 and pool_size={pool_size}")
+            raise ValueError(f"L2P top_k={top_k} and pool_size={pool_size} conflict: top_k prompts are chosen from a "
+                             "pool of pool_size (top_k >= 1); lower top_k or raise pool_size")
         dim = backbone.out_dim
         self.prompts = uniform_parameter(pool_size, prompt_length, dim)
         self.keys = uniform_parameter(pool_size, dim)

@@ -24,7 +24,7 @@ from typing import cast
 
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE
 from gtep.algorithms.der import DER, DERParams, ExpandableNet, Extractor
 from gtep.models import Backbone
 
@@ -33,6 +33,7 @@ from gtep.models import Backbone
 class MEMOParams(DERParams):
     exemplar_batch_size: int = 64  # batch of the feature extraction for herding (PyCIL's examplar_bs)
     train_base: bool = True  # keep training the generalized blocks after task 1 (PyCIL's memo.json)
+    ranges = {"exemplar_batch_size": AT_LEAST_ONE}
 
 
 class SpecializedBlock(Extractor):

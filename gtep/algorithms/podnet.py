@@ -23,7 +23,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
+from gtep.algorithms.base import (
+    ALGORITHMS,
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    CommonParams,
+    FitFn,
+    IncrementalLearner,
+    TaskData,
+)
 from gtep.models import Backbone
 
 
@@ -37,6 +46,8 @@ class PODNetParams(CommonParams):
     adaptive_factor: bool = True  # scale both distillation terms by sqrt(total / new classes)
     nca_margin: float = 0.6  # NCA margin on the true class (PyCIL's nca default; not tuned)
     nca_scale: float = 1.0  # NCA's extra scale on top of the learnt eta (PyCIL's default; not tuned)
+    ranges = {"lambda_c": NON_NEGATIVE, "lambda_f": NON_NEGATIVE, "nb_proxy": AT_LEAST_ONE, "ft_epochs": AT_LEAST_ONE,
+              "ft_lr": POSITIVE, "nca_margin": NON_NEGATIVE, "nca_scale": POSITIVE}
 
 
 class LSCHead(nn.Module):

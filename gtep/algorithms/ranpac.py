@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, CommonParams, FitFn, Range, TaskData
 from gtep.models.vit import Adapter, PromptableViT
 
 
@@ -36,6 +36,9 @@ class RanPACParams(CommonParams):
     M: int = 10000  # random-projection width; 0 = no projection (the paper's decorrelation-only ablation)
     ridge_candidates: tuple[float, ...] = tuple(10.0 ** k for k in range(-8, 9))  # PILOT's 1e-8 ... 1e8
     ridge_holdout: float = 0.2  # share of the current task held out to choose lambda
+    ranges = {"ffn_num": AT_LEAST_ONE, "prompt_token_num": AT_LEAST_ONE, "M": NON_NEGATIVE,
+              "ridge_candidates": POSITIVE,  # a ridge of 0 leaves the solve singular when M passes the images
+              "ridge_holdout": Range(0, 1, low_open=True, high_open=True)}
 
 
 class CosineHead(nn.Module):

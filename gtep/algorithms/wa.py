@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData
+from gtep.algorithms.base import ALGORITHMS, NON_NEGATIVE, POSITIVE, CommonParams, FitFn, IncrementalLearner, TaskData
 from gtep.models.heads import IncrementalNet, align_weights
 
 
@@ -23,6 +23,7 @@ from gtep.models.heads import IncrementalNet, align_weights
 class WAParams(CommonParams):
     T: float = 2.0  # distillation temperature
     lambda_kd: float = 0.0  # weight of the distillation term; 0 selects the adaptive n_old / n_total
+    ranges = {"T": POSITIVE, "lambda_kd": NON_NEGATIVE}
 
 
 @ALGORITHMS.register("wa")

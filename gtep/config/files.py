@@ -13,6 +13,7 @@ import yaml
 from gtep.config.base import ConfigError
 from gtep.config.scenario import SECTIONS
 from gtep.config.schema import ExperimentConfig, SearchSpec, _validate
+from gtep.data.file_parsing import DuplicateKeyError, parse_yaml
 
 ADDED_SEARCH_FIELDS = ("scheduler", "scheduler_options", "protocol", "protocol_tasks",  # issue 24
                        "pruner", "pruner_options", "fidelity")
@@ -73,7 +74,9 @@ def read_yaml(path: Path, field: str, what: str) -> Any:
     if path.is_dir():
         raise ConfigError(field, f"{path} is a folder; give the path of {what}")
     try:
-        return yaml.safe_load(path.read_text())
+        return parse_yaml(path.read_text(), str(path))
+    except DuplicateKeyError as err:
+        raise ConfigError(field, str(err)) from None
     except yaml.YAMLError as err:
         raise ConfigError(field, yaml_error(path, err)) from None
     except (OSError, UnicodeDecodeError) as err:
@@ -100,5 +103,5 @@ def preset_text(name: str) -> str:
 
 
 def load_preset(name: str) -> ExperimentConfig:
-    data = yaml.safe_load(preset_text(name))
+    data = parse_yaml(preset_text(name), f"preset {name}")
     return _validate(_expand_env(data, ""), f"preset {name}")

@@ -4,12 +4,12 @@ option's metadata gives ({"file": <name>}, gtep/protocol/families/base.py): the 
 {"filled_from": <the path's option>}, so workers and the pre-flight checks need no file."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from gtep.data.file_parsing import DuplicateKeyError, parse_json
 from gtep.data.shot_index import read_shot_index
 from gtep.protocol.hierarchy import parse_hierarchy
 from gtep.registry import Registry
@@ -33,6 +33,8 @@ def _check_shot_index(value: str) -> str:
         raise ValueError(f"{value} does not exist; give a JSON file {{\"<class id>\": [training image indices]}}")
     try:
         read_shot_index(path)
+    except DuplicateKeyError:
+        raise  # its message names the file, the class and both lines
     except (ValueError, TypeError, AttributeError) as err:
         raise ValueError(f"{value} is not a shot index ({err}); write {{\"<class id>\": [indices], ...}}") from None
     return str(path)
@@ -45,7 +47,9 @@ def _read_shot_index(value: str) -> dict[str, list[int]]:
 def read_hierarchy(path: Path) -> dict[str, list[str | int]]:
     """A class hierarchy file: JSON {"<superclass name>": ["<subclass class name or id>", ...]}."""
     try:
-        return parse_hierarchy(json.loads(Path(path).read_text()))
+        return parse_hierarchy(parse_json(Path(path).read_text(), str(path)))
+    except DuplicateKeyError:
+        raise  # its message names the file, the superclass and both lines
     except (ValueError, TypeError, AttributeError, OSError) as err:
         raise ValueError(f"{path} is not a hierarchy file ({err})") from None
 

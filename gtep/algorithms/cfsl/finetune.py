@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams
+from gtep.algorithms.base import ALGORITHMS, NON_NEGATIVE, CommonParams
 from gtep.algorithms.cfsl.base import FewShotLearner, LastStage
 
 
@@ -20,6 +20,7 @@ from gtep.algorithms.cfsl.base import FewShotLearner, LastStage
 class FinetuneParams(CommonParams):
     steps: int = 20  # gradient steps per support set
     tune_last_block: bool = False
+    ranges = {"steps": NON_NEGATIVE}  # 0: the head from the prototypes, no step
 
 
 def optimiser(params: CommonParams, parameters: list[nn.Parameter]) -> torch.optim.Optimizer:

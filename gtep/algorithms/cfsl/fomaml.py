@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._episodic import class_indices, draw_episode, generator_from_global_rng
-from gtep.algorithms.base import ALGORITHMS, Optimizer
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Optimizer
 from gtep.algorithms.cfsl.base import LastStage, PretrainImages, load_pretrain_images
 from gtep.algorithms.cfsl.finetune import FinetuneParams, HeadLearner
 from gtep.models import Backbone
@@ -52,6 +52,8 @@ class FomamlParams(FinetuneParams):
     meta_ways: int = 5
     meta_shots: int = 1
     meta_queries: int = 5
+    ranges = {"meta_steps": AT_LEAST_ONE, "meta_lr": POSITIVE, "episodes": NON_NEGATIVE, "meta_ways": AT_LEAST_ONE,
+              "meta_shots": AT_LEAST_ONE, "meta_queries": AT_LEAST_ONE}
 
 
 class Episode:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gtep.algorithms.base import ALGORITHMS
+from gtep.algorithms.base import ALGORITHMS, POSITIVE
 from gtep.algorithms.cfsl.base import label_means
 from gtep.algorithms.cfsl.finetune import FinetuneParams, HeadLearner
 
@@ -20,6 +20,7 @@ from gtep.algorithms.cfsl.finetune import FinetuneParams, HeadLearner
 @dataclass(frozen=True)
 class ProtoTuneParams(FinetuneParams):
     init_scale: float = 1.0
+    ranges = {"init_scale": POSITIVE}
 
 
 @ALGORITHMS.register("cfsl_proto_tune")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from gtep.algorithms._episodic import generator_from_global_rng, train_prototypical
-from gtep.algorithms.base import ALGORITHMS
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, POSITIVE
 from gtep.algorithms.cfsl.base import load_pretrain_images
 from gtep.algorithms.cfsl.prototypes import CfslPrototypes, PrototypeParams
 from gtep.models import Backbone
@@ -34,6 +34,8 @@ class ProtoNetParams(PrototypeParams):
     meta_ways: int = 5
     meta_shots: int = 1
     meta_queries: int = 5
+    ranges = {"episodes": NON_NEGATIVE, "meta_lr": POSITIVE, "meta_ways": AT_LEAST_ONE, "meta_shots": AT_LEAST_ONE,
+              "meta_queries": AT_LEAST_ONE}
 
 
 @ALGORITHMS.register("cfsl_protonet")

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams
+from gtep.algorithms.base import ALGORITHMS, POSITIVE, PROBABILITY, CommonParams
 from gtep.algorithms.cfsl.base import FewShotLearner, label_means
 
 
@@ -30,6 +30,7 @@ class PrototypeParams(CommonParams):
     ema_rate: float = 0.5
     metric: Literal["euclidean", "cosine"] = "euclidean"
     temperature: float = 1.0
+    ranges = {"ema_rate": PROBABILITY, "temperature": POSITIVE}
 
 
 @ALGORITHMS.register("cfsl_prototypes")

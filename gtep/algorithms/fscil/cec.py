@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, FitFn, TaskData, freeze
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, DROPOUT, POSITIVE, FitFn, TaskData, freeze
 from gtep.algorithms.fscil.frozen_prototypes import (
     PROTOTYPE_BATCH,
     CosinePrototypeNet,
@@ -50,6 +50,8 @@ class CECParams(FrozenPrototypesParams):
     meta_epochs: int = 100  # epochs of the attention's training (epochs_new)
     meta_lr: float = 0.1  # the attention's learning rate (lrg); halved every 20 epochs (step 20, gamma 0.5)
     dropout: float = 0.5  # dropout of the attention (FEAT's MultiHeadAttention as CEC builds it)
+    ranges = {"way": AT_LEAST_ONE, "low_way": AT_LEAST_ONE, "shots": AT_LEAST_ONE, "queries": AT_LEAST_ONE,
+              "episodes": AT_LEAST_ONE, "meta_epochs": AT_LEAST_ONE, "meta_lr": POSITIVE, "dropout": DROPOUT}
 
 
 class GraphAttention(nn.Module):

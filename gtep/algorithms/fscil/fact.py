@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, FitFn, TaskData
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, FitFn, TaskData
 from gtep.algorithms.fscil.frozen_prototypes import CosinePrototypeNet, FrozenPrototypes, FrozenPrototypesParams
 from gtep.models import Backbone
 
@@ -41,6 +41,8 @@ class FACTParams(FrozenPrototypesParams):
     balance: float = 0.01  # weight of the forward-compatible terms (FACT's `balance`)
     alpha: float = 0.5  # Beta(alpha, alpha) of the mixing coefficient (FACT's `alpha`)
     mask_classes: int = 3  # base classes linked to each virtual class (FACT's `masknum`)
+    ranges = {"virtual_classes": AT_LEAST_ONE, "balance": NON_NEGATIVE, "alpha": POSITIVE,  # Beta(alpha, alpha)
+              "mask_classes": AT_LEAST_ONE}
 
 
 class FACTNet(CosinePrototypeNet):

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import class_means
-from gtep.algorithms.base import ALGORITHMS, FitFn, Scheduler, TaskData, freeze
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, FitFn, Scheduler, TaskData, freeze
 from gtep.algorithms.fscil.frozen_prototypes import (
     PROTOTYPE_BATCH,
     CosinePrototypeNet,
@@ -64,6 +64,8 @@ class FRParams(FrozenPrototypesParams):
     beta_ir: float = 1.0  # weight of L_IR (A5.3: 1.0 on CIFAR-100, 0.5 on miniImageNet)
     top_k: int = 3  # base classes whose covariances a novel class borrows (k is not given in the paper)
     samples_per_class: int = 20  # Gaussian features per old class in a later session (not given)
+    ranges = {"fr_layers": AT_LEAST_ONE, "fr_offset": NON_NEGATIVE, "beta_cos": NON_NEGATIVE, "beta_cr": NON_NEGATIVE,
+              "beta_ir": NON_NEGATIVE, "top_k": AT_LEAST_ONE, "samples_per_class": AT_LEAST_ONE}
 
 
 def mlp(dim_in: int, dim_hidden: int, dim_out: int) -> nn.Sequential:

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import class_means
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, freeze
+from gtep.algorithms.base import ALGORITHMS, POSITIVE, CommonParams, FitFn, IncrementalLearner, TaskData, freeze
 from gtep.models import Backbone
 
 # Images per forward pass when prototypes are extracted: a constant, so no sampled value (batch_size) can
@@ -60,6 +60,7 @@ class FrozenPrototypesParams(CommonParams):
     learn_scale: bool = False  # learn the scale during the base session (starting at `scale`)
     base_prototypes: bool = True  # replace the trained base weights by the base classes' prototypes
     prototype: Literal["mean", "normalised_mean"] = "mean"  # the paper's mean features (module docstring)
+    ranges = {"scale": POSITIVE}
 
 
 class CosinePrototypeNet(nn.Module):

@@ -27,7 +27,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import class_means
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, IncrementalLearner, TaskData, freeze
+from gtep.algorithms.base import (
+    ALGORITHMS,
+    NON_NEGATIVE,
+    CommonParams,
+    FitFn,
+    IncrementalLearner,
+    Range,
+    TaskData,
+    freeze,
+)
 from gtep.algorithms.fscil.frozen_prototypes import PROTOTYPE_BATCH
 from gtep.models import Backbone
 
@@ -36,6 +45,7 @@ from gtep.models import Backbone
 class NCFSCILParams(CommonParams):
     etf_classes: int = 100  # K: every class of every session (CIFAR-100 and miniImageNet: 100; CUB-200: 200)
     loss_weight: float = 10.0  # the DR loss's weight in the reference configs (DRLoss loss_weight=10.0)
+    ranges = {"etf_classes": Range(2), "loss_weight": NON_NEGATIVE}  # a simplex ETF needs two vectors
 
 
 def simplex_etf(classes: int, dim: int, generator: torch.Generator) -> Tensor:

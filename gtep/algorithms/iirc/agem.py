@@ -23,13 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData, required
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, CommonParams, FitFn, TaskData, required
 from gtep.algorithms.iirc.base import MultiLabelLearner
 
 
 @dataclass(frozen=True)
 class IIRCAGEMParams(CommonParams):
     memory_batch_size: int = 128  # samples of the memory behind each reference gradient (the paper's 128)
+    ranges = {"memory_batch_size": AT_LEAST_ONE}  # an empty reference gradient projects nothing: fine-tuning
 
 
 @ALGORITHMS.register("iirc_agem")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams
+from gtep.algorithms.base import ALGORITHMS, NON_NEGATIVE, POSITIVE, CommonParams
 from gtep.algorithms.iirc.base import MultiLabelLearner
 
 
@@ -20,6 +20,7 @@ from gtep.algorithms.iirc.base import MultiLabelLearner
 class IIRCICaRLParams(CommonParams):
     T: float = 1.0  # distillation temperature on the old labels' logits and targets (1: the reference code)
     lambda_aux: float = 1.0  # weight of the distillation part against the new labels' BCE (1: the reference)
+    ranges = {"T": POSITIVE, "lambda_aux": NON_NEGATIVE}
 
 
 @ALGORITHMS.register("iirc_icarl_cnn")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from gtep.algorithms.base import ALGORITHMS
+from gtep.algorithms.base import ALGORITHMS, POSITIVE
 from gtep.algorithms.iirc.base import CosineHead, MultiLabelNet
 from gtep.algorithms.iirc.icarl_cnn import IIRCICaRLCNN, IIRCICaRLParams
 
@@ -16,6 +16,7 @@ from gtep.algorithms.iirc.icarl_cnn import IIRCICaRLCNN, IIRCICaRLParams
 @dataclass(frozen=True)
 class IIRCICaRLNormParams(IIRCICaRLParams):
     eta_init: float = 1.0  # the cosine head's learnable scale at the start (the reference code's sigma = 1)
+    ranges = {"eta_init": POSITIVE}
 
 
 @ALGORITHMS.register("iirc_icarl_norm")

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, CommonParams, FitFn, TaskData
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, CommonParams, FitFn, TaskData
 from gtep.algorithms.iirc.base import MultiLabelLearner, MultiLabelNet
 
 
@@ -38,6 +38,7 @@ class IIRCLUCIRParams(CommonParams):
     margin: float = 0.5  # margin m of the ranking loss, on cosines (paper: 0.5)
     K: int = 2  # hard new labels each old label is ranked against (LUCIR's 2)
     eta_init: float = 1.0  # the cosine head's learnable scale at the start (the reference code's sigma = 1)
+    ranges = {"lambda_base": NON_NEGATIVE, "margin": NON_NEGATIVE, "K": AT_LEAST_ONE, "eta_init": POSITIVE}
 
 
 class LessForgetCosineHead(nn.Module):
