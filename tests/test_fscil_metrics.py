@@ -303,3 +303,89 @@ def test_input_checks():
         fm.gacc_alpha(a, BASE, 0, 0.5)
     with pytest.raises(ValueError, match="one row per session"):
         fm.tacc_per_session(np.zeros((3, 2)))
+
+
+# --- RPD and KR after a first session below chance (issue 45, item 7) ------------------------------------------
+
+
+def below_chance() -> np.ndarray:
+    """The run of the issue: the base session scored 0.8 % (chance is 1/60 = 1.7 %), later 12 % of it."""
+    a = empty(3)
+    a[0, 0] = 0.008
+    a[1, :2] = [0.12, 0.5]
+    a[2, :3] = [0.12, 0.4, 0.6]
+    return a
+
+
+def test_rpd_and_kr_are_undefined_after_a_first_session_below_chance():
+    a = below_chance()
+    assert fm.relative_performance_dropping(a) > 5  # the paper's formula alone: a "rate" made of noise
+    s = fm.summarize_fscil(a, [6000, 500, 500], BASE, WAYS)
+    assert math.isnan(s["rpd"]) and math.isnan(s["kr"])
+    assert not math.isnan(s["pd"]) and not math.isnan(s["gacc_auc"])  # the other metrics keep their values
+    reasons = fm.undefined_metrics(a, BASE)
+    assert set(reasons) == {"rpd", "kr"}
+    assert reasons["rpd"] == "undefined: first-session accuracy 0.8% is below chance 1/60 (1.7%)"
+
+
+def test_rpd_and_kr_stay_defined_from_chance_on():
+    a = below_chance()
+    a[0, 0] = 1 / BASE  # exactly chance: the ratio is defined (if poor)
+    s = fm.summarize_fscil(a, [6000, 500, 500], BASE, WAYS)
+    assert s["rpd"] == pytest.approx(fm.relative_performance_dropping(a))
+    assert s["kr"] == pytest.approx(1 + s["rpd"])
+    assert fm.undefined_metrics(a, BASE) == {}
+    assert fm.undefined_metrics(np.array([[0.001]]), BASE) == {}  # one session: nothing divides, RPD 0, KR 1
+
+
+def fscil_unit(set_index: int, ordering: int, matrix: np.ndarray) -> dict:
+    s = fm.summarize_fscil(matrix, [6000, 500, 500], BASE, WAYS)
+    return {"status": "finished", "set_index": set_index, "ordering": ordering, "acc": s["lacc"],
+            "avg_acc": s["aacc"], **s}
+
+
+def test_an_undefined_rpd_is_no_divergence_and_never_blocks_h_star():
+    """NaN RPD/KR flow through the phase's statistics and H* by gAcc AUC as 'no value', not as a diverged run."""
+    from gtep.orchestration.tracking import ordering_result, summarize_units
+    from gtep.protocol.criteria import CRITERIA
+    from gtep.protocol.families import FAMILIES
+    from gtep.protocol.selection import select_best
+
+    fscil = FAMILIES.get("fscil")
+    assert not {m.name for m in fscil.metrics if m.selectable} & {"rpd", "kr"}  # never a criterion's component
+    good = random_matrix(3, 3)
+    units = [fscil_unit(0, 0, below_chance()), fscil_unit(0, 1, good), fscil_unit(1, 0, below_chance()),
+             fscil_unit(1, 1, below_chance())]
+    results = [ordering_result(u) for u in units]
+    assert not any(r.diverged for r in results)
+    best = select_best(results, expected_orderings=2, criterion=CRITERIA.get("gacc_auc"))
+    assert best.best_index in (0, 1) and all(not s.status == "diverged" for s in best.scores)
+    phase = summarize_units(units[:2], 2, fscil, CRITERIA.get("gacc_auc"))
+    assert phase["diverged"] == 0 and not math.isnan(phase["score"])
+    assert phase["rpd"] == pytest.approx(fm.relative_performance_dropping(good))  # the ordering that has one
+    assert math.isnan(summarize_units(units[2:], 2, fscil, CRITERIA.get("gacc_auc"))["rpd"])
+
+
+def test_the_report_says_why_rpd_is_nan():
+    import pandas as pd
+
+    from gtep.reporting.tables import metric_cell, undefined_notes
+
+    row = {"label": "cec", "phase": "evaluate", "family": "fscil", "diverged": 0.0, "rpd": math.nan, "kr": math.nan,
+           "pd": -0.1, "gacc_auc": 0.4}
+    notes = undefined_notes(pd.DataFrame([row, {**row, "label": "fact", "rpd": 0.2, "kr": 1.2}]))
+    assert notes == ["Undefined (NaN): RPD, KR of cec (evaluate): the first session's accuracy is below chance "
+                     "(1 / its classes)."]
+    assert metric_cell("rpd", row) == "NaN (undefined)"
+    diverged = {**row, "diverged": 1.0}  # a diverged ordering is its own reason: the table's diverged column says it
+    assert undefined_notes(pd.DataFrame([diverged])) == [] and metric_cell("rpd", diverged) == "NaN"
+    assert undefined_notes(pd.DataFrame([{**row, "family": "class_incremental"}])) == []
+
+
+def test_no_reason_is_given_for_a_phase_without_orderings():
+    from gtep.reporting.tables import undefined_reason
+
+    row = {"label": "cec", "phase": "evaluate", "family": "fscil", "rpd": math.nan}
+    assert undefined_reason("rpd", {**row, "diverged": 0.0, "orderings": 2.0}).startswith("the first session")
+    assert undefined_reason("rpd", {**row, "diverged": 0.0, "orderings": 0.0}) == ""  # nothing ran: no reason
+    assert undefined_reason("rpd", {**row, "diverged": math.nan}) == ""

@@ -2,6 +2,8 @@
 reads it (its checks are the family's own: ScenarioFamily.check_layout), and first_task's sets against the space."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from gtep.config.base import ConfigError
 from gtep.config.phases import PhaseSpec, _source
 from gtep.config.schema import ExperimentConfig
@@ -28,6 +30,32 @@ def _check_family(cfg: ExperimentConfig) -> None:
         able = [a for a in ALGORITHMS.names() if family.data_flow in ALGORITHMS.get(a).data_flows]
         raise ConfigError("algorithm", f"{cfg.algorithm} cannot run the {family.name} family's data "
                           f"({family.data_flow}); algorithms that can: {', '.join(able) or 'none'}")
+    _check_pretrain_method(cfg)
+
+
+def _check_pretrain_method(cfg: ExperimentConfig) -> None:
+    """A learner whose backbone must come from one pretraining method (fluid_protonet: ProtoNet meta-training)
+    gets it from the pretrain: section, or without one from weights whose metadata names it; anything else would
+    run another method under its name, so it is refused here, before any compute."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.models.vit import weights_metadata
+
+    required = getattr(ALGORITHMS.get(cfg.algorithm), "required_pretrain_method", None)
+    if required is None:
+        return
+    given: str | None
+    if cfg.pretrain is not None:
+        given, now = cfg.pretrain.method, f"the pretrain: section's is {cfg.pretrain.method}"
+    else:
+        weights = Path(cfg.weights) if cfg.weights else None
+        readable = weights is not None and weights.suffix == ".safetensors" and weights.is_file()
+        # weights that do not name their method came from supervised pretraining (gtep pretrain writes no method)
+        given = weights_metadata(weights).get("gtep.method", "supervised") if weights and readable else None
+        now = f"{weights} was pretrained with {given}" if given else "there is no pretrain: section"
+    if given != required:
+        raise ConfigError("pretrain.method", f"{cfg.algorithm} needs a backbone pretrained with method: {required} "
+                          f"({now}); set pretrain.method: {required} (a pretrain: section with the classes and "
+                          f"method: {required}), or choose another algorithm")
 
 
 def phase_layout(cfg: ExperimentConfig, phase: PhaseSpec) -> PhaseLayout:

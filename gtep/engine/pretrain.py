@@ -19,7 +19,8 @@ its accuracies are nearest-prototype ones (the training images' class means). No
 
 `holdout` > 0 leaves that share of the training images of `holdout_classes` out (gtep.protocol.holdout: the
 same images whatever the seed), so a scenario can show them as images the backbone never saw (its family's
-ScenarioFamily.pretrain_holdout); the weights' metadata records it.
+ScenarioFamily.pretrain_holdout); the weights' metadata records it. Those images are out of the normalisation
+statistics too: pretraining computes them over what it trains on.
 """
 from __future__ import annotations
 
@@ -94,11 +95,12 @@ def pretrain(spec: PretrainSpec, data: ImageSet, dataset_name: str, out: Path,
     vit = is_vit(spec.backbone)
     device = resolve_device(spec.device)
     torch.manual_seed(spec.seed)
-    subset = data.subset(list(spec.classes))
+    subset = training_subset(data.subset(list(spec.classes)), spec)
     relabel = np.full(int(max(data.y_train.max(), data.y_test.max())) + 1, -1, dtype=np.int64)
     relabel[list(spec.classes)] = np.arange(len(spec.classes))
+    # built on what it trains on: the normalisation statistics never see the images held out for the streams
     images = PhaseTensors(subset, list(spec.classes), device, pretraining_pipeline(spec.backbone, dataset_name))
-    used = pretraining_images(subset.y_train, spec)
+    used = np.ones(len(subset.y_train), dtype=bool)
     x = images.images("train", used)
     y = torch.from_numpy(relabel[subset.y_train[used]]).to(device)
     backbone = create_backbone(spec.backbone).to(device)
@@ -179,6 +181,16 @@ def pretraining_images(y_train: np.ndarray, spec: PretrainSpec) -> np.ndarray:
     used = np.ones(len(y_train), dtype=bool)
     used[held_out(y_train, spec.holdout_classes, spec.holdout)] = False
     return used
+
+
+def training_subset(subset: ImageSet, spec: PretrainSpec) -> ImageSet:
+    """The pretraining classes' images without the training images held out for a FLUID stream
+    (`pretraining_images`); the test images all stay (pretraining's test accuracy reads them)."""
+    used = pretraining_images(subset.y_train, spec)
+    if used.all():
+        return subset
+    return replace(subset, x_train=subset.x_train[used], y_train=subset.y_train[used],
+                   train_index=subset.dataset_train_index()[used])
 
 
 def save_weights(vit: nn.Module, out: Path, metadata: dict[str, str]) -> None:

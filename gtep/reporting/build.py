@@ -310,6 +310,7 @@ def group_sections(report: Report, group: tuple[str, str]) -> list[tuple[str, pd
     table = report.tables[group]
     left_out = [f"Left out: {note}." for note in left_out_notes(report, group)]
     family = [note] if (note := family_note(report, group)) else []
+    family += tables.undefined_notes(_part(report.summary, group))
     sections: list[tuple[str, pd.DataFrame | None, list[str]]] = [
         ("", table, [*family, ranking_line(_part(report.ranking, group), table), *left_out])]
     trials = trials_summary(_part(report.convergence, group), _part(report.sets, group))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 from rich.markup import escape
@@ -41,7 +41,43 @@ def metric_header(name: str, summary: dict[str, Any]) -> str:
     return label if name in _plain(summary) else f"{label} (%)"
 
 
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def undefined_reason(name: str, summary: Mapping[str, Any]) -> str:
+    """Why a family's metric has no value in a phase none of whose orderings diverged (its Metric.undefined, e.g.
+    FSCIL's RPD after a first session below chance); "" when it has one, or when a diverged ordering is why."""
+    family = str(summary.get("family") or CLASS_INCREMENTAL)
+    diverged, orderings = summary.get("diverged", 0), summary.get("orderings", 1)
+    finished = not _missing(diverged) and not diverged and not _missing(orderings) and orderings > 0
+    if family not in FAMILIES or not finished or not _missing(summary.get(name, math.nan)):
+        return ""
+    return next((m.undefined for m in FAMILIES.get(family).metrics if m.name == name), "")
+
+
+def undefined_notes(summary: pd.DataFrame) -> list[str]:
+    """One line per reason under a report's table: which metrics of which rows (algorithm, phase) are undefined,
+    and why, so that a NaN there reads as 'no meaning here', not as a run that diverged."""
+    if "family" not in summary:
+        return []
+    where: dict[str, dict[str, list[str]]] = {}  # reason -> metric label -> rows
+    for _, row in summary.iterrows():
+        family = str(row.get("family") or CLASS_INCREMENTAL)
+        for metric in FAMILIES.get(family).metrics if family in FAMILIES else ():
+            reason = undefined_reason(metric.name, row) if metric.undefined else ""
+            if reason:
+                where.setdefault(reason, {}).setdefault(metric.label, []).append(f"{row['label']} ({row['phase']})")
+    notes = []
+    for reason, labels in where.items():
+        rows = dict.fromkeys(r for rs in labels.values() for r in rs)
+        notes.append(f"Undefined (NaN): {', '.join(labels)} of {', '.join(rows)}: {reason}.")
+    return notes
+
+
 def metric_cell(name: str, summary: dict[str, Any]) -> str:
+    if undefined_reason(name, summary):
+        return "NaN (undefined)"
     mean, std = summary.get(name, math.nan), summary.get(f"{name}_std", math.nan)
     if name not in _plain(summary):
         return pm(mean, std)

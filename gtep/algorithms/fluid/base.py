@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._distances import euclidean
-from gtep.algorithms.base import CommonParams, FitFn, FitRecipe, IncrementalLearner, P
+from gtep.algorithms.base import AT_LEAST_ONE, CommonParams, FitFn, FitRecipe, IncrementalLearner, P, Range
 from gtep.protocol.families.fluid.generator import UNSEEN
 
 STREAM = "stream"
@@ -57,6 +57,8 @@ class StreamParams(CommonParams):
     update_every: int = 100  # samples between updates
     detector: Detector = "msp"
     threshold: float = 0.5  # flag UNSEEN when the unseen score >= threshold
+    # threshold 0 flags every sample UNSEEN; one above the scores' top (msp 1, mdt 2) never flags, as presets use
+    ranges = {"update_every": AT_LEAST_ONE, "threshold": Range(0, low_open=True)}
 
 
 class StreamLearner(IncrementalLearner[P]):
@@ -65,6 +67,9 @@ class StreamLearner(IncrementalLearner[P]):
     data_flows: ClassVar[frozenset[str]] = frozenset({STREAM})
     uses_memory = False
     fixed_first_task = False
+    # the `pretrain:` section's method the learner's backbone must come from (None: any); the pre-flight pass
+    # refuses a study without it (gtep/config/family_checks.py), since the learner means nothing on another
+    required_pretrain_method: ClassVar[str | None] = None
 
     def __init__(self, params: P, backbone: str, memory_size: int, device: torch.device,
                  weights: str | None = None) -> None:
@@ -76,6 +81,10 @@ class StreamLearner(IncrementalLearner[P]):
         self.centroid_sum = torch.zeros(0, dim, device=device)
         self.feature_sum = torch.zeros(0, dim, device=device)  # of the raw features: class_means()
         self.class_count = torch.zeros(0, device=device)
+        # the sums above are of features taken at prediction time; an update that trains the backbone changes the
+        # features, so it bumps backbone_version, and the sums are taken again before they are next read
+        self.backbone_version = 0
+        self.sums_version = 0
         self.last_features: Tensor | None = None
         self.last_x: Tensor | None = None
         self.backbone.requires_grad_(False)  # what trains is the method's (update)
@@ -155,12 +164,32 @@ class StreamLearner(IncrementalLearner[P]):
 
     # ---- helpers -------------------------------------------------------------------------------------
     def centroids(self) -> Tensor:
-        """Mean L2-normalised feature of each seen class (total, dim)."""
+        """Mean L2-normalised feature of each seen class (total, dim), under the backbone as it is now."""
+        self.refresh_sums()
         return self.centroid_sum / self.class_count.clamp(min=1).unsqueeze(1)
 
     def class_means(self) -> Tensor:
         """Mean raw (unnormalised) feature of each seen class (total, dim): ProtoNet's prototypes, OLTR's memory."""
+        self.refresh_sums()
         return self.feature_sum / self.class_count.clamp(min=1).unsqueeze(1)
+
+    def backbone_trained(self) -> None:
+        """Called after an update that trained backbone weights: the class sums are of the old features."""
+        self.backbone_version += 1
+
+    @torch.no_grad()
+    def refresh_sums(self, batch: int = 256) -> None:
+        """The class sums again from every seen image's features now, once per backbone version: without it MDT
+        would measure distances to the centroids of a network that no longer exists. It runs where the detector
+        first reads them after an update, so its MACs count as that prediction's inference."""
+        if self.sums_version == self.backbone_version or not self.seen_x:
+            return
+        self.net.eval()
+        x, y = torch.cat(self.seen_x), torch.tensor(self.seen_y, device=self.device)
+        features = torch.cat([self.sample_features(x[i:i + batch]) for i in range(0, len(x), batch)]).float()
+        self.centroid_sum = torch.zeros_like(self.centroid_sum).index_add_(0, y, F.normalize(features, dim=1))
+        self.feature_sum = torch.zeros_like(self.feature_sum).index_add_(0, y, features)
+        self.sums_version = self.backbone_version
 
     def unseen_score(self, logits: Tensor, features: Tensor) -> float:
         if self.stream_params.detector == "msp":
@@ -188,3 +217,5 @@ class StreamLearner(IncrementalLearner[P]):
         meter.training(forward, x[:1], len(x) * recipe.epochs)
         fit([p for m in modules for p in m.parameters()], loss, x, y, recipe, modules=modules)
         self.net.eval()
+        if any(m is not self.head for m in modules):  # backbone blocks trained: their features changed
+            self.backbone_trained()

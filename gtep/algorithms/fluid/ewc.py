@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.func import functional_call, grad, vmap
 
-from gtep.algorithms.base import ALGORITHMS, FitFn, FitRecipe
+from gtep.algorithms.base import ALGORITHMS, NON_NEGATIVE, FitFn, FitRecipe
 from gtep.algorithms.fluid.base import Meter
 from gtep.algorithms.fluid.finetune import FinetuneParams, FluidFinetune
 
@@ -31,6 +31,7 @@ class EWCParams(FinetuneParams):
     depth: int = -1
     ewc_lambda: float = 100.0
     fisher_samples: int = 256  # images the Fisher is estimated on at each update (0: every seen image)
+    ranges = {"ewc_lambda": NON_NEGATIVE, "fisher_samples": NON_NEGATIVE}  # 0 samples: every seen image
 
 
 @ALGORITHMS.register("fluid_ewc")

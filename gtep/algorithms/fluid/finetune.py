@@ -11,13 +11,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, FitFn, FitRecipe
+from gtep.algorithms.base import ALGORITHMS, FitFn, FitRecipe, Range
 from gtep.algorithms.fluid.base import Meter, StreamLearner, StreamParams
 
 
 @dataclass(frozen=True)
 class FinetuneParams(StreamParams):
     depth: int = 0  # top backbone blocks trained with the head; -1: all of them
+    ranges = {"depth": Range(-1)}  # -1: every block
 
 
 def top_blocks(backbone: nn.Module, depth: int) -> list[nn.Module]:
@@ -54,12 +55,9 @@ class FluidFinetune(StreamLearner[FinetuneParams]):
 
             self.train_head(fit, recipe, meter, list(head.parameters()), head_loss)
             return
-        x, y = self.seen()
 
         def loss(xb: Tensor, yb: Tensor) -> Tensor:
             return F.cross_entropy(self.net(xb)["logits"][:, : self.total], yb)
 
-        meter.training(lambda xi: self.net(xi), x[:1], len(x) * recipe.epochs)
-        parameters = [p for m in [*self.tuned, head] for p in m.parameters()]
-        fit(parameters, loss, x, y, recipe, modules=[*self.tuned, head])  # frozen blocks keep their BN statistics
-        self.net.eval()
+        # only the tuned blocks and the head train: frozen blocks keep their BN statistics
+        self.train_network(fit, recipe, meter, [*self.tuned, head], loss, lambda xi: self.net(xi))

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, FitFn, FitRecipe
+from gtep.algorithms.base import ALGORITHMS, NON_NEGATIVE, POSITIVE, FitFn, FitRecipe
 from gtep.algorithms.fluid.base import Meter, StreamLearner, StreamParams
 
 
@@ -25,6 +25,7 @@ from gtep.algorithms.fluid.base import Meter, StreamLearner, StreamParams
 class ImprintingParams(StreamParams):
     scale: float = 4.0  # initial s of the cosine classifier (learned from there)
     switch_after: int = 100  # samples of pure imprinting (NCM, cosine metric) before fine-tuning starts
+    ranges = {"scale": POSITIVE, "switch_after": NON_NEGATIVE}
 
 
 @ALGORITHMS.register("fluid_imprinting")

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gtep.algorithms.base import ALGORITHMS, FitFn, FitRecipe, distillation_loss, freeze
+from gtep.algorithms.base import ALGORITHMS, NON_NEGATIVE, POSITIVE, FitFn, FitRecipe, distillation_loss, freeze
 from gtep.algorithms.fluid.base import Meter
 from gtep.algorithms.fluid.finetune import FinetuneParams, FluidFinetune
 
@@ -32,6 +32,7 @@ class LwFParams(FinetuneParams):
     depth: int = -1  # every block; 0 trains the head alone on cached features (then only the head is distilled)
     temperature: float = 2.0
     kd_weight: float = 1.0  # Li & Hoiem's lambda_o
+    ranges = {"temperature": POSITIVE, "kd_weight": NON_NEGATIVE}
 
 
 @ALGORITHMS.register("fluid_lwf")

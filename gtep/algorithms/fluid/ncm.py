@@ -10,13 +10,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gtep.algorithms._distances import euclidean
-from gtep.algorithms.base import ALGORITHMS
+from gtep.algorithms.base import ALGORITHMS, POSITIVE
 from gtep.algorithms.fluid.base import StreamLearner, StreamParams
 
 
 @dataclass(frozen=True)
 class NCMParams(StreamParams):
     temperature: float = 0.1  # softmax(-d / temperature): shapes the softmax detector, not the argmax
+    ranges = {"temperature": POSITIVE}
 
 
 @ALGORITHMS.register("fluid_ncm")

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._distances import euclidean
-from gtep.algorithms.base import ALGORITHMS, FitFn, FitRecipe
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, FitFn, FitRecipe
 from gtep.algorithms.fluid.base import Meter, StreamLearner, StreamParams
 
 
@@ -38,6 +38,8 @@ class OLTRParams(StreamParams):
     early_until: int = 100  # ... for its first 10,000 samples; then every `update_every` (its 5,000)
     reachability_scale: float = 10.0  # the authors' code
     cosnorm_scale: float = 16.0  # the authors' CosNorm_Classifier
+    ranges = {"early_every": AT_LEAST_ONE, "early_until": NON_NEGATIVE, "reachability_scale": POSITIVE,
+              "cosnorm_scale": POSITIVE}
 
 
 @ALGORITHMS.register("fluid_oltr")

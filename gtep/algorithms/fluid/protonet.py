@@ -7,8 +7,9 @@ the paper runs PTN), nothing trained on the stream. It differs from fluid_ncm in
 not cross-entropy) and in the metric (squared Euclidean on unnormalised features, the one ProtoNets train with, not
 the Euclidean distance of normalised features).
 
-Without `method: protonet` in the pretrain section the backbone is the supervised one, and this is NCM with
-ProtoNet's metric."""
+The meta-training is part of what the learner requires: on a supervised backbone it would be NCM with ProtoNet's
+metric under another name, so the pre-flight pass refuses a study whose `pretrain:` section (or, without one,
+whose weights' metadata) does not say `method: protonet`."""
 from __future__ import annotations
 
 from torch import Tensor
@@ -21,6 +22,8 @@ from gtep.algorithms.fluid.base import StreamLearner, StreamParams
 @ALGORITHMS.register("fluid_protonet")
 class FluidProtoNet(StreamLearner[StreamParams]):
     """Nearest prototype (squared Euclidean, raw features) on a meta-trained backbone."""
+
+    required_pretrain_method = "protonet"
 
     def class_scores(self, features: Tensor) -> Tensor:
         return -euclidean(features, self.class_means()).pow(2)

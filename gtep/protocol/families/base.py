@@ -28,7 +28,8 @@ class Metric:
     unit      percent: a fraction, logged to MLflow and shown x100; ratio, count: as they are (AUROC, CE, MACs)
     curve     a per-ordering list (one value per task, or a curve's points), logged as MLflow step metrics
               from step `first_step`; otherwise a scalar, logged with its mean and `_std` over the orderings
-    selectable  may be a component of the criterion that selects H* (search.criterion)"""
+    selectable  may be a component of the criterion that selects H* (search.criterion)
+    undefined   why a finished ordering may leave it NaN (the report shows it in place of a bare NaN); "": never"""
 
     name: str
     label: str
@@ -36,6 +37,7 @@ class Metric:
     curve: bool = False
     selectable: bool = True
     first_step: int = 1
+    undefined: str = ""
 
     @property
     def percent(self) -> bool:

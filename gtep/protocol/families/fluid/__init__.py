@@ -204,11 +204,13 @@ class FluidStream(ScenarioFamily):
         return []
 
     def check(self, phases: Sequence[PhaseData], options: Mapping[str, Any]) -> list[Problem]:
-        return [problem for phase in phases for problem in self.stream_problems(phase, options)]
+        # what the streams cannot be drawn from first: an empty head is only worth saying of a stream that can be
+        found = [problem for phase in phases for problem in self.stream_problems(phase, options)]
+        return found + [problem for phase in phases for problem in self.head_problems(phase, options)]
 
     def example_options(self) -> dict[str, Any]:
         return {"pretrain_classes": [6, 7], "n_pretrain_classes": 2, "n_novel_classes": 3, "total_samples": 40,
-                "per_class_cap": 10}
+                "per_class_cap": 10, "head_cut": 5}
 
     def option_problems(self, options: Mapping[str, Any]) -> list[Problem]:
         value = FluidOptions.of(options).unseen_positives
@@ -248,6 +250,23 @@ class FluidStream(ScenarioFamily):
                                         "raise pretrain_holdout, list classes with more images, or set it to 0",
                                         phase.phase))
         return problems
+
+    def head_problems(self, phase: PhaseData, options: Mapping[str, Any]) -> list[Problem]:
+        """A stream in which no class can have more than head_cut samples (per_class_cap, total_samples or the
+        images a class can show stop every class at or below it) has no head: the head buckets would be empty in
+        every run and the head/tail split meaningless."""
+        spec = FluidOptions.of(options)
+        shown = {c: phase.test_counts.get(c, 0) + held_out_count(phase.train_counts.get(c, 0), spec.pretrain_holdout)
+                 for c in spec.pretrain_classes}
+        shown.update({c: phase.train_counts.get(c, 0) + phase.test_counts.get(c, 0) for c in phase.classes})
+        most = min(spec.per_class_cap, spec.total_samples, max(shown.values(), default=0))
+        if most > spec.head_cut or most == 0:  # 0: no image at all, which stream_problems says
+            return []
+        return [Problem("scenario.fluid.head_cut", f"is {spec.head_cut}, but no class of the {phase.phase} phase's "
+                        f"streams can have more than {most} samples (per_class_cap {spec.per_class_cap}, "
+                        f"total_samples {spec.total_samples}, the images a class can show in {phase.dataset}), so no "
+                        f"class would ever be a head class; set head_cut below {most}, or raise per_class_cap",
+                        phase.phase)]
 
     def describe(self, phase: PhaseData, options: Mapping[str, Any], seed: int) -> list[tuple[str, int]]:
         """Sequence 0 of the phase as `gtep check` prints it: its samples and classes (the generator run on the

@@ -70,6 +70,8 @@ class FewShotOptions:
         return [self.base_classes] + [self.ways] * self.sessions
 
 
+BELOW_CHANCE = "the first session's accuracy is below chance (1 / its classes)"
+
 # the criteria of this family's metrics (search.criterion)
 register_criterion(Criterion("gacc_auc", ("gacc_auc",),
                              "area under gAcc(alpha) (FSCIL paper Eq. 5-6, the paper's trapezoid)"))
@@ -86,7 +88,10 @@ class FewShotClassIncremental(TaskFamily):
     metrics = (Metric("gacc_auc", "gAcc AUC"), Metric("aacc", "aAcc"), Metric("lacc", "lAcc"), Metric("tacc", "tAcc"),
                Metric("hacc", "hAcc"), Metric("novel_acc", "novel"), ACC, AVG_ACC, Metric("hmean", "HM"),
                Metric("aacc_sample", "aAcc (samples)"), Metric("gacc_auc_exact", "gAcc AUC (exact)"),
-               Metric("pd", "PD"), Metric("rpd", "RPD", "ratio"), Metric("kr", "KR", "ratio"),
+               # RPD and KR divide by what a session scored when learned: no meaning after a first session below
+               # chance, so NaN there, and never H*'s criterion (a NaN criterion would leave a set unselectable)
+               Metric("pd", "PD"), Metric("rpd", "RPD", "ratio", selectable=False, undefined=BELOW_CHANCE),
+               Metric("kr", "KR", "ratio", selectable=False, undefined=BELOW_CHANCE),
                Metric("forgetting", "forgetting"),
                ACC_T, curve("aacc_t", "aAcc after session t"), curve("gacc_alpha", "gAcc(alpha), alpha = k/12", 0))
     default_criterion = "gacc_auc"
@@ -169,6 +174,12 @@ def check_shot_index(given: Mapping[int, Sequence[int]], train_labels: np.ndarra
     short = [c for c in classes if c in given and len(given[c]) < shots]
     if short:
         return f"classes {short[:5]} list fewer than {shots} images"
+    # the engine would train on the first `shots` of them and silently drop the rest (few_shot_indices)
+    extra = [(c, len(given[c])) for c in classes if c in given and len(given[c]) > shots]
+    if extra:
+        c, n = extra[0]
+        return (f"class {c} lists {n} images but shots is {shots}, so only its first {shots} would be used "
+                f"({len(extra)} classes list more); list exactly {shots} per class, or set shots to {n}")
     missing = [c for c in classes if c not in given]
     if missing and not draw_missing:
         return (f"classes {missing[:5]} ({len(missing)} in all) are not in the file; list them, or set "

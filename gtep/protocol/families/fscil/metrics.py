@@ -199,28 +199,59 @@ def performance_dropping(matrix: np.ndarray) -> float:
     return 0.0 if learned.size == 0 else float(np.mean(final - learned))
 
 
-def relative_performance_dropping(matrix: np.ndarray) -> float:
+def chance_accuracy(base_classes: int) -> float:
+    """What guessing scores on the first session: 1 / its number of classes."""
+    if base_classes <= 0:
+        raise ValueError(f"base_classes must be positive, got {base_classes}")
+    return 1.0 / base_classes
+
+
+def below_chance_reason(matrix: np.ndarray, base_classes: int) -> str | None:
+    """Why RPD and KR are undefined for this run, None when they are defined: both divide by what a session scored
+    right after it was learned, and a first session below chance (A[0, 0] < 1 / base_classes) learned nothing, so
+    the ratio of its later accuracy to that noise is no rate of forgetting (A[0, 0] = 0.008 gave RPD 14.2)."""
+    a = _as_matrix(matrix)
+    first, chance = float(a[0, 0]), chance_accuracy(base_classes)
+    if first >= chance:
+        return None
+    return (f"undefined: first-session accuracy {100 * first:.1f}% is below chance 1/{base_classes} "
+            f"({100 * chance:.1f}%)")
+
+
+def undefined_metrics(matrix: np.ndarray, base_classes: int) -> dict[str, str]:
+    """The metrics ``summarize_fscil`` leaves NaN for this run, each with its reason (empty when all are defined)."""
+    reason = below_chance_reason(matrix, base_classes) if _as_matrix(matrix).shape[0] > 1 else None
+    return {"rpd": reason, "kr": reason} if reason else {}
+
+
+def relative_performance_dropping(matrix: np.ndarray, base_classes: int | None = None) -> float:
     """RPD = mean over sessions j < last with A[j, j] > 0 of (A[last, j] - A[j, j]) / A[j, j] (paper App. A6).
 
     A session never learned (A[j, j] = 0) has an undefined ratio and is left out; NaN when every session is left
-    out, 0.0 for a one-session run."""
+    out, 0.0 for a one-session run. With ``base_classes``, NaN as well when the first session scored below chance
+    (``below_chance_reason``)."""
     learned, final = _drops(matrix)
     if learned.size == 0:
         return 0.0
+    if base_classes is not None and below_chance_reason(matrix, base_classes):
+        return float("nan")
     keep = learned > 0
     return float(np.mean((final[keep] - learned[keep]) / learned[keep])) if keep.any() else float("nan")
 
 
-def knowledge_rate(matrix: np.ndarray) -> float:
+def knowledge_rate(matrix: np.ndarray, base_classes: int | None = None) -> float:
     """KR = mean over sessions j < last with A[j, j] > 0 of A[last, j] / A[j, j] (paper Sec. 3.3: A_i^j / A_j^j,
     taken with i = the last session, like PD), i.e. 1 + RPD.
 
     Sessions never learned (A[j, j] = 0) are left out, so the paper's "Lazy" model, which keeps its base accuracy
     and learns nothing, scores the perfect KR = 1 (and PD = 0): exactly the blind spot the paper points out.
-    NaN when every session is left out, 1.0 for a one-session run."""
+    NaN when every session is left out, 1.0 for a one-session run; with ``base_classes``, NaN when the first
+    session scored below chance, as RPD."""
     learned, final = _drops(matrix)
     if learned.size == 0:
         return 1.0
+    if base_classes is not None and below_chance_reason(matrix, base_classes):
+        return float("nan")
     keep = learned > 0
     return float(np.mean(final[keep] / learned[keep])) if keep.any() else float("nan")
 
@@ -239,7 +270,8 @@ def summarize_fscil(
 
     Scalars: aacc (class-weighted, Eq. 3), aacc_sample (test-image weighted), lacc, tacc, gacc_auc (the AUC in
     ``auc_mode``, the paper's by default), gacc_auc_exact (always the closed form), hacc (last session's; NaN for a
-    one-session run), pd, rpd, kr, novel_acc (gAcc_last(0), the mean over the novel sessions after the last one).
+    one-session run), pd, rpd and kr (NaN when the first session scored below chance: ``undefined_metrics`` says
+    why), novel_acc (gAcc_last(0), the mean over the novel sessions after the last one).
     Lists: aacc_t (per session, class-weighted), tacc_t, gacc_auc_t (per-session AUC in ``auc_mode``), hacc_t (NaN
     at session 0) and gacc_alpha, the mean over sessions of gAcc_i(k/12), k = 0..12, to plot the gAcc(alpha) curve."""
     a = _as_matrix(matrix)
@@ -258,8 +290,8 @@ def summarize_fscil(
         "gacc_auc_exact": auc_exact,
         "hacc": hacc_t[-1],
         "pd": performance_dropping(a),
-        "rpd": relative_performance_dropping(a),
-        "kr": knowledge_rate(a),
+        "rpd": relative_performance_dropping(a, base_classes),
+        "kr": knowledge_rate(a, base_classes),
         "novel_acc": novel_accuracy_per_session(a)[-1],
         "aacc_t": aacc_t,
         "tacc_t": tacc_t,
