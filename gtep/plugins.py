@@ -14,6 +14,9 @@ gtep.algorithms, gtep.families, gtep.criteria, gtep.datasets and gtep.backbones:
                                            # is registered under the entry point's name (my_method) unless
                                            # importing its module registered it already
 
+A learner ships its search space as a class attribute, `search_space = "my_method.yaml"`: a file in its package,
+found with importlib.resources (gtep.spaces).
+
 A registry reads its group (importlib.metadata.entry_points) the first time it is looked up in a process (get,
 names, `in`, iteration): on the driver and in every Ray worker, each from the packages installed where it runs,
 so every process sees the same plugins as long as every node has the package installed. Plugins load after
@@ -26,7 +29,9 @@ GTEP_PLUGINS, the way for a module that is not installed: comma-separated import
 where every process runs (Ray's workers inherit it from the shell that starts Ray).
 
 A plugin that cannot be loaded is one PluginError (an ImportError) naming where it came from (the distribution and
-its version, the entry point and its group; or the variable), the exception, and the fix. The first such error of
+its version, the entry point and its group; or the variable), the exception, and the fix for its cause: a module
+that is not installed, one that failed to import (it raised, or imports a dependency that is missing), or an object
+that cannot be registered. The first such error of
 a process is kept and raised again by every later lookup of a registry with a group, so a broken plugin is never
 mistaken for an unknown name. This module imports nothing of gtep: the registries call it (gtep.registry).
 """
@@ -106,12 +111,51 @@ def distribution(ep: metadata.EntryPoint) -> str:
     return f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "an unknown distribution"
 
 
-def _entry_error(group: str, ep: metadata.EntryPoint, err: BaseException) -> PluginError:
+def is_missing(err: BaseException, module: str) -> bool:
+    """Whether `err` says `module` itself (or a package above it) is not there, as opposed to a module that exists
+    and raised while importing: an `import nonexistent_dep` inside it is its missing dependency, not its absence."""
+    if not isinstance(err, ModuleNotFoundError) or not err.name:
+        return False
+    return module == err.name or module.startswith(f"{err.name}.")
+
+
+def _import_fix(err: BaseException, module: str) -> str:
+    """How to fix a module that raised while importing: the dependency it lacks, or the error in its code."""
+    if isinstance(err, ModuleNotFoundError) and err.name:
+        return f"install the module it imports ({err.name}: pip install {err.name.split('.')[0]})"
+    return f"fix the error in {module} (or ask its authors)"
+
+
+def _entry_error(group: str, ep: metadata.EntryPoint, err: BaseException, imported: bool) -> PluginError:
+    """Why an entry point cannot be loaded, in the words of its cause: its module is not installed, its module
+    failed to import, or the object it names cannot be registered."""
     name = ep.dist.name if ep.dist is not None else "the package that provides it"
-    return PluginError(
-        f"the gtep plugin {ep.name!r} of the distribution {distribution(ep)} (entry point {ep.name} = {ep.value} "
-        f"in group {group}) cannot be loaded ({_one_line(err)}); reinstall it (pip install --force-reinstall "
-        f"{name}) or uninstall it (pip uninstall {name})")
+    where = (f"the gtep plugin {ep.name!r} of the distribution {distribution(ep)} (entry point {ep.name} = {ep.value} "
+             f"in group {group})")
+    reinstall = f"reinstall it (pip install --force-reinstall {name}) or uninstall it (pip uninstall {name})"
+    if not imported and is_missing(err, ep.module):
+        return PluginError(f"{where} is not installed: its module {ep.module} cannot be found ({_one_line(err)}); "
+                           f"{reinstall}")
+    if not imported:
+        return PluginError(f"{where} failed to import: {_one_line(err)}; {_import_fix(err, ep.module)}, "
+                           f"or uninstall it (pip uninstall {name})")
+    return PluginError(f"{where} cannot be loaded ({_one_line(err)}); {reinstall}")
+
+
+def load_entry_point(group: str, ep: metadata.EntryPoint, add: Callable[[str, Any], None]) -> None:
+    """Import an entry point's module and, for `module:object`, `add(name, object)`; a PluginError if either fails.
+    The import comes first and alone so that a module that raises is told apart from an object that is missing
+    or cannot be registered."""
+    try:
+        importlib.import_module(ep.module)
+    except Exception as err:  # noqa: BLE001 - a missing module, or one that raises while importing
+        raise _entry_error(group, ep, err, imported=False) from err
+    try:
+        obj = ep.load()
+        if ep.attr:
+            add(ep.name, obj)
+    except Exception as err:  # noqa: BLE001 - a missing object, a name registered twice
+        raise _entry_error(group, ep, err, imported=True) from err
 
 
 def load_group(group: str, add: Callable[[str, Any], None]) -> None:
@@ -125,11 +169,9 @@ def load_group(group: str, add: Callable[[str, Any], None]) -> None:
         _loaded.add(group)  # before importing: a plugin that looks its registry up while loading does not recurse
         for ep in entry_points(group):
             try:
-                obj = ep.load()
-                if ep.attr:
-                    add(ep.name, obj)
-            except Exception as err:  # noqa: BLE001 - a missing module, one that raises, a name registered twice
-                _fail(_entry_error(group, ep, err), err)
+                load_entry_point(group, ep, add)
+            except PluginError as err:
+                _fail(err, err.__cause__ or err)
 
 
 def env_modules(names: str | None = None) -> list[str]:
@@ -144,11 +186,23 @@ def import_env_modules(names: str | None = None) -> list[str]:
     modules = env_modules(names)
     for name in modules:
         try:
-            importlib.import_module(name)
-        except Exception as err:  # noqa: BLE001 - a missing module or one that fails while importing
-            _fail(PluginError(f"{PLUGINS_ENV} names the module {name!r}, which cannot be imported ({_one_line(err)}); "
-                              f"install it or put its folder on PYTHONPATH, or remove it from {PLUGINS_ENV}"), err)
+            import_env_module(name)
+        except PluginError as err:
+            _fail(err, err.__cause__ or err)
     return modules
+
+
+def import_env_module(name: str) -> None:
+    """Import one module of $GTEP_PLUGINS; a PluginError that tells a module that is not there (install it, or
+    PYTHONPATH) from one that raised while importing (fix it, or the dependency it lacks)."""
+    try:
+        importlib.import_module(name)
+    except Exception as err:  # noqa: BLE001 - a missing module or one that fails while importing
+        if is_missing(err, name):
+            raise PluginError(f"{PLUGINS_ENV} names the module {name!r}, which is not installed ({_one_line(err)}); "
+                              f"install it or put its folder on PYTHONPATH, or remove it from {PLUGINS_ENV}") from err
+        raise PluginError(f"{PLUGINS_ENV} names the module {name!r}, which failed to import: {_one_line(err)}; "
+                          f"{_import_fix(err, name)}, or remove it from {PLUGINS_ENV}") from err
 
 
 def plugin_packages() -> list[str]:

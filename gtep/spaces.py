@@ -9,19 +9,26 @@ named presets such as `original` (the values the algorithm's authors reported, a
       original: {epochs: 70, lr: 0.1, ...}
 
 Every name must be a hyperparameter of the algorithm's Params, every value of the field's type.
+
+A config's `search.space` path wins; else gtep's shipped file; else the file the learner declares as its class
+attribute `search_space` (a YAML file in its package: how a plugin ships its space, docs/extending.md).
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
+import sys
 import typing
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gtep.algorithms import ALGORITHMS, CommonParams
+from gtep.data.file_parsing import DuplicateKeyError, parse_yaml
 from gtep.protocol.sampling import SearchSpace
 
 
@@ -43,8 +50,64 @@ def yaml_error(path: Path | str, err: yaml.YAMLError) -> str:
     return f"{path} is not valid YAML{where} ({problem}); fix its syntax"
 
 
+class NoSearchSpace(SearchSpaceError):
+    """An algorithm with no search space at all: gtep ships none and its learner declares none."""
+
+
+# The class attribute by which a learner (a plugin's, usually) declares its search-space file.
+SPACE_ATTRIBUTE = "search_space"
+
+
 def default_space_file(algorithm: str) -> Path:
-    return spaces_dir() / f"{algorithm}.yaml"
+    """The search space used when a config names none: gtep's shipped file, else the one the algorithm's learner
+    declares (a plugin's); when neither exists, the shipped path (that load_space reports as missing)."""
+    shipped = spaces_dir() / f"{algorithm}.yaml"
+    if shipped.exists():
+        return shipped
+    return declared_space_file(algorithm) or shipped
+
+
+def declared_space_file(algorithm: str) -> Path | None:
+    """The file a registered learner declares as `search_space = "<name>.yaml"`: a path relative to the package
+    that holds the learner's module (read with importlib.resources, so it is found wherever the plugin is
+    installed), or an absolute path. None when the learner declares none or the algorithm is not registered."""
+    if algorithm not in ALGORITHMS:
+        return None
+    cls = ALGORITHMS.get(algorithm)
+    declared = getattr(cls, SPACE_ATTRIBUTE, None)
+    if declared is None:
+        return None
+    if not isinstance(declared, (str, os.PathLike)) or not str(declared):
+        raise SearchSpaceError(f"{cls.__module__}.{cls.__qualname__}.{SPACE_ATTRIBUTE} = {declared!r} is not a "
+                               f"file name; set it to a YAML file in the learner's package, e.g. "
+                               f"{SPACE_ATTRIBUTE} = \"{algorithm}.yaml\"")
+    path = Path(declared)
+    return path if path.is_absolute() else _package_folder(cls) / path
+
+
+def _package_folder(cls: type) -> Path:
+    """The folder of the package that holds a class's module (the module's own folder for a top-level module)."""
+    spec = sys.modules[cls.__module__].__spec__
+    if spec is not None and spec.parent:
+        found = resources.files(spec.parent)
+        if isinstance(found, Path):  # a zipped or namespace package has no single folder: use the module's
+            return found
+    return Path(inspect.getfile(cls)).parent
+
+
+def _no_space(algorithm: str, shipped: Path) -> SearchSpaceError:
+    """What to do when the default search space of `algorithm` does not exist, for gtep's learners and plugins'."""
+    declared = declared_space_file(algorithm)
+    if declared is not None:
+        cls = ALGORITHMS.get(algorithm)
+        return SearchSpaceError(
+            f"{cls.__module__}.{cls.__qualname__} declares {SPACE_ATTRIBUTE} = {getattr(cls, SPACE_ATTRIBUTE)!r}, "
+            f"but {declared} does not exist; ship the file in the plugin's package (package data, e.g. "
+            "[tool.setuptools.package-data] in its pyproject.toml) or set search.space to a search-space file")
+    return NoSearchSpace(
+        f"{algorithm} has no search space: gtep ships no {shipped.name} in {shipped.parent} and its learner declares "
+        f"none; set search.space to a search-space YAML file, or, for a plugin, set {SPACE_ATTRIBUTE} = "
+        f"\"{algorithm}.yaml\" on its learner class and ship that file in its package (docs/extending.md)")
 
 
 @dataclass(frozen=True)
@@ -93,13 +156,19 @@ def validate_values(path: Path, algorithm: str, values: dict[str, Any]) -> None:
 
 
 def load_space(algorithm: str, path: Path | None = None) -> AlgorithmSpace:
-    path = Path(path) if path else default_space_file(algorithm)
+    if not path:  # gtep's file, else the learner's declared one; neither: say how to give one
+        path = default_space_file(algorithm)
+        if not path.exists():
+            raise _no_space(algorithm, spaces_dir() / f"{algorithm}.yaml")
+    path = Path(path)
     if not path.exists():
         raise SearchSpaceError(f"search space file {path} does not exist; set search.space or add {path.name}")
     if path.is_dir():
         raise SearchSpaceError(f"{path} is a folder; give the path of a search-space YAML file")
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = parse_yaml(path.read_text(), str(path))
+    except DuplicateKeyError as err:
+        raise SearchSpaceError(str(err)) from None
     except yaml.YAMLError as err:
         raise SearchSpaceError(yaml_error(path, err)) from None
     except (OSError, UnicodeDecodeError) as err:

@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 PLUGIN = '''
 """A plugin algorithm with a network class of its own (checkpoints must be able to rebuild it)."""
 import torch
@@ -92,6 +94,7 @@ def test_a_module_that_cannot_be_imported_is_a_clear_error(tmp_path):
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     assert "GTEP_PLUGINS" in last and "'no_such_gtep_plugin'" in last and "PYTHONPATH" in last, result.stderr
+    assert "which is not installed" in last and "failed to import" not in last, result.stderr
 
 
 def test_a_plugin_that_fails_while_importing_names_the_variable(tmp_path):
@@ -99,7 +102,23 @@ def test_a_plugin_that_fails_while_importing_names_the_variable(tmp_path):
     result = run_python("import gtep.algorithms", "broken_plugin", tmp_path)
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
-    assert "GTEP_PLUGINS" in last and "'broken_plugin'" in last and "boom" in last, result.stderr
+    assert "GTEP_PLUGINS" in last and "'broken_plugin'" in last, result.stderr
+    # it is there and raised: fix it, not install it
+    assert "which failed to import: RuntimeError: boom; fix the error in broken_plugin" in last, result.stderr
+    assert "not installed" not in last and "PYTHONPATH" not in last, result.stderr
+
+
+def test_a_plugin_whose_dependency_is_missing_names_the_dependency_not_the_plugin(tmp_path, monkeypatch):
+    from gtep.plugins import PluginError, import_env_module
+
+    (tmp_path / "needs_dep_plugin.py").write_text("import nonexistent_dep_of_the_plugin\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginError) as raised:
+        import_env_module("needs_dep_plugin")
+    message = str(raised.value)
+    assert message.startswith("GTEP_PLUGINS names the module 'needs_dep_plugin', which failed to import: "
+                              "ModuleNotFoundError: No module named 'nonexistent_dep_of_the_plugin'"), message
+    assert "pip install nonexistent_dep_of_the_plugin" in message and "not installed" not in message, message
 
 
 def test_a_broken_plugin_module_is_one_line_from_the_command_line(tmp_path):

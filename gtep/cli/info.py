@@ -29,10 +29,11 @@ def _algorithms() -> Any:
 
 @app.command()
 def algorithms() -> None:
-    """Registered algorithms with their tuned hyperparameter counts (paper Figure 10), and where each plugin's
-    comes from (the distribution of its entry point, or GTEP_PLUGINS)."""
+    """List the registered algorithms and their tuned hyperparameter counts (Figure 10).
+
+    A plugin's algorithm also says where it comes from: the distribution of its entry point, or GTEP_PLUGINS."""
     from gtep.plugins import source_of
-    from gtep.spaces import SearchSpaceError, load_space
+    from gtep.spaces import NoSearchSpace, SearchSpaceError, load_space
 
     ALGORITHMS = _algorithms()
     names = ALGORITHMS.names()
@@ -46,8 +47,10 @@ def algorithms() -> None:
         try:
             space = load_space(name)
             tuned, presets = str(len(space.space.names)), ", ".join(space.presets)
-        except SearchSpaceError:
+        except NoSearchSpace:
             tuned, presets = "-", "(no search space)"
+        except SearchSpaceError:  # one is shipped or declared but cannot be used: gtep spaces NAME says why
+            tuned, presets = "-", f"(invalid search space: gtep spaces {name})"
         doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip()
         flat = " ".join(doc.split())
         cited = re.match(r"^[^(:.]*\([^)]*\)", flat)  # "BiC (Wu et al., CVPR 2019)"
@@ -58,7 +61,7 @@ def algorithms() -> None:
 
 @app.command()
 def spaces(algorithm: Optional[str] = typer.Argument(None, help="an algorithm; all if omitted")) -> None:
-    """A search space with its value sets and presets."""
+    """Show a search space with its value sets and presets."""
     from gtep.spaces import SearchSpaceError, load_space
 
     ALGORITHMS = _algorithms()
@@ -83,7 +86,7 @@ def spaces(algorithm: Optional[str] = typer.Argument(None, help="an algorithm; a
 
 @app.command()
 def presets() -> None:
-    """Scenarios shipped with gtep (use with --preset NAME)."""
+    """List the scenarios shipped with gtep (use with --preset NAME)."""
     import yaml
 
     table = Table(title="presets")

@@ -71,7 +71,7 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     """Check every name and constraint; touches only metadata, never trains or writes anything."""
     from gtep.algorithms import ALGORITHMS
     from gtep.models import BACKBONES, backbone_exists
-    from gtep.spaces import SearchSpaceError, default_space_file, load_space
+    from gtep.spaces import SearchSpaceError, load_space
 
     if cfg.algorithm not in ALGORITHMS:
         raise ConfigError("algorithm", f"unknown algorithm {cfg.algorithm!r}; "
@@ -110,13 +110,12 @@ def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
         if cfg.search.protocol_tasks >= len(increments):
             raise ConfigError("search.protocol_tasks", f"{cfg.search.protocol_tasks} is not below the scenario's "
                               f"{len(increments)} tasks; first_task compares sets on fewer tasks than the whole")
-    space_path = cfg.search.space or default_space_file(cfg.algorithm)
-    try:
-        space = load_space(cfg.algorithm, space_path)
+    try:  # the config's file, else gtep's shipped one, else the one a plugin's learner declares (gtep.spaces)
+        space = load_space(cfg.algorithm, cfg.search.space)
     except SearchSpaceError as err:
         raise ConfigError("search.space", str(err)) from None
     _check_first_task_sets_differ(cfg, space.space.sets)
-    return ResolvedExperiment(cfg, increments, tuning, evaluation, Path(space_path), pretraining)
+    return ResolvedExperiment(cfg, increments, tuning, evaluation, space.path, pretraining)
 
 
 def _check_meta_training(cfg: ExperimentConfig) -> None:
