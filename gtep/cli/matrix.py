@@ -39,7 +39,9 @@ def matrix_command(
         check: bool = typer.Option(False, "--check", help="validate every cell and list them; run nothing"),
         no_report: bool = typer.Option(False, "--no-report", help="skip the report over the matrix at the end"),
 ) -> None:
-    """Algorithms x scenarios x dataset pairings (paper Tables 1-2) as one batch: each cell a study with its own
+    """Run algorithms x scenarios x dataset pairings (paper Tables 1-2) as one batch.
+
+    Each cell is a study with its own
     folder and MLflow lineage, run on one Ray cluster (one after another, or --parallel-cells at once), resumable
     cell by cell (rerun the same command), then the report over the whole matrix."""
     def go() -> None:
@@ -128,7 +130,7 @@ def cell_listing(cells: list[ResolvedCell], state_path: Path) -> Table:
 @app.command("matrices")
 def matrices_command(show: Optional[str] = typer.Option(None, "--show", help="print a matrix preset's YAML "
                                                        "(to copy and edit)")) -> None:
-    """Matrices shipped with gtep (use with gtep matrix --preset NAME)."""
+    """List the matrices shipped with gtep (use with gtep matrix --preset NAME)."""
     def go() -> None:
         import yaml
 

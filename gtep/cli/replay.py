@@ -55,8 +55,10 @@ def replay_command(
                                                 "(n_startup_trials, n_warmup_steps, percentile, min_resource, "
                                                 "reduction_factor); repeat it"),
 ) -> None:
-    """Which H* the rule would have chosen, the training time it would have spent relative to the full study,
-    and that set's evaluation-phase score when the study evaluated it. Results are taken in the order the study
+    """Replay a finished study through a cheaper protocol's rule; trains nothing.
+
+    It prints which H* the rule would have chosen, the training time it would have spent relative to the full
+    study, and that set's evaluation-phase score when the study evaluated it. Results are taken in the order the study
     finished them (ASHA's decisions depend on it)."""
     def go() -> None:
         from gtep.orchestration.replay import load_study, replay_pruned, replay_study
@@ -78,6 +80,8 @@ def replay_command(
             study = load_study(study_dir)
         except FileNotFoundError as err:
             raise ConfigError("STUDY_DIR", str(err)) from None
+        except ConfigError as err:  # a damaged manifest or record: named as the argument the user typed
+            raise ConfigError("STUDY_DIR", err.reason) from None
         if not study.units:
             raise ConfigError("STUDY_DIR", f"{study_dir} has no tuning results to replay")
         if pruning is not None:

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from gtep.cli.common import UriOpt, console, fail, run_guarded
-from gtep.config import ConfigError
+from gtep.config import ConfigError, check_port, check_store_file
 
 app = typer.Typer()
 
@@ -23,8 +23,10 @@ def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", help="the --ou
        port: int = typer.Option(5000, help="port"),
        study: Optional[str] = typer.Option(None, "--study", help="print the links of this study only"),
        workers: int = typer.Option(1, help="server worker processes (one is plenty for one user)")) -> None:
-    """The MLflow UI over the store the runs went to (127.0.0.1 unless --host says otherwise); prints each
-    study's runs table (the phase runs, Acc/AvgAcc/HM side by side) and its orderings charted by phase."""
+    """Open the MLflow UI over the runs' store and print each study's runs table.
+
+    The UI listens on 127.0.0.1 unless --host says otherwise. Each study's table puts its phase runs'
+    Acc/AvgAcc/HM side by side, and its orderings are charted by phase."""
     uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         fail(f"--output: no MLflow store at {uri[len('sqlite:///'):]}; run gtep run first or pass --output")
@@ -34,6 +36,8 @@ def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", help="the --ou
     def links() -> None:
         from gtep.orchestration.tracking import prepare_ui, ui_routes
 
+        check_port(port)
+        check_ui_store(uri, "--tracking-uri" if tracking_uri else "--output")
         studies = prepare_ui(uri, study)
         if study is not None and not studies:
             raise ConfigError("--study", f"{uri} has no study {study!r}")
@@ -50,6 +54,16 @@ def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", help="the --ou
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
            "--workers", str(workers)]
     raise typer.Exit(serve(cmd, env))
+
+
+def check_ui_store(uri: str, option: str) -> None:
+    """The store answers before the UI starts: a server is asked once with a short timeout (MLflow's client would
+    retry for minutes with no output), a sqlite file must be a database (else MLflow's traceback)."""
+    from gtep.orchestration.tracking_store import check_tracking
+
+    check_tracking(uri)  # the scheme, and an http(s) server's /health within 5 s
+    if uri.startswith("sqlite:///"):
+        check_store_file(Path(uri[len("sqlite:///"):]), option)
 
 
 def serve(cmd: list[str], env: dict[str, str]) -> int:
@@ -99,10 +113,13 @@ def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.d
            host: str = typer.Option("127.0.0.1", help="bind address (0.0.0.0 only inside a private network)"),
            port: int = typer.Option(5000, help="port"),
            workers: int = typer.Option(2, help="server worker processes")) -> None:
-    """An MLflow tracking server for studies on a cluster (log to it with --tracking-uri http://HOST:PORT)."""
+    """Start an MLflow tracking server for studies on a cluster.
+
+    Studies log to it with --tracking-uri http://HOST:PORT."""
     def go():
         import importlib.util
 
+        check_port(port)
         scheme = backend_store_uri.split(":", 1)[0]
         driver = "psycopg2" if scheme == "postgresql+psycopg2" else "psycopg"
         if scheme.startswith("postgresql") and importlib.util.find_spec(driver) is None:

@@ -19,7 +19,14 @@ The modules, each importing only those listed before it:
 Importers take every name from `gtep.config`.
 """
 from gtep.config.base import ConfigError
-from gtep.config.checks import TRACKING_SCHEMES, check_device, check_output, check_tracking_uri
+from gtep.config.checks import (
+    TRACKING_SCHEMES,
+    check_device,
+    check_output,
+    check_port,
+    check_store_file,
+    check_tracking_uri,
+)
 from gtep.config.files import (
     ADDED_SEARCH_FIELDS,
     _expand_env,
@@ -59,7 +66,8 @@ __all__ = [
     "PhaseDataset", "PhaseSpec", "PipelineName", "PretrainPlan", "PretrainSection",
     "PrunerOptions", "ResolvedExperiment", "ScenarioSpec", "SchedulerOptions", "SearchSpec", "SplitSpec",
     "TrackingSpec", "TrainingSpec",
-    "check_device", "check_output", "check_tracking_uri", "check_weights_file", "load_config", "load_preset",
+    "check_device", "check_output", "check_port", "check_store_file", "check_tracking_uri", "check_weights_file",
+    "load_config", "load_preset",
     "phase_pipeline", "preset_names", "preset_text", "read_yaml", "resolve", "section_model", "validate_config",
     "with_added_defaults",
     # private, for gtep.matrix and the tests

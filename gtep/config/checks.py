@@ -51,3 +51,26 @@ def check_tracking_uri(uri: str, field: str) -> None:
         blocking = _blocking_file(Path(path).parent)
         if blocking is not None:
             raise ConfigError(field, f"{blocking} is a file, so {path} cannot be made there; give another path")
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file (sqlite.org/fileformat)
+PORTS = range(1, 65536)  # 0 would make the OS pick a port, so the printed links would point nowhere
+
+
+def check_store_file(path: Path, field: str) -> None:
+    """An existing sqlite store is a database file: a folder, or any other file, would make MLflow fail with a
+    traceback (an empty file is an empty database, which MLflow fills)."""
+    if path.is_dir():
+        raise ConfigError(field, f"{path} is a folder, not an MLflow store; give the --output folder that holds "
+                          "mlflow.db (or --tracking-uri sqlite:///PATH/mlflow.db)")
+    with path.open("rb") as handle:
+        head = handle.read(len(SQLITE_HEADER))
+    if head and head != SQLITE_HEADER:
+        raise ConfigError(field, f"{path} is not an SQLite database, so not an MLflow store; give the --output "
+                          "folder gtep run wrote (its mlflow.db), or the store's --tracking-uri")
+
+
+def check_port(port: int, field: str = "--port") -> None:
+    if port not in PORTS:
+        raise ConfigError(field, f"{port} is not a port; give one in {PORTS.start}..{PORTS.stop - 1} "
+                          "(e.g. 5000)")

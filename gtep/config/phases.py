@@ -193,12 +193,12 @@ def _check_pretrain(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) 
         raise ConfigError(field, "names no classes; give the classes (or groups) to pretrain on")
     from gtep.data import resolve_dataset
 
-    for phase in phases:
-        if resolve_dataset(phase.dataset).identity == source.identity:
-            shared = sorted(set(classes) & set(phase.classes))
-            if shared:
-                raise ConfigError(field, f"shares {len(shared)} classes with the {phase.phase} phase (e.g. "
-                                  f"{shared[:5]}); pretrain on classes kept out of both phases (restrict the "
-                                  "phases with datasets.split.classes, or pick other classes)")
+    # every phase's overlap in one message: fixing the one phase named would only bring up the other next
+    overlaps = [(phase.phase, sorted(set(classes) & set(phase.classes))) for phase in phases
+                if resolve_dataset(phase.dataset).identity == source.identity]
+    named = [f"{len(shared)} with the {name} phase (e.g. {shared[:5]})" for name, shared in overlaps if shared]
+    if named:
+        raise ConfigError(field, f"shares classes: {' and '.join(named)}; pretrain on classes kept out of both "
+                          "phases (restrict the phases with datasets.split.classes, or pick other classes)")
     stored = _stored_at_pipeline_size(cfg, PhaseSpec("pretrain", source.name, tuple(classes), ()))
     return PretrainPlan(stored.dataset, tuple(sorted(classes)))

@@ -200,6 +200,15 @@ class TrackingSpec(_Strict):
     output: Path = Path("gtep-runs")
     tracking_uri: str | None = None  # default sqlite:///<output>/mlflow.db
 
+    @field_validator("output", mode="before")
+    @classmethod
+    def _not_empty(cls, value: Any) -> Any:
+        """'' reads as Path('.'): the study's files would land in the current folder among the user's own."""
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("is empty, which would write the study into the current folder; give a folder "
+                             "(e.g. output: gtep-runs), or leave the key out for ./gtep-runs")
+        return value
+
 
 class PretrainSection(_Strict):
     """A backbone pretrained once before the phases (gtep.orchestration.pretraining), on classes kept out of both,

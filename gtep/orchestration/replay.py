@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from gtep.config import PrunerOptions
+from gtep.config import ConfigError, PrunerOptions
 from gtep.orchestration.pruning import PrunerBook, make_pruner
 from gtep.orchestration.study import full_units
 from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION, Criterion
@@ -45,7 +45,23 @@ def load_study(root: Path) -> RecordedStudy:
     manifest_path = root / "manifest.json"
     if not manifest_path.exists():
         raise FileNotFoundError(f"{root} has no manifest.json; give the folder of a study (OUTPUT/STUDY)")
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        if not isinstance(manifest, dict):
+            raise ValueError(f"a JSON {type(manifest).__name__}, not the mapping gtep writes")
+    except (ValueError, OSError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ConfigError("study_dir", f"{manifest_path} is damaged ({str(err)[:120]}); restore it from a copy "
+                          "or run the study again (gtep run): replay reads the study's records from it") from None
+    try:
+        return recorded_study(root, manifest)
+    except (ValueError, TypeError, KeyError, AttributeError, yaml.YAMLError) as err:  # a record of another shape
+        reason = f"{err.__class__.__name__}: {str(err)[:120]}"
+        raise ConfigError("study_dir", f"{root} holds records gtep cannot read ({reason}) in manifest.json, "
+                          "best.yaml or units/; restore them from a copy or run the study again (gtep run)") from None
+
+
+def recorded_study(root: Path, manifest: dict[str, Any]) -> RecordedStudy:
+    """The study `load_study` reads, from its manifest (a mapping) and the files beside it."""
     config = manifest.get("config", {})
     search = config.get("search", {})
     tune = manifest.get("phases", {}).get("tune", {})

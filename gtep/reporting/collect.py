@@ -153,9 +153,15 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
     experiments = match_experiments(store.study_experiments(), selectors, matrix)
     ids = sorted(experiments.values())
     phases = store.phase_runs(experiments, matrix)
+    if phases.empty and matrix is not None and not store.phase_runs(experiments).empty:
+        # the studies have runs, none of this matrix: the matrix name is what to fix, not the selectors
+        raise ConfigError("--matrix", f"no phase runs tagged gtep.matrix={matrix} in "
+                          f"{', '.join(sorted(experiments)) or 'the store'}; give the matrix: name of a matrix gtep "
+                          "matrix ran, or leave --matrix out")
     if phases.empty:
         scope = f" tagged gtep.matrix={matrix}" if matrix else ""
-        raise ConfigError("SELECTORS", f"no phase runs{scope} in {', '.join(sorted(experiments)) or 'the store'}; "
+        raise ConfigError("--matrix" if matrix and not selectors else "SELECTORS",
+                          f"no phase runs{scope} in {', '.join(sorted(experiments)) or 'the store'}; "
                           "run gtep run (or gtep matrix) first, or name other studies")
     trials, hparams = store.trial_runs(ids)
     everything = label_groups(phases)
