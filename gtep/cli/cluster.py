@@ -22,7 +22,9 @@ def submit(ctx: typer.Context, config: Path = typer.Option(..., "--config", "-c"
            phase: str = typer.Option("run", "--phase", help="tune, evaluate or run"),
            address: Optional[str] = JobsAddressOpt,
            wait: bool = typer.Option(False, "--wait", help="follow the job's log until it ends")) -> None:
-    """Send a study to a Ray cluster as a Ray Job; further options (--output, --trials...) go to the phase command."""
+    """Send a study to a Ray cluster as a Ray Job.
+
+    Further options (--output, --trials and the others) go to the phase command."""
     def go():
         from gtep.orchestration import jobs
 
@@ -48,7 +50,7 @@ jobs_app = typer.Typer(no_args_is_help=True, help="Follow studies submitted with
 def jobs_status(job_id: str, address: Optional[str] = JobsAddressOpt,
                 wait: bool = typer.Option(False, "--wait",
                                           help="block until the job ends; exit 1 unless it succeeded")) -> None:
-    """A job's state: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
+    """Show a job's state: PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED."""
     def go():
         from gtep.orchestration import jobs
 
@@ -62,7 +64,7 @@ def jobs_status(job_id: str, address: Optional[str] = JobsAddressOpt,
 @jobs_app.command("logs")
 def jobs_logs(job_id: str, address: Optional[str] = JobsAddressOpt,
               follow: bool = typer.Option(False, "--follow", "-f", help="keep printing until the job ends")) -> None:
-    """The driver output of a job (the phase tables, progress and where its results went)."""
+    """Show a job's driver output (its phase tables, progress and where its results went)."""
     def go():
         from gtep.orchestration import jobs
 
@@ -87,7 +89,7 @@ def jobs_stop(job_id: str, address: Optional[str] = JobsAddressOpt) -> None:
 
 @jobs_app.command("list")
 def jobs_list(address: Optional[str] = JobsAddressOpt) -> None:
-    """The cluster's jobs."""
+    """List the cluster's jobs."""
     def go():
         from gtep.orchestration import jobs
 

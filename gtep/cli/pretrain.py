@@ -46,7 +46,7 @@ def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:../sha
              batch_size: int = typer.Option(64, "--batch-size", min=1), seed: int = typer.Option(0, "--seed"),
              device: str = typer.Option("auto", "--device"),
              threads: int = typer.Option(0, "--threads", help="0: torch default")) -> None:
-    """Train a backbone on held-out classes and save it as pretrained weights (no downloads needed)."""
+    """Train a backbone on held-out classes and save its weights (no downloads needed)."""
     def go():
         import torch
         from rich.progress import Progress

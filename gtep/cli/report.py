@@ -42,11 +42,13 @@ def report_command(
                                                    help="MLflow tracking URI (default: sqlite:///<output>/mlflow.db)"),
         no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a run in gtep/reports"),
 ) -> None:
-    """The paper's tables and figures from tracked studies: per scenario and dataset pairing, Acc / AvgAcc of
+    """Build the paper's tables and figures from tracked studies; nothing is re-run.
+
+    Per scenario and dataset pairing: Acc / AvgAcc of
     every algorithm in each phase, the overestimation gap, Kendall's tau between the phases' rankings, Original vs
     H*, per-task curves of H* on D^HT beside D^E, cost plots, and hyperparameter importance and convergence from the
     tuning trials, with the set states (complete / incomplete / diverged) and the phase runs left out.
-    Reads MLflow only; nothing is re-run."""
+    It reads MLflow only."""
     def go() -> None:
         from gtep.orchestration.report_store import open_store
         from gtep.reporting.build import check_formats, run_report
