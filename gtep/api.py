@@ -11,18 +11,21 @@
 
 Each function runs the same pre-flight checks as the CLI (a ConfigError naming the field, before any compute),
 tracks in the same MLflow store, writes the same study folder and resumes the same way: `gtep run` is a thin layer
-over `gtep.run`. Errors are exceptions (ConfigError, StudyStopped when a phase stops before its result is
+over `gtep.run`, and the phase functions print what the commands print (H*, the phases side by side, the study
+folder; `quiet=True` for nothing). The results show the same tables as their repr (and as HTML in a notebook).
+Errors are exceptions (ConfigError, StudyStopped when a phase stops before its result is
 complete); nothing calls sys.exit.
 """
 from __future__ import annotations
 
+import io
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
 
 from gtep.config import (
@@ -168,14 +171,32 @@ class PhaseResult:
         """All S orderings have a result (a diverged ordering counts: it is a result)."""
         return int(self.summary.get("orderings", 0)) >= int(self.summary.get("expected", 0))
 
+    def renderables(self) -> list[RenderableType]:
+        """What `gtep evaluate` prints for this phase: its summary over the orderings."""
+        from gtep.reporting.tables import phase_summary
 
-@dataclass
+        return [phase_summary(self.summary, self.dataset, PHASE_TITLES.get(self.phase, f"{self.phase} phase"))]
+
+    def __repr__(self) -> str:
+        return plain_text(self.renderables())
+
+
+@dataclass(repr=False)  # keeps PhaseResult's __repr__ (a dataclass would write its own)
 class TuneResult(PhaseResult):
     """The tuning phase: `hparams` is H*, `set_index` its set, `sets` every set's score."""
 
     @property
     def best(self) -> dict[str, Any]:
         return dict(self.hparams)
+
+    def renderables(self) -> list[RenderableType]:
+        """What `gtep tune` prints: H*'s summary on the tuning phase, its values, the study's files."""
+        from gtep.reporting.tables import hparams_table, phase_summary
+
+        files = (f"best.yaml: {escape(str(self.folder / 'best.yaml'))}\n"
+                 f"manifest:  {escape(str(self.folder / 'manifest.json'))}\ntuning run: {self.run_id}")
+        return [phase_summary(self.summary, self.dataset, f"H* on the tuning phase (set {self.set_index})"),
+                hparams_table(self.hparams, "H*"), files]
 
     @property
     def sets(self) -> "pd.DataFrame":
@@ -193,12 +214,14 @@ class TuneResult(PhaseResult):
         return pd.DataFrame(rows)
 
 
-@dataclass
+@dataclass(repr=False)  # __repr__ below: the table `gtep run` prints
 class StudyResult:
-    """Both phases of a study (and the extra phases run beside them: original, conventional)."""
+    """Both phases of a study (and the extra phases run beside them: original, conventional). Its repr is what
+    `gtep run` prints (H*, the phases side by side, the study folder); in a notebook, an HTML table."""
     tuning: TuneResult
     evaluation: PhaseResult
     extra: dict[str, PhaseResult] = field(default_factory=dict)
+    config: Optional[ExperimentConfig] = None  # the study's config: the tables' titles (algorithm, scenario, R)
 
     @property
     def best(self) -> dict[str, Any]:
@@ -213,6 +236,57 @@ class StudyResult:
         """The phases side by side, as `gtep run` prints them (percent): Acc, AvgAcc (mean and std over the
         orderings), HM, orderings finished of expected, diverged; then the gap tuning - evaluation."""
         return phases_table({"tuning": self.tuning, "evaluation": self.evaluation, **self.extra})
+
+    def _titles(self) -> tuple[str, str]:
+        """The H* table's title and the comparison's, as `gtep run` gives them (less without the config)."""
+        cfg, index = self.config, self.tuning.set_index
+        if cfg is None:
+            return f"H* (set {index})", "GTEP"
+        return f"H* (set {index} of {cfg.search.trials})", f"GTEP: {cfg.algorithm} on {cfg.scenario.describe()}"
+
+    def renderables(self) -> list[RenderableType]:
+        """What `gtep run` prints at its end: H*, the phases side by side, the study folder."""
+        from gtep.reporting.tables import hparams_table, phase_comparison
+
+        best_title, title = self._titles()
+        comparison = phase_comparison(self.tuning.summary, self.evaluation.summary, self.tuning.dataset,
+                                      self.evaluation.dataset, title,
+                                      extra={name: phase.summary for name, phase in self.extra.items()})
+        return [hparams_table(self.best, best_title), comparison,
+                f"study folder: {escape(str(self.folder))}  (best.yaml, manifest.json, *_results.csv)"]
+
+    def __repr__(self) -> str:
+        return plain_text(self.renderables())
+
+    def _repr_html_(self) -> str:
+        """A notebook's view: H*'s values and the phases side by side (percent) as HTML tables, the study folder."""
+        from html import escape as html
+
+        best_title, title = self._titles()
+        rows = "".join(f"<tr><th>{html(str(k))}</th><td>{html(str(v))}</td></tr>" for k, v in self.best.items())
+        phases = self.table.drop(columns="run_id").to_html(float_format="{:.2f}".format, na_rep="")
+        return (f"<div><h4>{html(best_title)}</h4><table>{rows}</table><h4>{html(title)} (percent)</h4>{phases}"
+                f"<p>study folder: <code>{html(str(self.folder))}</code></p></div>")
+
+
+PHASE_TITLES = {"evaluate": "Evaluation phase", "original": "Original preset on the evaluation phase",
+                "conventional": "Conventional protocol: H* on the tuning classes (fresh orderings)"}
+
+
+def plain_text(renderables: list[RenderableType], width: int = 140) -> str:
+    """Rich tables as plain text (no colours), for a repr: the same text the console shows."""
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, color_system=None, force_terminal=False, force_jupyter=False)
+    for renderable in renderables:
+        console.print(renderable, highlight=False)
+    return buffer.getvalue().rstrip()
+
+
+def print_store(cfg: ExperimentConfig, console: Console) -> None:
+    """Where the phase's runs are tracked, as the commands print it."""
+    console.print(f"MLflow store: {escape(cfg.tracking_uri)}", highlight=False)
+    if cfg.tracking.tracking_uri is None:
+        console.print(f"Browse it with: [bold]gtep ui --output {escape(str(cfg.tracking.output))}[/]", highlight=False)
 
 
 def phases_table(phases: Mapping[str, PhaseResult]) -> "pd.DataFrame":
@@ -247,9 +321,13 @@ def load(study_dir: str | Path) -> StudyResult | TuneResult:
     folder = Path(study_dir)
     if not (folder / "manifest.json").exists():
         raise ConfigError("study_dir", f"{folder} has no manifest.json; give the OUTPUT/STUDY folder of a study")
-    manifest = json.loads((folder / "manifest.json").read_text())
-    phases = manifest.get("phases", {})
-    tune = phases.get("tune", {})
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        phases = manifest.get("phases", {})
+        tune = phases.get("tune", {})
+    except (ValueError, OSError, AttributeError) as err:  # not JSON, or JSON of another shape
+        raise ConfigError("study_dir", f"{folder / 'manifest.json'} is damaged ({err.__class__.__name__}); restore "
+                          "it from a copy or run the study again") from None
     if tune.get("status") != "finished" or not (folder / "best.yaml").exists():
         raise ConfigError("study_dir", f"{folder}: its tuning phase is {tune.get('status', 'not started')}, not "
                           f"finished; resume it with gtep.tune(resume={str(folder)!r})")
@@ -263,7 +341,8 @@ def load(study_dir: str | Path) -> StudyResult | TuneResult:
              if name != "tune" and record.get("status") == "finished" and record.get("summary")}
     if "evaluate" not in fixed:
         return tuning
-    return StudyResult(tuning, fixed.pop("evaluate"), {PHASE_LABELS.get(k, k): v for k, v in fixed.items()})
+    return StudyResult(tuning, fixed.pop("evaluate"), {PHASE_LABELS.get(k, k): v for k, v in fixed.items()},
+                       study_config(folder))
 
 
 def _tuning_summary(folder: Path, manifest: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
@@ -309,31 +388,48 @@ def _ray(resolved: ResolvedExperiment) -> Iterator[None]:
         yield
 
 
+def _console(console: Optional[Console], quiet: bool) -> Console:
+    """Where a phase function prints its progress and its summary: nowhere with quiet=True."""
+    return Console(quiet=True) if quiet else (console or Console())
+
+
+def _show(result: PhaseResult | StudyResult, resolved: ResolvedExperiment, console: Console) -> None:
+    """The result as its command prints it, then where its runs are tracked."""
+    for renderable in result.renderables():
+        console.print(renderable, highlight=False)
+    print_store(resolved.config, console)
+
+
 def tune(cfg: Optional[ExperimentConfig] = None, *, resume: str | Path | bool | None = None,
-         console: Optional[Console] = None) -> TuneResult:
+         console: Optional[Console] = None, quiet: bool = False) -> TuneResult:
     """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml).
-    `resume=OUTPUT/STUDY` runs what an interrupted tuning phase is missing, with the study's own config."""
+    `resume=OUTPUT/STUDY` runs what an interrupted tuning phase is missing, with the study's own config.
+    Prints its progress and then H* as `gtep tune` does, on `console`; `quiet=True` prints nothing."""
     from gtep.orchestration.phases import tune_phase
 
-    console = console or Console()
+    console = _console(console, quiet)
     resolved = _resolved(cfg, resume, console)
     with _ray(resolved):
         outcome = tune_phase(resolved, console, resume=bool(resume))
-    return _phase_result(outcome, resolved, TuneResult)  # type: ignore[return-value]
+    result: TuneResult = _phase_result(outcome, resolved, TuneResult)  # type: ignore[assignment]
+    _show(result, resolved, console)
+    return result
 
 
 def evaluate(cfg: Optional[ExperimentConfig] = None, *, best: TuneResult | Mapping[str, Any] | str | Path | None = None,
              hparams: Optional[str] = None, tuning_run: Optional[str] = None, protocol: str = "gtep",
-             resume: str | Path | bool | None = None, console: Optional[Console] = None) -> PhaseResult:
+             resume: str | Path | bool | None = None, console: Optional[Console] = None,
+             quiet: bool = False) -> PhaseResult:
     """Phase 2: train H* over S orderings of the disjoint D^E. H* is `best` (a TuneResult, a best.yaml path, or
     a mapping of values), the preset named `hparams` (e.g. "original"), the tuning phase `tuning_run` logged in
     MLflow, or by default the study's own best.yaml. protocol="conventional" re-runs H* on the tuning classes
-    instead (fresh orderings S..2S-1), the practice the paper criticises."""
+    instead (fresh orderings S..2S-1), the practice the paper criticises. Prints its progress and then its
+    summary as `gtep evaluate` does, on `console`; `quiet=True` prints nothing."""
     from gtep.orchestration.phases import conventional_phase, evaluate_phase
 
     if protocol not in ("gtep", "conventional"):
         raise ConfigError("protocol", f"{protocol!r} is not a protocol here; choose gtep, conventional")
-    console = console or Console()
+    console = _console(console, quiet)
     resolved = _resolved(cfg, resume, console)
     phase = "conventional" if protocol == "conventional" else "evaluate"
     chosen = _chosen_set(resolved, phase, best, hparams, tuning_run, resume)
@@ -342,7 +438,9 @@ def evaluate(cfg: Optional[ExperimentConfig] = None, *, best: TuneResult | Mappi
             outcome = conventional_phase(resolved, chosen, console, resume=bool(resume))
         else:
             outcome = evaluate_phase(resolved, chosen, console, resume=bool(resume))
-    return _phase_result(outcome, resolved)
+    result = _phase_result(outcome, resolved)
+    _show(result, resolved, console)
+    return result
 
 
 def _chosen_set(resolved: ResolvedExperiment, phase: str, best: Any, hparams: Optional[str],
@@ -418,11 +516,14 @@ def _resumed_set(study_dir: Path, phase: str) -> dict[str, Any]:
 
 
 def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_original: bool = False,
-        resume: str | Path | bool | None = None, console: Optional[Console] = None) -> StudyResult:
+        resume: str | Path | bool | None = None, console: Optional[Console] = None,
+        quiet: bool = False) -> StudyResult:
     """Both phases: tune on D^HT, evaluate H* on D^E. protocol="conventional" also re-runs H* on the tuning
     classes; "first_task" compares sets on the first search.protocol_tasks tasks only (Lee et al. 2024), then
     evaluates H* on the whole scenario. with_original=True also evaluates the algorithm's original preset on D^E
-    (the paper's "Original")."""
+    (the paper's "Original"). Prints its progress and then what `gtep run` prints (H*, the phases side by side,
+    the study folder, the MLflow store) on `console`; `quiet=True` prints nothing. The result's repr shows the
+    same table."""
     from gtep.orchestration.phases import (
         conventional_phase,
         evaluate_phase,
@@ -434,7 +535,7 @@ def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_
 
     if protocol not in ("gtep", "conventional", "first_task"):
         raise ConfigError("protocol", f"{protocol!r} is not a protocol here; choose gtep, conventional, first_task")
-    console = console or Console()
+    console = _console(console, quiet)
     if protocol == "first_task" and not resume:
         cfg = (cfg or experiment()).with_overrides(**{"search.protocol": "first_task"})
     resolved = _resolved(cfg, resume, console)
@@ -453,8 +554,10 @@ def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_
             extra["conventional"] = _phase_result(conventional_phase(resolved, best, console, resume=again), resolved)
         if with_original:
             extra["original"] = _phase_result(original_phase(resolved, console, resume=again), resolved)
-    return StudyResult(_phase_result(tuned, resolved, TuneResult), _phase_result(evaluated, resolved),  # type: ignore[arg-type]
-                       extra)
+    result = StudyResult(_phase_result(tuned, resolved, TuneResult), _phase_result(evaluated, resolved),  # type: ignore[arg-type]
+                         extra, resolved.config)
+    _show(result, resolved, console)
+    return result
 
 
 # ---------------------------------------------------------------- reading what was tracked

@@ -40,6 +40,7 @@ torch.set_num_threads(1)
 SHARED_SCOPES = {
     # the session's tiny study (fixture tiny_study below), read by both modules: built once, on one worker
     "tests/test_api.py": "tiny-study",
+    "tests/test_api_docs.py": "tiny-study",
     "tests/orchestration/test_study_end_to_end.py": "tiny-study",
     # the one PostgreSQL database of tests/with-postgres.sh: one writer at a time
     "tests/cluster/test_paper_scale.py": "postgres",

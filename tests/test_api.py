@@ -185,7 +185,7 @@ def python_examples() -> list[str]:
 
 def test_every_python_example_in_the_docs_calls_the_api_as_it_is():
     """The docs' Python blocks compile, name only what `gtep` exports and pass only keywords its functions take,
-    so the examples cannot drift from the API (they are not run: each would train a study)."""
+    so the examples cannot drift from the API (those of docs/python-api.md also run: tests/test_api_docs.py)."""
     blocks = python_examples()
     assert len(blocks) >= 5
     calls = 0
@@ -224,3 +224,30 @@ def test_the_docs_experiment_examples_build_valid_configs():
                 assert isinstance(gtep.experiment(**kwargs), ExperimentConfig)
                 built += 1
     assert built >= 1
+
+
+def test_the_study_shows_its_table_as_text_and_html(study):
+    """A notebook that ends a cell with the study sees what `gtep run` prints: H*, the phases side by side."""
+    from gtep.reporting.tables import pct, pm
+
+    result = study["result"]
+    text, html = repr(result), result._repr_html_()
+    for name, value in result.best.items():
+        assert name in text and str(value) in text and name in html and str(value) in html
+    for phase in (result.tuning, result.evaluation):
+        summary = phase.summary
+        assert pm(summary["acc"], summary["acc_std"]) in text and pct(summary["hmean"]) in text
+        assert f"{100 * summary['acc']:.2f}" in html and f"{100 * summary['hmean']:.2f}" in html
+    assert str(result.folder) in text and str(result.folder) in html and "<table" in html
+    assert "H* on the tuning phase" in repr(result.tuning) and "Evaluation phase" in repr(result.evaluation)
+
+
+def test_run_prints_what_the_cli_prints_unless_quiet(study, capsys):
+    from gtep.reporting.tables import pct
+
+    result = gtep.run(resume=study["cfg"].study_dir)  # no console given: standard output, as in a notebook
+    printed = capsys.readouterr().out
+    assert "H* (set" in printed and "study folder:" in printed and "MLflow store:" in printed
+    assert pct(result.evaluation.summary["hmean"]) in printed and pct(result.tuning.summary["hmean"]) in printed
+    gtep.run(resume=study["cfg"].study_dir, quiet=True)
+    assert capsys.readouterr().out.strip() == ""

@@ -1,5 +1,17 @@
 """The documentation cannot drift from the code: every example in docs/**/*.md and README.md is checked.
 
+Every fenced block says whether a test runs it, in an HTML comment among the comment lines just before its fence
+(blank lines allowed between):
+
+    <!-- runs: tests/FILE.py -->             that test file runs the block; it must exist and name the page's path
+                                               (e.g. "docs/python-api.md": tests/test_api_docs.py runs that page)
+    <!-- not run: REASON -->                 no test runs it, and why (it trains a study, needs a cluster...)
+    <!-- yaml: KIND -->                      a yaml block validated here as KIND (below): that counts as checked
+
+A block with none of them fails. This file runs the blocks marked `runs: tests/test_docs.py` (the read-only
+commands of docs/algorithms.md and docs/cli.md: gtep algorithms, spaces, presets, matrices) through the CLI,
+each command exiting 0. The command blocks marked not run are still parsed, as below: parsing is not running.
+
 YAML blocks (```yaml) are validated as what they are. The kind comes from an HTML comment alone on the last
 non-blank line before the fence (indented as the block may be), or else from the content:
 
@@ -57,6 +69,8 @@ GTEP = {"gtep", ".venv/bin/gtep"}
 PYTHON = {"python", "python3", ".venv/bin/python"}
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*$")  # NAME, ALGO, JOB_ID: a value the reader supplies
+RUN_MARKER = re.compile(r"^\s*<!--\s*(?P<what>runs|not run):\s*(?P<text>.*?)\s*-->\s*$")
+READ_ONLY_COMMANDS = {"algorithms", "spaces", "presets", "matrices"}  # what this file may run from the docs
 
 
 @dataclass(frozen=True)
@@ -66,6 +80,7 @@ class Block:
     lang: str
     text: str
     marker: str | None  # the marker comment's kind and options, e.g. "fragment preset=omniglot-iirc"
+    runs: str | None = None  # "runs: tests/X.py" or "not run: REASON", from the comments before the fence
 
     @property
     def where(self) -> str:
@@ -90,6 +105,17 @@ def _expand_snippets(lines: list[str]) -> list[str]:
         match = SNIPPET.match(line)
         out.extend((ROOT / match["path"]).read_text().splitlines() if match else [line])
     return out
+
+
+def _run_marker(lines: list[str], fence: int) -> str | None:
+    """The `runs:` or `not run:` comment among the comment (and blank) lines just before the fence at `fence`."""
+    i = fence - 1
+    while i >= 0 and (not lines[i].strip() or lines[i].strip().startswith("<!--")):
+        match = RUN_MARKER.match(lines[i])
+        if match:
+            return f"{match['what']}: {match['text']}"
+        i -= 1
+    return None
 
 
 def read_blocks(page: Path) -> tuple[list[Block], list[tuple[int, str]]]:
@@ -119,7 +145,8 @@ def read_blocks(page: Path) -> tuple[list[Block], list[tuple[int, str]]]:
         i += 1  # the closing fence
         text = "\n".join(_expand_snippets(body)) + "\n"
         blocks.append(Block(page, start + 1, lang, text,
-                            f"{marker['kind']}{marker['options']}".strip() if marker else None))
+                            f"{marker['kind']}{marker['options']}".strip() if marker else None,
+                            _run_marker(lines, start)))
     stray = [(i + 1, lines[i].strip()) for i in sorted(markers)]
     return blocks, stray
 
@@ -127,6 +154,68 @@ def read_blocks(page: Path) -> tuple[list[Block], list[tuple[int, str]]]:
 BLOCKS = [block for page in PAGES for block in read_blocks(page)[0]]
 YAML_BLOCKS = [b for b in BLOCKS if b.lang in YAML_LANGS]
 COMMAND_BLOCKS = [b for b in BLOCKS if b.lang in COMMAND_LANGS]
+
+
+# ---------------------------------------------------------------- run, or say why not
+
+def marker_problems(blocks: list[Block]) -> list[str]:
+    """The blocks that neither say how they run nor why not, and the `runs:` markers whose test cannot run them."""
+    problems = []
+    for block in blocks:
+        if block.runs is None:
+            if not (block.lang in YAML_LANGS and block.marker):
+                problems.append(f"{block.where}: no <!-- runs: tests/FILE.py --> or <!-- not run: REASON --> "
+                                "before this block")
+            continue
+        what, _, text = block.runs.partition(": ")
+        if what == "not run":
+            if not text:
+                problems.append(f"{block.where}: <!-- not run: --> needs its reason")
+            continue
+        test = ROOT / text
+        page = str(block.page.relative_to(ROOT))
+        if not (text.startswith("tests/") and text.endswith(".py") and test.is_file()):
+            problems.append(f"{block.where}: runs: {text} is not a test file in tests/")
+        elif page not in test.read_text():
+            problems.append(f"{block.where}: {text} does not mention {page}, so it cannot be running this block")
+    return problems
+
+
+def test_every_block_runs_in_a_test_or_says_why_not() -> None:
+    problems = marker_problems(BLOCKS)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_marker_check_refuses_what_it_should(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("Text.\n\n```bash\ngtep run\n```\n\n<!-- not run:  -->\n```python\nx = 1\n```\n\n"
+                    "<!-- runs: tests/test_docs.py -->\n```python\nx = 2\n```\n\n"
+                    "<!-- yaml: other -->\n```yaml\na: 1\n```\n"
+                    "\n<!-- not run: needs a cluster -->\n\n<!-- yaml: other -->\n```yaml\nb: 2\n```\n")
+    blocks = [Block(ROOT / "docs" / "page.md", b.line, b.lang, b.text, b.marker, b.runs) for b in read_blocks(page)[0]]
+    problems = marker_problems(blocks)
+    assert [p.split(":")[1] for p in problems] == ["3", "8", "13"], problems  # unmarked, no reason, not named
+    assert blocks[-1].runs == "not run: needs a cluster" and blocks[-1].marker == "other"
+
+
+def _gtep_words(block: Block) -> list[list[str]]:
+    return [words[1:] for line in command_lines(block) for words in segments(line) if words[0] in GTEP]
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.runs == "runs: tests/test_docs.py"],
+                         ids=[b.where for b in BLOCKS if b.runs == "runs: tests/test_docs.py"])
+def test_read_only_command_blocks_run(block: Block) -> None:
+    """docs/algorithms.md's and docs/cli.md's information commands, run as printed: each exits 0 and prints."""
+    from typer.testing import CliRunner
+
+    from gtep.cli import app
+
+    commands = _gtep_words(block)
+    assert commands and len(commands) == len(command_lines(block)), f"{block.where}: only gtep commands run here"
+    for args in commands:
+        assert args[0] in READ_ONLY_COMMANDS, f"{block.where}: gtep {args[0]} is not read-only; mark it not run"
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0 and result.output.strip(), f"{block.where}: gtep {' '.join(args)}: {result.output}"
 
 
 # ---------------------------------------------------------------- YAML

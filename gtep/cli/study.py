@@ -53,21 +53,6 @@ def naming_options(call: Callable[[], T], overrides: dict[str, Any]) -> T:
         raise as_option(err, overrides) from None
 
 
-def _print_tune(outcome: api.TuneResult, dataset: str) -> None:
-    from gtep.reporting.tables import hparams_table, phase_summary
-
-    console.print(phase_summary(outcome.summary, dataset, f"H* on the tuning phase (set {outcome.set_index})"))
-    console.print(hparams_table(outcome.hparams, "H*"))
-    console.print(f"best.yaml: {outcome.folder / 'best.yaml'}\nmanifest:  {outcome.folder / 'manifest.json'}\n"
-                  f"tuning run: {outcome.run_id}")
-
-
-def _print_store(cfg) -> None:
-    console.print(f"MLflow store: {cfg.tracking_uri}")
-    if cfg.tracking.tracking_uri is None:
-        console.print(f"Browse it with: [bold]gtep ui --output {cfg.tracking.output}[/]")
-
-
 @app.command()
 def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, output: Optional[Path] = OutputOpt,
          tracking_uri: Optional[str] = UriOpt, address: Optional[str] = AddressOpt, trials: Optional[int] = TrialsOpt,
@@ -76,7 +61,10 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
          study: Optional[str] = StudyOpt, backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
          resume: Optional[Path] = ResumeOpt, protocol: Optional[str] = TuneProtocolOpt,
          protocol_tasks: Optional[int] = ProtocolTasksOpt, scheduler: Optional[str] = SchedulerOpt) -> None:
-    """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml)."""
+    """Phase 1: train R sets over S orderings of D^HT and select H* (writes best.yaml).
+
+    It samples R hyperparameter sets, trains each over the same S class orderings of the tuning classes D^HT
+    and writes the best-scoring set, H*, to best.yaml."""
     def go():
         check_protocol(protocol, ("gtep", "first_task"))
         if through_ray_client(address, config):
@@ -86,9 +74,8 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
                          study=study, backbone=backbone, weights=weights, protocol=protocol,
                          protocol_tasks=protocol_tasks, scheduler=scheduler)
         cfg = study_config(config, preset, resume, **overrides)
-        outcome = naming_options(lambda: api.tune(cfg, resume=resume is not None, console=console), overrides)
-        _print_tune(outcome, outcome.dataset)
-        _print_store(cfg)
+        # api.tune prints H* and the store, as it does for a notebook
+        naming_options(lambda: api.tune(cfg, resume=resume is not None, console=console), overrides)
     run_guarded(go)
 
 
@@ -104,12 +91,11 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
              max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
              backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
              protocol: str = ProtocolOpt, resume: Optional[Path] = ResumeOpt) -> None:
-    """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std
-    (--protocol conventional: over S fresh orderings of the tuning classes D^HT instead).
+    """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std.
+
+    With --protocol conventional it trains over S fresh orderings of the tuning classes D^HT instead.
     --resume OUTPUT/STUDY runs the orderings an interrupted or incomplete evaluation is missing."""
     def go():
-        from gtep.reporting.tables import phase_summary
-
         check_protocol(protocol)
         if through_ray_client(address, config):
             return
@@ -117,13 +103,9 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
                          algorithm=algorithm, max_concurrent=max_concurrent, study=study, backbone=backbone,
                          weights=weights)
         cfg = study_config(config, preset, resume, **overrides)
-        outcome = naming_options(lambda: api.evaluate(cfg, best=best, hparams=hparams, tuning_run=tuning_run,
-                                                      protocol=protocol, resume=resume is not None,
-                                                      console=console), overrides)
-        title = ("Conventional protocol: H* on the tuning classes (fresh orderings)" if protocol == "conventional"
-                 else "Evaluation phase")
-        console.print(phase_summary(outcome.summary, outcome.dataset, title))
-        _print_store(cfg)
+        # api.evaluate prints the phase's summary and the store, as it does for a notebook
+        naming_options(lambda: api.evaluate(cfg, best=best, hparams=hparams, tuning_run=tuning_run,
+                                            protocol=protocol, resume=resume is not None, console=console), overrides)
     run_guarded(go)
 
 
@@ -137,10 +119,10 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
         protocol_tasks: Optional[int] = ProtocolTasksOpt, scheduler: Optional[str] = SchedulerOpt,
         with_original: bool = typer.Option(False, "--with-original", help="also evaluate the algorithm's original "
                                            "preset on D^E beside H* (the paper's 'Original')")) -> None:
-    """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side. No options: the embedded default."""
-    def go():
-        from gtep.reporting.tables import hparams_table, phase_comparison
+    """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side.
 
+    With no options it runs the embedded default study."""
+    def go():
         check_protocol(protocol, ("gtep", "conventional", "first_task"))
         if through_ray_client(address, config):
             return
@@ -150,15 +132,9 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
                          study=study, backbone=backbone, weights=weights, protocol=search_protocol(protocol),
                          protocol_tasks=protocol_tasks, scheduler=scheduler)
         cfg = study_config(config, preset, resume, **overrides)
-        result = naming_options(lambda: api.run(cfg, protocol="gtep" if protocol == "first_task" else protocol,
-                                                with_original=with_original, resume=resume is not None,
-                                                console=console), overrides)
-        tuned, evaluated = result.tuning, result.evaluation
-        console.print(hparams_table(tuned.hparams, f"H* (set {tuned.set_index} of {cfg.search.trials})"))
-        console.print(phase_comparison(tuned.summary, evaluated.summary, tuned.dataset, evaluated.dataset,
-                                       f"GTEP: {cfg.algorithm} on {cfg.scenario.describe()}",
-                                       extra={name: phase.summary for name, phase in result.extra.items()}))
-        console.print(f"study folder: {result.folder}  (best.yaml, manifest.json, *_results.csv)")
-        _print_store(cfg)
+        # api.run prints H*, the phases side by side, the study folder and the store, as it does for a notebook
+        naming_options(lambda: api.run(cfg, protocol="gtep" if protocol == "first_task" else protocol,
+                                       with_original=with_original, resume=resume is not None, console=console),
+                       overrides)
         console.print(f"wall time: {time.perf_counter() - start:.0f} s")
     run_guarded(go)
