@@ -8,14 +8,19 @@ protocol's constraints: gtep/config/) what needs the data and the files:
   labels), with any conversion said in the plan, the log and the runs' params (`gtep.data_conversion`);
 - what the scenario family needs of each phase's classes (ScenarioFamily.check: images to train and test
   every class, FSCIL's K shots and its shot index file, CFSL's samples per class, ...);
+- every value of the search space within the ranges the learner's parameters declare (gtep/algorithms/base.py);
 - the backbone weights: a readable file whose tensors fit the backbone;
 - the study's folder: a name the filesystem takes, a path short enough for what gtep writes inside it, and a
-  parent it can create.
+  parent it can create;
+- the device: `training.device: cuda` where torch finds no CUDA (a local study).
 
-Every failure is one ConfigError naming the field and the fix; nothing is written.
+Every failure is one ConfigError naming the field and the fix; nothing is written. `gtep check --calibrate` also
+estimates the training time (compute_estimate: a few real training steps of the learner, timed as a trial runs).
 """
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -113,6 +118,29 @@ def check_pretrain_data(resolved: ResolvedExperiment) -> None:
     if empty:
         raise ConfigError("pretrain.classes", f"classes {empty[:5]} have no training images in {plan.dataset}; "
                           "pretrain on classes that have some")
+    check_pretrain_episodes(resolved, facts.train_counts)
+
+
+def check_pretrain_episodes(resolved: ResolvedExperiment, train_counts: np.ndarray) -> None:
+    """protonet pretraining draws `ways` classes an episode, each with shots + queries training images (those the
+    family's holdout leaves to pretraining): too few such classes is refused here, not as a traceback inside the
+    pretraining step (gtep.algorithms._episodic.class_indices)."""
+    section, plan = resolved.config.pretrain, resolved.pretraining
+    if section is None or plan is None or section.method != "protonet":
+        return
+    from gtep.protocol.holdout import held_out_count
+
+    share, held_classes = resolved.family.pretrain_holdout(resolved.config.scenario.family_options)
+    need = section.shots + section.queries
+    usable = {c: int(train_counts[c]) - (held_out_count(int(train_counts[c]), share) if c in held_classes else 0)
+              for c in plan.classes}
+    enough = [c for c, n in usable.items() if n >= need]
+    if len(enough) < section.ways:
+        fewest = min(usable.values())
+        left = " (after the scenario's pretrain_holdout)" if share else ""
+        raise ConfigError("pretrain.ways", f"is {section.ways}, but only {len(enough)} of the {len(plan.classes)} "
+                          f"pretrain classes have shots + queries = {need} training images{left} (the fewest has "
+                          f"{fewest}); lower pretrain.ways, shots or queries, or pretrain on more classes")
 
 
 def check_weights_fit(weights: Path, backbone: str) -> None:
@@ -165,15 +193,62 @@ def check_study_path(cfg: ExperimentConfig) -> None:
                           "give a folder you can write")
 
 
+def check_device(cfg: ExperimentConfig) -> None:
+    """`training.device: cuda` on a machine without CUDA: every trial would fail once Ray has started. Only the
+    device asked for by name, and only where trials run on this machine (a cluster's workers may have GPUs the
+    driver lacks); `auto` falls back on the CPU, and gpus_per_trial is Ray's business."""
+    import torch
+
+    device = cfg.training.device
+    if device.startswith("cuda") and cfg.compute.ray_address is None and not torch.cuda.is_available():
+        raise ConfigError("training.device", f"{device!r} asks for CUDA, but this machine has no CUDA device "
+                          "torch can use; set training.device to 'auto' (a trial's GPUs when it has some, else "
+                          "the CPU) or 'cpu'")
+
+
 def data_conversions(plan: StudyPlan) -> dict[str, str]:
     """Phase -> what its loader converted to reach uint8 pixels (only phases whose data needed it)."""
     return {p.spec.phase: p.facts.conversion for p in (plan.tuning, plan.evaluation) if p.facts.conversion}
 
 
+def check_space_values(resolved: ResolvedExperiment) -> None:
+    """Every value of the search space and of its presets within the ranges the learner's Params declare, and every
+    combination the space can draw within their rules across hyperparameters (top_k at most pool_size). A value
+    the learner refuses would fail inside a Ray trial, after the study folder is written; one it takes but cannot
+    use (an empty A-GEM memory batch) would train another method under its name."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.spaces import load_space
+
+    algorithm = resolved.config.algorithm
+    params = ALGORITHMS.get(algorithm).Params
+    space = load_space(algorithm, resolved.space_path)
+    fix = f"give values {algorithm} accepts (the ranges of {params.__name__}, gtep/algorithms)"
+    for name, values in space.space.sets.items():
+        for value in values:
+            problem = params.range_problem(name, value)
+            if problem:
+                raise ConfigError("search.space", f"{space.path}: in space.{name}, {problem}; {fix}")
+    defaults = dataclasses.asdict(params())
+    for preset, chosen in space.presets.items():
+        problem = next((p for p in (params.range_problem(k, v) for k, v in chosen.items()) if p), None)
+        problem = problem or next((p for p in (c.problem({**defaults, **chosen}) for c in params.all_constraints())
+                                   if p), None)
+        if problem:
+            raise ConfigError("search.space", f"{space.path}: in presets.{preset}, {problem}; {fix}")
+    for rule in params.all_constraints():
+        choices = [space.space.sets.get(name, (defaults[name],)) for name in rule.names]
+        for combination in itertools.product(*choices):
+            problem = rule.problem({**defaults, **dict(zip(rule.names, combination))})
+            if problem:
+                raise ConfigError("search.space", f"{space.path}: the space can draw {problem}")
+
+
 def preflight(cfg: ExperimentConfig) -> StudyPlan:
     """resolve(cfg), then everything that needs the data, the files and the paths; before any compute."""
     resolved = resolve(cfg)
+    check_space_values(resolved)
     check_study_path(cfg)
+    check_device(cfg)
     if cfg.weights is not None:
         check_weights_fit(cfg.weights, cfg.backbone)
     check_pretrain_data(resolved)
@@ -227,48 +302,285 @@ def image_epochs(plan: StudyPlan, phase: PhasePlan) -> float:
     return float(np.mean(totals)) if totals else 0.0
 
 
-def seconds_per_image(plan: StudyPlan, batch: int = 32, steps: int = 3) -> float:
-    """A short calibration: forward and backward passes of the backbone (and a linear head) on random images
-    of the size the phase trains at, on the run's device; the seconds one training image takes."""
-    import time
+# Each timed `fit` sees this many batches of synthetic images (a warm-up task is trained and discarded first, so
+# kernels and the allocator are ready), and each class this many test images for the scoring pass.
+CALIBRATION_BATCHES = 2
+CALIBRATION_TEST_PER_CLASS = 2
+# The timed tasks run this often; each task's quickest run counts.
+CALIBRATION_REPEATS = 2
+# Every epoch count of the calibration's run scaled to 1 (the learner's own stages' too): the cost per epoch
+# is what it times, the study's epochs multiply it.
+ONE_EPOCH_SCALE = 1e-9
+# An index file's positions are the real dataset's; the synthetic images draw their shots instead.
+SHOT_FILE_OPTIONS = ("shot_index", "shots_given")
 
+
+@dataclass(frozen=True)
+class TrialSlots:
+    """How a trial trains (its threads and device, as gtep/orchestration/trial_job.py gives them) and how many
+    trials this machine runs at once."""
+
+    threads: int
+    device: str  # 'cpu', 'cuda' or 'cuda:N'
+    slots: int
+    counted: str  # how the slots were counted, as the output says it
+
+
+def trial_slots(cfg: ExperimentConfig) -> TrialSlots:
     import torch
 
-    from gtep.engine.device import resolve_device
-    from gtep.models import create_backbone
+    compute = cfg.compute
+    parallel = compute.parallel_orderings(cfg.search.orderings)
+    cpus = compute.cpus_per_ordering if parallel > 1 and compute.cpus_per_ordering else compute.cpus_per_trial
+    device = cfg.training.device
+    if device == "auto":  # a trial without GPUs trains on the CPU, whatever the machine has
+        device = "cuda" if compute.gpus_per_trial > 0 else "cpu"
+    machine_cpus = os.cpu_count() or 1
+    slots = int(machine_cpus // compute.cpus_per_trial)
+    counted = f"{machine_cpus} CPUs / compute.cpus_per_trial {compute.cpus_per_trial:g}"
+    if compute.gpus_per_trial > 0:
+        gpus = torch.cuda.device_count()
+        slots = min(slots, int(gpus // compute.gpus_per_trial))
+        counted += f", {gpus} GPUs / compute.gpus_per_trial {compute.gpus_per_trial:g}"
+    if compute.max_concurrent is not None and compute.max_concurrent < slots:
+        slots = compute.max_concurrent
+        counted += f", compute.max_concurrent {compute.max_concurrent}"
+    return TrialSlots(max(1, int(cpus)), device, max(1, slots), counted)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Seconds a trial's ordering spends, per unit of work, timed on real training steps of the study's learner."""
+
+    first_task: float  # per training image-epoch of task 1, through every `fit` of the learner
+    later_tasks: float  # per image-epoch of task 2 (an old network to distil from, another backbone, ...)
+    growth: float  # the parameters task 2 added over task 2's total: > 0 where each task adds a backbone
+    outside_fit: float  # per training image of a task, outside `fit` (exemplar selection, class means, ...)
+    test: float  # per test image of the scoring pass after each task
+    batch_size: int  # the set's batch size it ran with (the median of the sampled sets')
+    threads: int
+    device: str  # as a person reads it: 'cpu' or 'cuda:0 (NVIDIA ...)'
+
+    def image_epoch_seconds(self, task_index: int) -> float:
+        if task_index == 0:
+            return self.first_task
+        return self.later_tasks * (1 + self.growth * (task_index - 1))
+
+
+class _Stopwatch:
+    """Wraps a callable, summing the seconds its calls take."""
+
+    def __init__(self, fn: Any, device: Any) -> None:
+        self.fn, self.device, self.seconds = fn, device, 0.0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import time
+
+        import torch
+
+        tic = time.perf_counter()
+        out = self.fn(*args, **kwargs)
+        if self.device.type == "cuda":  # kernels run asynchronously: wait for them
+            torch.cuda.synchronize(self.device)
+        self.seconds += time.perf_counter() - tic
+        return out
+
+
+def sampled_params(plan: StudyPlan) -> list[tuple[Any, dict[str, Any]]]:
+    """The Params of the R sets the study will draw (the same seed draws the same sets)."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.protocol.sampling import sample_sets
+    from gtep.spaces import load_space
 
     cfg = plan.resolved.config
-    device = resolve_device(cfg.training.device)
-    pipeline = plan.resolved.pipeline("tune")
-    side = pipeline.size or plan.tuning.facts.image_shape[0]
-    torch.manual_seed(cfg.seed)
-    net = create_backbone(cfg.backbone).to(device)
-    head = torch.nn.LazyLinear(10).to(device)
-    x = torch.rand(batch, 3, side, side, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-
-    def step() -> None:
-        loss = torch.nn.functional.cross_entropy(head(net(x)["features"]), y)
-        loss.backward()
-        net.zero_grad(set_to_none=True)
-
-    step()  # warm-up: lazy layers, allocator, kernels
-    tic = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - tic) / (steps * batch)
+    algorithm = ALGORITHMS.get(cfg.algorithm)
+    space = load_space(cfg.algorithm, plan.resolved.space_path).space
+    return [(algorithm.Params.from_mapping(h), h) for h in sample_sets(space, cfg.search.trials, cfg.seed)]
 
 
-def compute_estimate(plan: StudyPlan) -> dict[str, Any]:
-    """Seconds of training each phase should take on this machine's device (one trial at a time), from the
-    calibration (for families whose work is tasks of classes)."""
-    per_image = seconds_per_image(plan)
+def phase_job(plan: StudyPlan, phase: PhasePlan, hparams: dict[str, Any], device: str, epoch_scale: float) -> Any:
+    """The engine's job of one ordering of the phase, as gtep/orchestration/trial_job.py builds a trial's."""
+    from gtep.engine.runner import FirstTaskSpec, OrderingJob
+
+    resolved = plan.resolved
+    cfg = resolved.config
+    options = {k: v for k, v in cfg.scenario.family_options.items()
+               if k != "increments" and k not in SHOT_FILE_OPTIONS}
+    first = FirstTaskSpec(**{**cfg.first_task.model_dump(), "milestones": tuple(cfg.first_task.milestones)})
+    protocol_tasks = cfg.search.protocol_tasks if phase is plan.tuning and cfg.search.protocol == "first_task" else None
+    return OrderingJob(
+        algorithm=cfg.algorithm, hparams=dict(hparams), backbone=cfg.backbone, increments=tuple(resolved.increments),
+        classes=tuple(phase.spec.classes), seed=cfg.seed, ordering=0, memory_size=cfg.training.memory_size,
+        first_task=first, epoch_scale=epoch_scale, augment=resolved.pipeline(phase.spec.phase).describe(),
+        device=device, weights=str(resolved.weights) if resolved.weights else None, dataset=phase.spec.dataset,
+        mixed_precision=cfg.training.mixed_precision, compile=cfg.training.compile, family=cfg.scenario.family,
+        family_options=tuple(sorted(options.items())), max_tasks=protocol_tasks)
+
+
+def synthetic_images(job: Any, phase: PhasePlan, batch_sizes: tuple[int, int]) -> Any:
+    """Random images of the phase's stored size: for each class of the first two tasks enough that its task fills
+    CALIBRATION_BATCHES batches of its batch size (and its shots); one for every other class."""
+    from gtep.data import ImageSet
+
+    per_class = dict.fromkeys(job.classes, 1)
+    for task, batch in zip(job.tasks()[:2], batch_sizes):
+        wanted = max(-(-CALIBRATION_BATCHES * batch // max(1, len(task.new_classes))), task.shots or 0)
+        per_class.update(dict.fromkeys(task.new_classes, wanted))
+    classes = np.asarray(job.classes, dtype=np.int64)
+    y_train = np.repeat(classes, [per_class[c] for c in job.classes])
+    y_test = np.repeat(classes, CALIBRATION_TEST_PER_CLASS)
+    rng = np.random.default_rng(0)
+    shape = tuple(phase.facts.image_shape)
+    names = [str(c) for c in range(int(classes.max()) + 1)]
+    return ImageSet(phase.spec.dataset, rng.integers(0, 256, (len(y_train), *shape), dtype=np.uint8), y_train,
+                    rng.integers(0, 256, (len(y_test), *shape), dtype=np.uint8), y_test, names)
+
+
+def calibration_device(slots: TrialSlots) -> str:
+    """The trial's device; the CPU where a trial would get simulated GPUs on a machine without CUDA."""
+    import torch
+
+    return slots.device if not slots.device.startswith("cuda") or torch.cuda.is_available() else "cpu"
+
+
+def calibrate(plan: StudyPlan, phase: PhasePlan | None = None) -> Calibration:
+    """Time the study's learner as a trial trains it: the trial's threads (torch's count restored after) and
+    device, the phase's pipeline, the sampled sets' median batch size and the learner's every stage, on the
+    first two tasks of the phase's (the tuning phase's) ordering 0 with synthetic images and one epoch each."""
+    import torch
+
+    slots = trial_slots(plan.resolved.config)
+    before = torch.get_num_threads()
+    torch.set_num_threads(slots.threads)
+    try:
+        return _timed_tasks(plan, phase or plan.tuning, slots)
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass(frozen=True)
+class TaskTiming:
+    """One calibration task: seconds in `fit`, outside it and scoring; what image_epochs counts of it at one
+    epoch (its images plus the replayed memory); the test images scored; the model's parameters after it."""
+
+    fit: float
+    outside_fit: float
+    test: float
+    trained: int
+    tested: int
+    parameters: int
+
+
+def _timed_tasks(plan: StudyPlan, phase: PhasePlan, slots: TrialSlots) -> Calibration:
+    from gtep.engine.device import describe_device
+    from gtep.engine.runner import OrderingRun
+
+    sets = sorted(sampled_params(plan), key=lambda pair: pair[0].batch_size)
+    params, hparams = sets[len(sets) // 2]
+    job = phase_job(plan, phase, hparams, calibration_device(slots), ONE_EPOCH_SCALE)
+    data = synthetic_images(job, phase, (job.first_task.batch_size, params.batch_size))
+    warm_up = OrderingRun(job, data)
+    warm_up.train_task(warm_up.tasks[0])
+    repeats = [_two_tasks(OrderingRun(job, data), job.memory_size) for _ in range(CALIBRATION_REPEATS)]
+    # each task's quickest repeat: a burst of other work on a shared machine slows one repeat, not every one
+    first, later = (min((r[i] for r in repeats), key=lambda t: t.fit + t.outside_fit + t.test)
+                    for i in (0, len(repeats[0]) - 1))
+    timings = [first, later] if later is not first else [first]
+    return Calibration(
+        first_task=first.fit / first.trained, later_tasks=later.fit / later.trained,
+        growth=max(0.0, (later.parameters - first.parameters) / later.parameters),
+        outside_fit=sum(t.outside_fit for t in timings) / sum(t.trained for t in timings),
+        test=sum(t.test for t in timings) / max(1, sum(t.tested for t in timings)),
+        batch_size=params.batch_size, threads=slots.threads, device=describe_device(warm_up.device))
+
+
+def _two_tasks(run: Any, memory_size: int) -> list[TaskTiming]:
+    """Train the run's first two tasks, timing each: in `fit`, in the scoring pass, and the rest."""
+    fit, test = _Stopwatch(run.trainer.fit, run.device), _Stopwatch(run.test_row, run.device)
+    run.trainer.fit, run.test_row = fit, test
+    timings: list[TaskTiming] = []
+    seen = 0
+    for task in run.tasks[:2]:
+        fit.seconds = test.seconds = 0.0
+        total = _Stopwatch(run.train_task, run.device)
+        total(task)
+        images = len(task.new_classes) * (task.shots or int(np.sum(run.data.y_train == task.new_classes[0])))
+        trained = images + min(memory_size, seen)  # what image_epochs counts of the task, at one epoch
+        seen += images
+        timings.append(TaskTiming(fit.seconds, total.seconds - fit.seconds - test.seconds, test.seconds, trained,
+                                  int(np.isin(run.data.y_test, task.seen_classes).sum()),
+                                  run.learner.parameter_counts()[0]))
+    return timings
+
+
+def ordering_seconds(plan: StudyPlan, phase: PhasePlan, params: Any, calibration: Calibration) -> tuple[float, float]:
+    """Seconds one ordering of the phase trains with one set: (task 1, the tasks after it). Each task's images
+    plus the replayed memory, times its recipe's epochs, at the calibrated cost of that task; its images once
+    more outside `fit`; and the scoring pass over the test images of every class seen so far."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.engine.runner import task_recipe
+
     cfg = plan.resolved.config
-    tuning = image_epochs(plan, plan.tuning) * cfg.search.trials * cfg.search.orderings * per_image
-    evaluation = image_epochs(plan, plan.evaluation) * cfg.search.orderings * per_image
-    from gtep.engine.device import describe_device, resolve_device
+    fixed_first_task = ALGORITHMS.get(cfg.algorithm).fixed_first_task
+    job = phase_job(plan, phase, {}, "cpu", cfg.training.epoch_scale)
+    costs, seen = [], 0
+    for index, ((_, images), spec) in enumerate(zip(phase.tasks, job.tasks())):
+        recipe = task_recipe(index, params, job.first_task, cfg.training.epoch_scale, fixed_first_task)
+        trained = images + min(cfg.training.memory_size, seen)
+        seen += images
+        tests = int(phase.facts.test_counts[list(spec.seen_classes)].sum())
+        costs.append(trained * recipe.epochs * calibration.image_epoch_seconds(index)
+                     + trained * calibration.outside_fit + tests * calibration.test)
+    return (costs[0], sum(costs[1:])) if costs else (0.0, 0.0)
 
-    return {"seconds_per_image": per_image, "tuning_seconds": tuning, "evaluation_seconds": evaluation,
-            "device": describe_device(resolve_device(cfg.training.device))}
+
+# Why a data flow gets no estimate: the calibration times tasks of images x epochs, which these flows' work is not.
+NO_ESTIMATE = {
+    "multi_label": "IIRC's tasks take their images from the label hierarchy's sample assignment and replay a "
+                   "per-label memory, which the count of task images x epochs does not model",
+    "stream": "FLUID's learner updates inside the stream (every update_every samples, on what it has seen) "
+              "and counts the MACs of every prediction, not tasks of images x epochs",
+    "continual_few_shot": "CFSL's learner adapts once to each support set of a few images, not to tasks of "
+                          "images x epochs; its cost is mostly its pretraining",
+}
+
+
+def no_estimate_reason(plan: StudyPlan) -> str | None:
+    """Why `compute_estimate` cannot cover the study's family, or None when it can."""
+    flow = plan.resolved.family.data_flow
+    if flow == "class_incremental" and plan.tuning.tasks and plan.evaluation.tasks:
+        return None
+    return NO_ESTIMATE.get(flow, f"its {flow} data flow's work is not tasks of images x epochs")
+
+
+def same_work(plan: StudyPlan) -> bool:
+    """Whether both phases train on images of one size through one pipeline (one calibration serves both)."""
+    return (plan.tuning.facts.image_shape == plan.evaluation.facts.image_shape
+            and plan.resolved.pipeline("tune").describe() == plan.resolved.pipeline("evaluate").describe())
+
+
+def compute_estimate(plan: StudyPlan, calibration: Calibration | None = None) -> dict[str, Any]:
+    """Seconds of training each phase should take on this machine (for families whose work is tasks of classes):
+    every sampled set's ordering at the calibrated costs; task 1 counted once per ordering where the study
+    shares it between the sets (training.reuse_first_task); and the wall time with the trials that run at once."""
+    from gtep.algorithms import ALGORITHMS
+
+    calibration = calibration or calibrate(plan)
+    # the evaluation phase timed on its own where its images or pipeline differ (a cross-dataset study)
+    evaluation_calibration = calibration if same_work(plan) else calibrate(plan, plan.evaluation)
+    cfg = plan.resolved.config
+    trials, orderings = cfg.search.trials, cfg.search.orderings
+    shared_first = cfg.training.reuse_first_task and ALGORITHMS.get(cfg.algorithm).fixed_first_task
+    tuning = evaluation = 0.0
+    sets = sampled_params(plan)
+    for params, _ in sets:
+        first, later = ordering_seconds(plan, plan.tuning, params, calibration)
+        tuning += later + (first / len(sets) if shared_first else first)
+        evaluation += sum(ordering_seconds(plan, plan.evaluation, params, evaluation_calibration)) / len(sets)
+    slots = trial_slots(cfg)
+    at_once = min(slots.slots, trials)
+    tuning *= orderings * trials / len(sets)
+    return {"seconds_per_image": calibration.later_tasks, "calibration": calibration, "slots": slots,
+            "tuning_seconds": tuning, "evaluation_seconds": evaluation * orderings,
+            "tuning_wall_seconds": tuning * -(-trials // at_once) / trials, "trials_at_once": at_once,
+            "unit_seconds": tuning / (trials * orderings), "device": calibration.device}

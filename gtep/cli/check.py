@@ -49,7 +49,7 @@ def _runs(tasks: tuple[tuple[str, int], ...]) -> str:
 
 
 def print_plan(plan, calibrate: bool) -> None:
-    from gtep.preflight import compute_estimate, image_epochs, plan_summary
+    from gtep.preflight import plan_summary
 
     resolved = plan.resolved
     cfg = resolved.config
@@ -88,16 +88,35 @@ def print_plan(plan, calibrate: bool) -> None:
     if not calibrate:
         console.print("compute: add --calibrate for an estimate from a short calibration on this machine")
         return
-    if not (plan.tuning.tasks and plan.evaluation.tasks) or family.data_flow != "class_incremental":
-        console.print(f"compute: no estimate for the {family.name} family (its cost is not task images x epochs)")
+    from gtep.preflight import no_estimate_reason
+
+    reason = no_estimate_reason(plan)
+    if reason is not None:
+        console.print(f"compute: no estimate for the {family.name} family: {escape(reason)}; time one unit with "
+                      "`gtep tune --trials 1 --orderings 1` instead", highlight=False)
         return
+    print_estimate(plan)
+
+
+def print_estimate(plan) -> None:
+    """The calibration's costs, what they come to per phase, and the trial slots the wall time assumes."""
+    from gtep.preflight import compute_estimate, image_epochs
+
+    cfg = plan.resolved.config
     estimate = compute_estimate(plan)
-    per_ordering = image_epochs(plan, plan.tuning)
-    console.print(f"compute: {estimate['seconds_per_image'] * 1e3:.2f} ms per training image (calibrated on "
-                  f"{escape(estimate['device'])}); {per_ordering:,.0f} image-epochs per tuning ordering; tuning about "
-                  f"{_duration(estimate['tuning_seconds'])}, evaluation about "
-                  f"{_duration(estimate['evaluation_seconds'])} of training on one trial slot "
-                  "(divide by the trials that run at once)", highlight=False)
+    cal, slots = estimate["calibration"], estimate["slots"]
+    pipeline = plan.resolved.pipeline("tune").describe()
+    console.print(f"compute: calibrated as a trial trains, on {escape(cal.device)} with {cal.threads} thread(s), "
+                  f"batch size {cal.batch_size} (the sampled sets' median), pipeline {escape(pipeline)}, every stage "
+                  f"of {cfg.algorithm}: {cal.first_task * 1e3:.2f} ms per training image on task 1, "
+                  f"{cal.later_tasks * 1e3:.2f} ms per training image from task 2 on; "
+                  f"{image_epochs(plan, plan.tuning):,.0f} image-epochs per tuning ordering, about "
+                  f"{_duration(estimate['unit_seconds'])} a unit; "
+                  f"tuning about {_duration(estimate['tuning_seconds'])}, "
+                  f"evaluation about {_duration(estimate['evaluation_seconds'])} of training", highlight=False)
+    console.print(f"trial slots: {estimate['trials_at_once']} trial(s) at a time with {slots.threads} CPU thread(s) "
+                  f"each; {slots.slots} trial slot(s) on this machine ({slots.counted}) -> tuning wall about "
+                  f"{_duration(estimate['tuning_wall_seconds'])}", highlight=False)
 
 
 @app.command("check")
@@ -105,9 +124,9 @@ def check(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt,
           trials: Optional[int] = TrialsOpt, orderings: Optional[int] = OrderingsOpt, seed: Optional[int] = SeedOpt,
           algorithm: Optional[str] = AlgorithmOpt, study: Optional[str] = StudyOpt,
           backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
-          calibrate: bool = typer.Option(False, "--calibrate", help="time a few training steps and estimate the "
-                                         "study's training compute")) -> None:
-    """Run the pre-flight checks alone and print what the study will do; trains and writes nothing."""
+          calibrate: bool = typer.Option(False, "--calibrate", help="time a few training steps of the learner as a "
+                                         "trial runs them and estimate the study's training time")) -> None:
+    """Run the pre-flight checks and print the study's plan; trains and writes nothing."""
 
     def go() -> None:
         from gtep.preflight import preflight
