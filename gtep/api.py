@@ -73,6 +73,10 @@ def experiment(source: str | Path | Mapping[str, Any] | ExperimentConfig | None 
         raise ConfigError("preset", "give either a config source or a preset, not both")
     check_counts(**options)
     cfg = _base_config(source, preset)
+    if options.get("output") is not None and not str(options["output"]).strip():
+        # Path("") is Path("."): refused while the empty string can still be told from "." (the CLI does the same)
+        raise ConfigError("output", "is empty, which would mean the current folder (a study's files among yours); "
+                          "give a folder (e.g. output='gtep-runs'), or leave it out for ./gtep-runs")
     for key in ("output", "weights"):
         if options.get(key) is not None:
             options[key] = Path(options[key])
@@ -492,7 +496,19 @@ def _chosen_set(resolved: ResolvedExperiment, phase: str, best: Any, hparams: Op
         validate_values(where, algorithm, record["hparams"])
     except SearchSpaceError as err:
         raise ConfigError("best", str(err)) from None
+    _check_ranges(where, algorithm, record["hparams"])
     return record
+
+
+def _check_ranges(where: Path, algorithm: str, hparams: Mapping[str, Any]) -> None:
+    """A given set's values within the ranges the learner declares: refused here, not inside a Ray trial."""
+    from gtep.algorithms import ALGORITHMS
+
+    params = ALGORITHMS.get(algorithm).Params
+    for name, value in hparams.items():
+        problem = params.range_problem(name, value)
+        if problem:
+            raise ConfigError("best", f"{where}: {problem}; give a value {algorithm} accepts")
 
 
 def _read_best_file(path: Path) -> dict[str, Any]:

@@ -146,3 +146,18 @@ def test_an_empty_output_from_python_is_refused():
         validate_config(merged(**{"tracking.output": ""}), "test")
     assert err.value.field == "tracking.output"
     assert validate_config(merged(**{"tracking.output": "runs"}), "test").tracking.output == Path("runs")
+    import gtep
+
+    with pytest.raises(ConfigError) as err:
+        gtep.experiment(preset="default", output="")
+    assert err.value.field == "output" and "empty" in str(err.value)
+
+
+@pytest.mark.parametrize("command", [["matrix", "--preset", "cfsl-learners"], ["report"], ["ui"]])
+def test_the_other_output_options_refuse_an_empty_folder_too(command):
+    from typer.testing import CliRunner
+
+    from gtep.cli import app
+
+    result = CliRunner().invoke(app, [*command, "--output", ""])
+    assert result.exit_code == 2 and "--output: is empty" in result.output, result.output

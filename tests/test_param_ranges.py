@@ -146,3 +146,16 @@ def test_a_prompt_pool_conflict_names_both_parameters_where_the_network_is_built
         L2PNet(vit, 4, 2, 6)
     with pytest.raises(ValueError, match="top_k=3 and pool_size=2 conflict"):
         DualPromptNet(vit, DualPromptParams(pool_size=2, top_k=3))
+
+
+def test_a_given_h_star_outside_a_range_is_refused_before_compute(tmp_path, monkeypatch):
+    """evaluate(best={...}) with a negative lr: refused naming `best`, before
+    Ray starts or the study folder is written."""
+    import gtep
+
+    monkeypatch.setattr("ray.init", lambda *a, **k: pytest.fail("Ray started"))
+    cfg = gtep.experiment(preset="default", output=tmp_path, trials=1, orderings=1)
+    with pytest.raises(ConfigError) as err:
+        gtep.evaluate(cfg, best={"lr": -0.1, "epochs": 1}, quiet=True)
+    assert err.value.field == "best" and "lr=-0.1 is outside its range" in str(err.value)
+    assert not any(tmp_path.iterdir())

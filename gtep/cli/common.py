@@ -30,12 +30,12 @@ def output_folder(value: str) -> Path:
     """--output as typed: an empty value would become Path('.') and put every study file in the current folder,
     so it is refused here, where the empty string can still be told from '.'."""
     if not value.strip():
-        fail("--output: is empty, which would write the study into the current folder; give a folder "
+        fail("--output: is empty, which would mean the current folder (a study's files among yours); give a folder "
              "(e.g. --output gtep-runs), or leave the option out for ./gtep-runs")
     return Path(value)
 
 
-OutputOpt = typer.Option(None, "--output", parser=output_folder,
+OutputOpt = typer.Option(None, "--output", parser=output_folder, metavar="<path>",
                          help="folder for studies and the default MLflow store [./gtep-runs]")
 UriOpt = typer.Option(None, "--tracking-uri", help="MLflow tracking URI [sqlite:///<output>/mlflow.db]")
 AddressOpt = typer.Option(None, "--address", help="an existing Ray cluster (host:port, ray://host:10001, auto)")

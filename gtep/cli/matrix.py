@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gtep.cli.common import check_counts, console, run_guarded, through_ray_client
+from gtep.cli.common import check_counts, console, output_folder, run_guarded, through_ray_client
 from gtep.config import ConfigError
 
 if TYPE_CHECKING:
@@ -23,7 +23,8 @@ app = typer.Typer()
 def matrix_command(
         config: Optional[Path] = typer.Option(None, "--config", "-c", help="matrix YAML file"),
         preset: Optional[str] = typer.Option(None, "--preset", help="a matrix shipped with gtep (gtep matrices)"),
-        output: Optional[Path] = typer.Option(None, "--output", help="parent of the matrix folder <output>/<matrix> "
+        output: Optional[Path] = typer.Option(None, "--output", parser=output_folder, metavar="<path>",
+                                              help="parent of the matrix folder <output>/<matrix> "
                                               "[base.tracking.output or ./gtep-runs]"),
         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
                                                    help="MLflow tracking URI [sqlite:///<output>/<matrix>/mlflow.db]"),

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 import typer
 
-from gtep.cli.common import console, run_guarded
+from gtep.cli.common import console, output_folder, run_guarded
 from gtep.config import ConfigError, check_tracking_uri
 
 app = typer.Typer()
@@ -37,7 +37,8 @@ def report_command(
                                          "every table and figure, are always written)"),
         out: Optional[Path] = typer.Option(None, "--out", help="folder for the report's files "
                                            "(default: <output>/reports/<date-time>)"),
-        output: Path = typer.Option(Path("gtep-runs"), "--output", help="the runs folder whose mlflow.db to read"),
+        output: Path = typer.Option(Path("gtep-runs"), "--output", parser=output_folder, metavar="<path>",
+                                    help="the runs folder whose mlflow.db to read"),
         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
                                                    help="MLflow tracking URI (default: sqlite:///<output>/mlflow.db)"),
         no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a run in gtep/reports"),

@@ -11,14 +11,15 @@ from typing import Optional
 
 import typer
 
-from gtep.cli.common import UriOpt, console, fail, run_guarded
+from gtep.cli.common import UriOpt, console, fail, output_folder, run_guarded
 from gtep.config import ConfigError, check_port, check_store_file
 
 app = typer.Typer()
 
 
 @app.command()
-def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", help="the --output folder of the runs"),
+def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", parser=output_folder, metavar="<path>",
+                                   help="the --output folder of the runs"),
        tracking_uri: Optional[str] = UriOpt, host: str = typer.Option("127.0.0.1", help="bind address"),
        port: int = typer.Option(5000, help="port"),
        study: Optional[str] = typer.Option(None, "--study", help="print the links of this study only"),
