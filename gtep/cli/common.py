@@ -26,10 +26,10 @@ ConfigOpt = typer.Option(None, "--config", "-c", help="experiment YAML file")
 PresetOpt = typer.Option(None, "--preset", help="a scenario shipped with gtep (gtep presets); default: 'default'")
 
 
-def output_folder(value: str) -> Path:
+def output_folder(value: str | Path) -> Path:
     """--output as typed: an empty value would become Path('.') and put every study file in the current folder,
     so it is refused here, where the empty string can still be told from '.'."""
-    if not value.strip():
+    if isinstance(value, str) and not value.strip():  # a default (a Path) is never empty
         fail("--output: is empty, which would mean the current folder (a study's files among yours); give a folder "
              "(e.g. --output gtep-runs), or leave the option out for ./gtep-runs")
     return Path(value)
