@@ -42,7 +42,6 @@ HERE = Path(__file__).resolve().parent
 
 import torch  # noqa: E402
 import yaml  # noqa: E402
-from scipy import stats  # noqa: E402
 
 from gtep.data import resolve_dataset  # noqa: E402
 from gtep.engine.runner import FirstTaskSpec, OrderingJob, OrderingRun  # noqa: E402
@@ -176,10 +175,9 @@ def gtep_job(args: argparse.Namespace, method: str, seed: int) -> OrderingJob:
                        augment="pilot@32" if vit else "pycil-cifar", weights=args.vit_weights if vit else None)
 
 
-def start_reference(args: argparse.Namespace, method: str, seed: int, order: list[int], npz: str,
-                    normalise: tuple[list[float], list[float]], scratch: Path) -> subprocess.Popen:
-    """The reference toolbox's method on the same classes, order and recipe, started in a subprocess
-    (reference_side.py)."""
+def reference_job(args: argparse.Namespace, method: str, seed: int, order: list[int], npz: str,
+                  normalise: tuple[list[float], list[float]]) -> dict:
+    """The job file reference_side.py runs: the reference toolbox's method on the same classes, order and recipe."""
     recipe = recipe_for(method, args)
     increments = parse_increments(args.increments)
     toolbox = reference_of(method).lower()
@@ -189,6 +187,15 @@ def start_reference(args: argparse.Namespace, method: str, seed: int, order: lis
            "globals": recipe.pycil_globals, "mean": normalise[0], "std": normalise[1]}
     if toolbox == "pilot":
         job.update(memory=0, weights=str(Path(args.vit_weights).resolve()), image_size=32)
+    return job
+
+
+def start_reference(args: argparse.Namespace, method: str, seed: int, order: list[int], npz: str,
+                    normalise: tuple[list[float], list[float]], scratch: Path) -> subprocess.Popen:
+    """The reference toolbox's method on the same classes, order and recipe, started in a subprocess
+    (reference_side.py)."""
+    job = reference_job(args, method, seed, order, npz, normalise)
+    toolbox = job["toolbox"]
     (scratch / "job.json").write_text(json.dumps(job))
     checkout = args.pilot if toolbox == "pilot" else args.pycil
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(checkout).resolve()), str(HERE)])}
@@ -300,6 +307,9 @@ def difference(ours: list[float], theirs: list[float]) -> tuple[float, float, fl
     se = math.sqrt(va + vb)
     if se < 1e-9:  # no spread on either side (a deterministic method): equal or not, nothing to test
         return diff, diff, diff, 1.0 if abs(diff) < 1e-9 else 0.0
+    # imported here, not at the top: benchmarks/gpu_speed.py imports this module on a device without scipy
+    from scipy import stats
+
     dof = (va + vb) ** 2 / (va ** 2 / (len(ours) - 1) + vb ** 2 / (len(theirs) - 1))
     half = stats.t.ppf(0.975, dof) * se
     p = stats.ttest_ind(ours, theirs, equal_var=False).pvalue

@@ -17,7 +17,8 @@ sets from outside the toolbox's own code, and why:
   MEMO and PILOT's methods read theirs from the args dict (their json config), which the job's "args" extend.
   `num_workers` is 0 (one process, as gtep).
 - device: PyCIL's and PILOT's `trainer._set_device` map every entry to CUDA (they compare the list, not the entry,
-  with -1), so the run gives them `torch.device("cpu")` itself.
+  with -1), so the run gives them the job's device itself (`torch.device("cpu")` unless the job says "device"; and
+  `num_workers` 0 unless the job says, as benchmarks/gpu_speed.py does on a GPU).
 - `.cuda()`: PyCIL's BEEF (models/beef_iso.py and BEEFISONet in utils/inc_net.py) and a few heads call `.cuda()`
   on new tensors and layers directly; without a GPU the run makes `Tensor.cuda` and `Module.cuda` return their
   object unchanged, so those lines run on the CPU like the rest.
@@ -128,7 +129,8 @@ def model_args(job: dict) -> dict:
     return {"model_name": job["method"], backbone_key: job["backbone"], "dataset": "gtep",
             "memory_size": job["memory"], "memory_per_class": 20, "fixed_memory": False, "shuffle": False,
             "init_cls": job["increments"][0], "increment": job["increments"][1], "seed": job["seed"],
-            "device": [torch.device("cpu")], "prefix": "gtep", "num_workers": 0, **job["args"]}
+            "device": [torch.device(job.get("device", "cpu"))], "prefix": "gtep",
+            "num_workers": job.get("num_workers", 0), **job["args"]}
 
 
 def run(job: dict) -> dict:
@@ -158,8 +160,8 @@ def run(job: dict) -> dict:
         if not hasattr(module, name):  # a misspelt global would otherwise be set and never read
             raise SystemExit(f"{module.__name__} has no recipe global {name!r}")
         setattr(module, name, value)
-    if hasattr(module, "num_workers"):
-        module.num_workers = 0
+    if hasattr(module, "num_workers"):  # 0 unless the job says (gpu_speed.py: the toolbox's own loader workers)
+        module.num_workers = job.get("num_workers", 0)
     if job["args"].get("tuned_epoch", None) == 0 and hasattr(type(model), "_init_train"):
         type(model)._init_train = lambda self, *args, **kwargs: None  # zero epochs: the loop would do nothing
     acc_t, nme_t, student_acc_t, tic = [], [], [], time.perf_counter()

@@ -25,6 +25,8 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Any, Callable
 
 for _key, _value in (("RAY_AUTH_MODE", "disabled"), ("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false"),
                      ("HF_HUB_OFFLINE", "1")):
@@ -77,10 +79,12 @@ def textbook_transform(pixels: torch.Tensor, x: StoredImages, draws, start: int)
     return (torch.stack(out) - pipeline.mean) / pipeline.std
 
 
-def bare_loop(net: torch.nn.Module, task: TaskData, seed: int, precision: Precision, augment: str) -> None:
+def bare_loop(net: torch.nn.Module, task: TaskData, seed: int, precision: Precision, augment: str,
+              compile: bool = False) -> None:
     """A plain PyTorch loop over the same batches as Trainer.fit (the same draws from the same generator).
     augment 'per-sample' transforms image by image (the textbook way); 'batched' uses gtep's batch transform,
-    so that only the loop around it is compared (on CUDA the per-sample crop launches kernels per image)."""
+    so that only the loop around it is compared (on CUDA the per-sample crop launches kernels per image).
+    `compile`: torch.compile the forward and loss, as `training.compile` does for gtep's step."""
     recipe, x, y = task.recipe, task.x, task.y
     generator = torch.Generator().manual_seed(seed)
     net.train()
@@ -90,6 +94,11 @@ def bare_loop(net: torch.nn.Module, task: TaskData, seed: int, precision: Precis
                                 weight_decay=recipe.weight_decay)
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, list(recipe.milestones), gamma=recipe.lr_decay)
     n, batch = len(x), recipe.batch_size
+
+    def step_loss(xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(net(xb)["logits"], yb)
+
+    step = torch.compile(step_loss) if compile else step_loss
     for _ in range(recipe.epochs):
         order = torch.randperm(n, generator=generator).to(x.device)
         draws = x.pipeline.draw(n, generator, x.pixels.shape[-1], x.device)
@@ -103,7 +112,7 @@ def bare_loop(net: torch.nn.Module, task: TaskData, seed: int, precision: Precis
             if precision.channels_last:
                 xb = xb.contiguous(memory_format=torch.channels_last)
             with precision.autocast():
-                loss = F.cross_entropy(net(xb)["logits"], y[idx])
+                loss = step(xb, y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -137,6 +146,55 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     precision = Precision.for_device(device, not args.no_mixed_precision)
+    sides = compare_sides(args, device, precision)
+    task, times, check = sides.task, sides.times, sides.loss
+
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
+            sides.run_gtep(0)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+    images = len(task.x) * task.recipe.epochs
+    rate = {clock: {name: images / statistics.median(values) for name, values in by_side.items()}
+            for clock, by_side in times.items()}
+    print(f"{args.algorithm} on {args.backbone}, {len(task.x)} images x {task.recipe.epochs} epochs, batch "
+          f"{task.recipe.batch_size}, {device}, {torch.get_num_threads()} thread(s), {args.repeats} repetitions")
+    for name in SIDES:
+        spread = ", ".join(f"{images / t:.0f}" for t in times["wall"][name])
+        print(f"{name:5s} {rate['wall'][name]:8.1f} images/s (median of wall times: {spread}); "
+              f"{rate['cpu'][name]:8.1f} per CPU second")
+    print(f"loss after training on the same batches: gtep {check['gtep']:.6f}, bare {check['bare']:.6f} "
+          f"(bare crop: {args.bare_augment})")
+    other = "cpu" if args.clock == "wall" else "wall"
+    print(f"ratio by {other} time: {rate[other]['gtep'] / rate[other]['bare']:.2f}")
+    print(f"ratio: {rate[args.clock]['gtep'] / rate[args.clock]['bare']:.2f} (target >= 0.95)")
+
+
+SIDES = ("gtep", "bare")
+
+
+@dataclass
+class SideBySide:
+    """What compare_sides measured: each side's times per clock (seconds per repetition), the loss each network
+    ends at (the same work gives the same loss), and what ran (the gtep side again, for a profile)."""
+
+    task: TaskData
+    learner: Any
+    times: dict[str, dict[str, list[float]]]
+    loss: dict[str, float]
+    run_gtep: Callable[[int], None]
+
+    def images_per_second(self, side: str, clock: str = "wall") -> float:
+        return len(self.task.x) * self.task.recipe.epochs / statistics.median(self.times[clock][side])
+
+
+def compare_sides(args: argparse.Namespace, device: torch.device, precision: Precision,
+                  compile: bool = False) -> SideBySide:
+    """gtep's Trainer and the bare loop on one task (task_of: args.dataset, images, algorithm, backbone, batch,
+    epochs, lr), from the same weights on the same batches, args.repeats timed repetitions each after a warm-up,
+    alternated; `compile` on both sides (gtep: training.compile; bare: its step compiled alike)."""
     task, params = task_of(args, device)
 
     torch.manual_seed(0)
@@ -149,11 +207,11 @@ def main() -> None:
 
     def run_gtep(seed: int) -> None:
         learner.net.load_state_dict(initial)
-        learner.learn_task(task, Trainer(device, seed, augment=True, precision=precision).fit)
+        learner.learn_task(task, Trainer(device, seed, augment=True, precision=precision, compile=compile).fit)
 
     def run_bare(seed: int) -> None:
         bare_net.load_state_dict(initial)
-        bare_loop(bare_net, task, seed, precision, args.bare_augment)
+        bare_loop(bare_net, task, seed, precision, args.bare_augment, compile=compile)
 
     sides = {"gtep": run_gtep, "bare": run_bare}
     times: dict[str, dict[str, list[float]]] = {clock: {name: [] for name in sides} for clock in ("wall", "cpu")}
@@ -162,36 +220,16 @@ def main() -> None:
         for name in order:
             synchronize(device)
             wall, cpu = time.perf_counter(), time.process_time()
-            sides[name](seed=args.repeats)  # one seed: every repetition trains on the same batches
+            sides[name](args.repeats)  # one seed: every repetition trains on the same batches
             synchronize(device)
-            if repeat > 0:  # repetition 0 warms up both sides (allocator, kernels, caches)
+            if repeat > 0:  # repetition 0 warms up both sides (allocator, kernels, caches, compilation)
                 times["wall"][name].append(time.perf_counter() - wall)
                 times["cpu"][name].append(time.process_time() - cpu)
     with torch.no_grad():  # both networks trained from the same weights on the same batches: the same loss
         check = {name: float(F.cross_entropy(net.eval()(task.x[:256])["logits"], task.y[:256]))
                  for name, net in (("gtep", learner.net), ("bare", bare_net))}
+    return SideBySide(task, learner, times, check, run_gtep)
 
-    if args.profile:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
-            run_gtep(seed=0)
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
-
-    images = len(task.x) * task.recipe.epochs
-    rate = {clock: {name: images / statistics.median(values) for name, values in by_side.items()}
-            for clock, by_side in times.items()}
-    print(f"{args.algorithm} on {args.backbone}, {len(task.x)} images x {task.recipe.epochs} epochs, batch "
-          f"{task.recipe.batch_size}, {device}, {torch.get_num_threads()} thread(s), {args.repeats} repetitions")
-    for name in sides:
-        spread = ", ".join(f"{images / t:.0f}" for t in times["wall"][name])
-        print(f"{name:5s} {rate['wall'][name]:8.1f} images/s (median of wall times: {spread}); "
-              f"{rate['cpu'][name]:8.1f} per CPU second")
-    print(f"loss after training on the same batches: gtep {check['gtep']:.6f}, bare {check['bare']:.6f} "
-          f"(bare crop: {args.bare_augment})")
-    other = "cpu" if args.clock == "wall" else "wall"
-    print(f"ratio by {other} time: {rate[other]['gtep'] / rate[other]['bare']:.2f}")
-    print(f"ratio: {rate[args.clock]['gtep'] / rate[args.clock]['bare']:.2f} (target >= 0.95)")
 
 if __name__ == "__main__":
     main()
