@@ -65,10 +65,12 @@ def test_ncm_predicts_the_class_of_a_seen_image_and_mdt_scores_it_zero():
 
 
 def test_the_threshold_turns_a_prediction_into_unseen():
-    model = learner("fluid_ncm", detector="mdt", threshold=0.0)
-    x = images(2)
-    feed(model, x, [0, 1])
-    assert model.predict_sample(x[:1], CountingMeter())[0] == UNSEEN  # score 0 >= threshold 0
+    # a threshold just above 0 (0 itself, which flags every sample, is outside its range): a sample that is no
+    # class's centroid scores above it and is flagged; a lower threshold than a score always flags
+    model = learner("fluid_ncm", detector="mdt", threshold=1e-6)
+    x = images(3)
+    feed(model, x[:2], [0, 1])
+    assert model.predict_sample(x[2:], CountingMeter())[0] == UNSEEN
 
 
 def test_msp_score_is_one_minus_the_top_softmax_probability():
