@@ -3,10 +3,11 @@
 For the default preset and one preset of each scenario family, with `--trials 1 --orderings 1`: the calibration's
 estimate of the tuning unit's training seconds (gtep/preflight.py: compute_estimate), then the unit itself trained
 through gtep's engine as a trial trains it (its job from gtep/orchestration/trial_job.py, the trial's threads, the
-phase's data; pretrained weights first where the preset has a pretrain section, not counted), without Ray, and
-the estimate again: the mean of the two is compared with the measurement (the machine's load drifts). Prints one
-table (preset, family, estimate s, measured s, estimate/measured; the target is 0.5 to 2) and writes it as JSON.
-A family whose cost the calibration cannot estimate gets its measurement and the reason instead.
+phase's data), without Ray, and the estimate again: the mean of the two is compared with the measurement (the
+machine's load drifts). Where the preset has a pretrain section, its pretraining runs first (into the run's own
+folder, never a cache) and is a row of its own: the pretraining estimate taken before and after it against its
+seconds. Prints one table (preset, family, estimate s, measured s, estimate/measured; the target is 0.5 to 2)
+and writes it as JSON. A family whose cost the calibration cannot estimate gets its measurement and the reason.
 
     TINYIMAGENET_NPZ=../shared/data/tinyimagenet200_32.npz .venv/bin/python benchmarks/calibration.py \\
         [--presets default,tinyimagenet-smoke] [--json benchmarks/results/calibration.json]
@@ -63,16 +64,32 @@ def table(rows: list[Row]) -> str:
 
 def estimate_unit(plan: Any) -> tuple[float | None, str]:
     """The calibration's seconds for one tuning unit, or None and why not (what `gtep check` says)."""
-    from gtep.preflight import compute_estimate, no_estimate_reason
+    from gtep.preflight import FLOW_UNITS, compute_estimate, compute_flow_estimate, no_estimate_reason
 
     reason = no_estimate_reason(plan)
     if reason is not None:
         return None, reason
-    return float(compute_estimate(plan)["unit_seconds"]), ""
+    estimate = compute_flow_estimate if plan.resolved.family.data_flow in FLOW_UNITS else compute_estimate
+    return float(estimate(plan)["unit_seconds"]), ""
 
 
-def measure_unit(plan: Any, say: Callable[[str], None]) -> float:
-    """Train the study's tuning unit (set 0, ordering 0) as a trial does, without Ray: its training seconds."""
+def estimate_pretraining(plan: Any) -> float | None:
+    """The pretrain section's estimated seconds (what `gtep check --calibrate` prints), None without one or when
+    its weights are cached already (then the measurement would not pretrain either)."""
+    from gtep.orchestration.pretraining import pretrain_spec, pretrained_path
+    from gtep.preflight import pretrain_estimate
+
+    if plan.resolved.pretraining is None or pretrained_path(plan.resolved).exists():
+        return None
+    tic = time.perf_counter()
+    seconds = pretrain_estimate(plan, pretrain_spec(plan.resolved)).seconds
+    print(f"pretraining estimate {seconds:.1f} s (timed in {time.perf_counter() - tic:.1f} s)", flush=True)
+    return seconds
+
+
+def measure_unit(plan: Any, say: Callable[[str], None]) -> tuple[float, float]:
+    """Pretrain where the preset says so (timed), then train the study's tuning unit (set 0, ordering 0) as a
+    trial does, without Ray: (its training seconds, the pretraining's seconds)."""
     import torch
 
     from gtep.data import resolve_dataset
@@ -81,7 +98,9 @@ def measure_unit(plan: Any, say: Callable[[str], None]) -> float:
     from gtep.orchestration.trial_job import trial_job
     from gtep.preflight import sampled_params
 
+    tic = time.perf_counter()
     resolved = with_pretrained_weights(plan.resolved, say)
+    pretraining = time.perf_counter() - tic
     job = trial_job(resolved, "tune")
     spec = resolved.phase("tune")
     extra = resolved.family.data_classes(resolved.config.scenario.family_options)
@@ -93,7 +112,7 @@ def measure_unit(plan: Any, say: Callable[[str], None]) -> float:
         outcome = run_ordering(job.ordering(hparams, 0), data)
     finally:
         torch.set_num_threads(before)
-    return float(outcome.train_seconds)
+    return float(outcome.train_seconds), pretraining
 
 
 def timed_estimate(preset: str, plan: Any) -> tuple[float | None, str]:
@@ -104,22 +123,33 @@ def timed_estimate(preset: str, plan: Any) -> tuple[float | None, str]:
     return estimate, note
 
 
-def run_preset(preset: str, output: Path) -> Row:
+def run_preset(preset: str, output: Path) -> list[Row]:
     """Calibrate, measure, calibrate again: on a shared machine whose load drifts, the mean of the estimates
-    taken on either side of the measurement saw the load it saw."""
+    taken on either side of the measurement saw the load it saw. A preset with a pretrain section gets a second
+    row: the pretraining's estimate (taken before it) against its measurement."""
     from gtep import api
     from gtep.preflight import preflight
 
     cfg = api.experiment(None, preset=preset, trials=1, orderings=1, output=output / preset)
     plan = preflight(cfg)
     before, note = timed_estimate(preset, plan)
-    measured = measure_unit(plan, lambda line: print(f"{preset}: {line}", flush=True))
-    print(f"{preset}: measured {measured:.1f} s", flush=True)
+    pretrain_estimated = estimate_pretraining(plan)
+    measured, pretraining = measure_unit(plan, lambda line: print(f"{preset}: {line}", flush=True))
+    print(f"{preset}: measured {measured:.1f} s, pretraining {pretraining:.1f} s", flush=True)
+    family = plan.resolved.family.name
+    extra = []
+    if pretrain_estimated is not None:  # timed again after it, as the unit's estimate is (the load drifts)
+        from gtep.orchestration.pretraining import pretrain_spec
+        from gtep.preflight import pretrain_estimate
+
+        again = pretrain_estimate(plan, pretrain_spec(plan.resolved)).seconds
+        extra.append(Row(f"{preset} (pretraining)", family, (pretrain_estimated + again) / 2, pretraining, "",
+                         (pretrain_estimated, again)))
     if before is None:
-        return Row(preset, plan.resolved.family.name, None, measured, note)
+        return [Row(preset, family, None, measured, note), *extra]
     after, _ = timed_estimate(preset, plan)
     assert after is not None
-    return Row(preset, plan.resolved.family.name, (before + after) / 2, measured, note, (before, after))
+    return [Row(preset, family, (before + after) / 2, measured, note, (before, after)), *extra]
 
 
 def results(rows: list[Row], command: str) -> dict[str, Any]:
@@ -135,12 +165,13 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/calibration.json"))
     args = parser.parse_args()
     os.environ.setdefault("TINYIMAGENET_NPZ", str(Path("../shared/data/tinyimagenet200_32.npz").resolve()))
+    os.environ.pop("GTEP_CACHE", None)  # pretrain into the run's own folder: a cached file would not pretrain
     args.json.parent.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="gtep-calibration-") as tmp:
         for name in args.presets.split(","):
             try:
-                rows.append(run_preset(name, Path(tmp)))
+                rows.extend(run_preset(name, Path(tmp)))
             except Exception as err:  # noqa: BLE001 - one preset's failure is its row, the others still run
                 rows.append(Row(name, "?", None, float("nan"), f"failed: {type(err).__name__}: {err}"))
             # written after every preset: a long run stopped half-way keeps what it measured

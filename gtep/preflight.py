@@ -534,23 +534,280 @@ def ordering_seconds(plan: StudyPlan, phase: PhasePlan, params: Any, calibration
     return (costs[0], sum(costs[1:])) if costs else (0.0, 0.0)
 
 
-# Why a data flow gets no estimate: the calibration times tasks of images x epochs, which these flows' work is not.
-NO_ESTIMATE = {
-    "multi_label": "IIRC's tasks take their images from the label hierarchy's sample assignment and replay a "
-                   "per-label memory, which the count of task images x epochs does not model",
-    "stream": "FLUID's learner updates inside the stream (every update_every samples, on what it has seen) "
-              "and counts the MACs of every prediction, not tasks of images x epochs",
-    "continual_few_shot": "CFSL's learner adapts once to each support set of a few images, not to tasks of "
-                          "images x epochs; its cost is mostly its pretraining",
-}
+# ---------------------------------------------------------------- the other data flows: a part of the run, scaled
+
+# The flows whose work is not tasks of images x epochs, and what their calibration counts as a unit of work.
+FLOW_UNITS = {"multi_label": "task", "stream": "stream sample", "continual_few_shot": "support set"}
+# A FLUID stream longer than this is timed on its first this-many samples and scaled to its length.
+CALIBRATION_STREAM_STEPS = 1000
+# CFSL: the first task is a warm-up and discarded; the next this-many tasks are timed.
+CALIBRATION_TIMED_TASKS = 1
+
+
+# A sampled `fit` (and the pretraining) is timed on one epoch of 1 batch and of this many: the difference is the
+# cost per image, the rest the call's own (its optimizer, the epoch's sync), paid once and not per image.
+FLOW_FIT_BATCHES = 4
+
+
+def linear_cost(train: Any, device: Any, batch: int, images: int) -> tuple[float, float]:
+    """(seconds per call, seconds per image) of `train(n)`, one epoch on n images: timed on one batch and on
+    FLOW_FIT_BATCHES (fewer where `images` holds fewer); where one batch is all there is, all per image."""
+    small, large = min(images, batch), min(images, FLOW_FIT_BATCHES * batch)
+    one = _Stopwatch(train, device)
+    one(small)
+    if large <= small:
+        return 0.0, one.seconds / max(1, small)
+    more = _Stopwatch(train, device)
+    more(large)
+    per_image = max(0.0, more.seconds - one.seconds) / (large - small) or more.seconds / large
+    return max(0.0, one.seconds - per_image * small), per_image
+
+
+class _SampledFit:
+    """Stands in for the trainer's `fit` in a calibration run: each call trains one epoch on its first batches
+    (linear_cost), timed, and counts what the call would have cost at its full images x epochs (the first call
+    runs once more before, as the warm-up)."""
+
+    def __init__(self, fit: Any, device: Any) -> None:
+        self.fit, self.device = fit, device
+        self.seconds = 0.0  # spent here, in the sampled epochs
+        self.full_seconds = 0.0  # what the calls would have taken in full
+        self.calls = 0
+
+    def __call__(self, parameters: Any, loss_fn: Any, x: Any, y: Any, recipe: Any, **kwargs: Any) -> None:
+        import time
+
+        if len(x) == 0 or recipe.epochs < 1:
+            return
+        parameters = list(parameters)  # a generator would be spent by the first of the timed epochs
+        one_epoch = replace(recipe, epochs=1, milestones=())
+
+        def train(n: int) -> None:
+            self.fit(parameters, loss_fn, x[:n], y[:n], one_epoch, **kwargs)
+
+        tic = time.perf_counter()
+        if self.calls == 0:
+            train(min(len(x), recipe.batch_size))
+        per_call, per_image = linear_cost(train, self.device, recipe.batch_size, len(x))
+        self.calls += 1
+        self.seconds += time.perf_counter() - tic
+        self.full_seconds += per_call + per_image * len(x) * recipe.epochs
+
+
+@dataclass(frozen=True)
+class FlowCalibration:
+    """One ordering of a multi_label, stream or continual_few_shot flow, run in part as a trial runs it: seconds
+    per unit of work outside `fit`, and `fit`'s seconds at full images x epochs per unit ** fit_power (a FLUID
+    update trains on every sample seen so far: n samples cost n ** 2)."""
+
+    outside_fit: float  # seconds per unit: predictions, scoring, memory, support sets
+    fit: float  # seconds per unit ** fit_power
+    fit_power: int
+    unit: str
+    timed_units: int
+    timed_seconds: float  # what the calibration run itself took
+    batch_size: int
+    threads: int
+    device: str
+
+    def seconds(self, units: int) -> float:
+        return self.outside_fit * units + self.fit * units ** self.fit_power
+
+
+def phase_images(plan: StudyPlan, phase: PhasePlan) -> Any:
+    """The phase's own images (their labels make the IIRC hierarchy, the FLUID stream and the CFSL tasks), and
+    the extra classes its family shows besides (FLUID's pretrain classes)."""
+    from gtep.data import resolve_dataset
+
+    extra = plan.resolved.family.data_classes(plan.resolved.config.scenario.family_options)
+    return resolve_dataset(phase.spec.dataset).load().subset(sorted({*phase.spec.classes, *extra}))
+
+
+def flow_run(plan: StudyPlan, phase: PhasePlan, hparams: dict[str, Any], device: str, data: Any) -> Any:
+    """The flow's run object of ordering 0 of the phase, as the flow builds it for a trial."""
+    flow = plan.resolved.family.data_flow
+    job = phase_job(plan, phase, hparams, device, plan.resolved.config.training.epoch_scale)
+    if flow == "multi_label":
+        from gtep.engine.flows.multi_label import MultiLabelRun
+        return MultiLabelRun(job, data)
+    if flow == "stream":
+        from gtep.engine.flows.stream import StreamRun
+        return StreamRun(job, data)
+    from gtep.engine.flows.continual_few_shot import CfslRun
+    return CfslRun(job, data)
+
+
+def flow_units(plan: StudyPlan, phase: PhasePlan, data: Any | None = None) -> int:
+    """Units of work of one ordering of the phase (FLOW_UNITS), counted on the flow's own run object."""
+    run = flow_run(plan, phase, sampled_params(plan)[0][1], "cpu", data or phase_images(plan, phase))
+    return _units(plan.resolved.family.data_flow, run)
+
+
+def _units(flow: str, run: Any) -> int:
+    if flow == "stream":
+        return len(run.stream)
+    if flow == "continual_few_shot":
+        return sum(len(task.support) for task in run.tasks)
+    return len(run.tasks)
+
+
+def calibrate_flow(plan: StudyPlan, data: Any | None = None) -> FlowCalibration:
+    """Run part of ordering 0 of the tuning phase on its flow as a trial runs it (the trial's threads and device,
+    the median set's hyperparameters, the real learner and data), `fit` sampled (_SampledFit): every IIRC task;
+    a FLUID stream's first CALIBRATION_STREAM_STEPS samples; CFSL's task 2 (task 1 the warm-up)."""
+    import torch
+
+    slots = trial_slots(plan.resolved.config)
+    before = torch.get_num_threads()
+    torch.set_num_threads(slots.threads)
+    try:
+        return _timed_flow(plan, data or phase_images(plan, plan.tuning), slots)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _timed_flow(plan: StudyPlan, data: Any, slots: TrialSlots) -> FlowCalibration:
+    import time
+
+    from gtep.engine.device import describe_device
+
+    flow = plan.resolved.family.data_flow
+    sets = sorted(sampled_params(plan), key=lambda pair: pair[0].batch_size)
+    params, hparams = sets[len(sets) // 2]
+    run = flow_run(plan, plan.tuning, hparams, calibration_device(slots), data)
+    fit = _SampledFit(run.trainer.fit, run.device) if hasattr(run, "trainer") else None
+    if fit is not None:
+        run.trainer.fit = fit
+    tic = time.perf_counter()
+    timed_units, seconds, power = _run_part(flow, run)
+    total = time.perf_counter() - tic
+    sampled, full = (fit.seconds, fit.full_seconds) if fit is not None else (0.0, 0.0)
+    return FlowCalibration(
+        outside_fit=max(0.0, seconds - sampled) / timed_units, fit=full / timed_units ** power, fit_power=power,
+        unit=FLOW_UNITS[flow], timed_units=timed_units, timed_seconds=total,
+        batch_size=params.batch_size, threads=slots.threads, device=describe_device(run.device))
+
+
+def _run_part(flow: str, run: Any) -> tuple[int, float, int]:
+    """Run the flow's calibration part: (units timed, their seconds, the power fit's work grows by)."""
+    import time
+
+    if flow == "continual_few_shot":
+        run.run_task(run.tasks[0])  # the warm-up: kernels, allocator, the learner's first reset
+        timed = run.tasks[1: 1 + CALIBRATION_TIMED_TASKS] or run.tasks[:1]
+        tic = time.perf_counter()
+        for task in timed:
+            run.run_task(task)
+        return sum(len(task.support) for task in timed), time.perf_counter() - tic, 1
+    tic = time.perf_counter()
+    if flow == "stream":
+        steps = min(len(run.stream), CALIBRATION_STREAM_STEPS)
+        for t in range(steps):
+            run.step(t)
+        return steps, time.perf_counter() - tic, 2
+    for task in run.tasks:
+        run.train_task(task)
+    return len(run.tasks), time.perf_counter() - tic, 1
+
+
+def compute_flow_estimate(plan: StudyPlan, calibration: FlowCalibration | None = None) -> dict[str, Any]:
+    """Seconds of training each phase of a multi_label, stream or continual_few_shot study should take here: the
+    calibration's seconds per unit, scaled to the units each phase's ordering holds (FlowCalibration.seconds)."""
+    tuning_data = phase_images(plan, plan.tuning)
+    calibration = calibration or calibrate_flow(plan, tuning_data)
+    cfg = plan.resolved.config
+    trials, orderings = cfg.search.trials, cfg.search.orderings
+    units = {"tune": flow_units(plan, plan.tuning, tuning_data), "evaluate": flow_units(plan, plan.evaluation)}
+    unit = calibration.seconds(units["tune"])
+    tuning = unit * trials * orderings
+    slots = trial_slots(cfg)
+    at_once = min(slots.slots, trials)
+    return {"calibration": calibration, "slots": slots, "units": units, "unit_seconds": unit,
+            "tuning_seconds": tuning, "evaluation_seconds": calibration.seconds(units["evaluate"]) * orderings,
+            "tuning_wall_seconds": tuning * -(-trials // at_once) / trials, "trials_at_once": at_once,
+            "device": calibration.device}
+
+
+# ---------------------------------------------------------------- the pretrain section's cost
+
+@dataclass(frozen=True)
+class PretrainEstimate:
+    """The pretrain section's seconds: a few of its steps timed, scaled to its epochs x images (episodes for
+    protonet)."""
+
+    seconds: float
+    images: int
+    epochs: int
+    per_step: float  # seconds per image-epoch (supervised) or per episode (protonet)
+    step: str  # 'image-epoch' or 'episode'
+    steps: int
+
+
+def pretrain_estimate(plan: StudyPlan, spec: Any) -> PretrainEstimate:
+    """Time the pretrain section's recipe (`spec`: gtep.engine.pretrain.PretrainSpec, as
+    gtep/orchestration/pretraining.py builds it) on its own images with a trial's threads, as the study's
+    pretraining runs: a warm-up and then one epoch of CALIBRATION_BATCHES batches (supervised), or a warm-up
+    episode and two timed ones (protonet)."""
+    import torch
+
+    assert plan.resolved.pretraining is not None
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(plan.resolved.config.compute.cpus_per_trial)))
+    try:
+        return _timed_pretraining(spec, plan.resolved.pretraining.dataset)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _timed_pretraining(spec: Any, dataset: str) -> PretrainEstimate:
+    import torch
+    from torch import nn
+
+    from gtep.algorithms._episodic import train_prototypical
+    from gtep.engine.device import resolve_device
+    from gtep.engine.pretrain import pretraining_pipeline, train_supervised, training_subset
+    from gtep.engine.runner import PhaseTensors
+    from gtep.models import create_backbone
+
+    source = resolve_dataset(dataset)
+    subset = training_subset(source.load().subset(list(spec.classes)), spec)
+    device = resolve_device(spec.device)
+    relabel = {c: i for i, c in enumerate(spec.classes)}
+    tensors = PhaseTensors(subset, list(spec.classes), device, pretraining_pipeline(spec.backbone, source.name))
+    x = tensors.images("train", np.ones(len(subset.y_train), dtype=bool))
+    y = torch.as_tensor([relabel[int(c)] for c in subset.y_train], device=device)
+    backbone = create_backbone(spec.backbone).to(device)
+    images = len(y)
+    if spec.method == "protonet":
+        def embed(xb: Any) -> Any:
+            return backbone(xb)["features"]
+
+        def episodes(n: int) -> Any:
+            return train_prototypical(backbone, embed, x, y, ways=spec.ways, shots=spec.shots, queries=spec.queries,
+                                      episodes=n, lr=spec.lr, generator=torch.Generator().manual_seed(spec.seed))
+        episodes(1)
+        timed = _Stopwatch(episodes, device)
+        timed(2)
+        total = spec.epochs * max(1, images // (spec.ways * (spec.shots + spec.queries)))
+        return PretrainEstimate(timed.seconds / 2 * total, images, spec.epochs, timed.seconds / 2, "episode", total)
+    head = nn.Linear(backbone.out_dim, len(spec.classes)).to(device)
+    one_epoch = replace(spec, epochs=1)
+
+    def train(n: int) -> None:
+        train_supervised(backbone, head, x[:n], y[:n], one_epoch, None)
+
+    train(min(images, spec.batch_size))  # the warm-up
+    per_call, per_image = linear_cost(train, device, spec.batch_size, images)
+    return PretrainEstimate(per_call + per_image * images * spec.epochs, images, spec.epochs, per_image,
+                            "image-epoch", images * spec.epochs)
 
 
 def no_estimate_reason(plan: StudyPlan) -> str | None:
-    """Why `compute_estimate` cannot cover the study's family, or None when it can."""
+    """Why neither `compute_estimate` nor `compute_flow_estimate` covers the study's family, or None."""
     flow = plan.resolved.family.data_flow
-    if flow == "class_incremental" and plan.tuning.tasks and plan.evaluation.tasks:
+    if flow in FLOW_UNITS or (flow == "class_incremental" and plan.tuning.tasks and plan.evaluation.tasks):
         return None
-    return NO_ESTIMATE.get(flow, f"its {flow} data flow's work is not tasks of images x epochs")
+    return f"its {flow} data flow has no calibration (gtep/preflight.py: FLOW_UNITS)"
 
 
 def same_work(plan: StudyPlan) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,23 @@ import yaml
 from typer.testing import CliRunner
 
 from gtep import api
+from gtep.algorithms.base import FitRecipe
 from gtep.cli import app
 from gtep.config import ConfigError
 from gtep.config.files import preset_text
 from gtep.engine.loop import Trainer
-from gtep.preflight import Calibration, check_device, compute_estimate, preflight, sampled_params
+from gtep.preflight import (
+    FLOW_FIT_BATCHES,
+    Calibration,
+    FlowCalibration,
+    _SampledFit,
+    check_device,
+    compute_estimate,
+    compute_flow_estimate,
+    preflight,
+    pretrain_estimate,
+    sampled_params,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import calibration as bench  # noqa: E402
@@ -138,3 +151,118 @@ def test_the_benchmark_table_divides_estimate_by_measurement():
     assert lines[4].startswith("| omniglot-iirc | iirc | - | 12.0 | no estimate: its multi_label")
     stored = bench.results(rows, "cmd")["rows"]
     assert stored[0]["ratio"] == pytest.approx(1.5) and stored[2]["within_target"] is None
+
+
+# ---------------------------------------------------------------- the IIRC, CFSL and FLUID flows (issue 45, item 1)
+
+def fluid_file(tmp_path: Path, total_samples: int = 60) -> Path:
+    """A FLUID study on synthetic images, small enough to calibrate in a second or two."""
+    section = {"pretrain_classes": [0, 1, 2, 3], "n_pretrain_classes": 2, "n_novel_classes": 4,
+               "total_samples": total_samples, "per_class_cap": 40, "head_cut": 10}
+    text = {"study": "f", "algorithm": "fluid_et", "backbone": "resnet8",
+            "scenario": {"family": "fluid", "fluid": section},
+            "datasets": {"split": {"dataset": "synthetic:classes=20,train=40,test=10", "classes": list(range(4, 20)),
+                                   "classes_per_phase": 8}}}
+    path = tmp_path / f"fluid-{total_samples}.yaml"
+    path.write_text(yaml.safe_dump(text))
+    return path
+
+
+def preset_file(tmp_path: Path, preset: str, **sections) -> Path:
+    """The preset as a file, a section's keys (dotted: scenario.cfsl) updated with `sections`' values."""
+    text = yaml.safe_load(preset_text(preset))
+    for dotted, values in sections.items():
+        section = text
+        for key in dotted.split("."):
+            section = section[key]
+        section.update(values)
+    path = tmp_path / f"{preset}.yaml"
+    path.write_text(yaml.safe_dump(text))
+    return path
+
+
+FLOW_STUDIES = {  # family -> (the study's file, its data flow): each a few tasks, a few seconds to calibrate
+    "iirc": (lambda tmp: preset_file(tmp, "omniglot-iirc", **{"scenario.iirc": {"classes_per_task": 25}}),
+             "multi_label"),
+    "cfsl": (lambda tmp: preset_file(tmp, "omniglot-cfsl", pretrain={"batch_size": 16}, **{
+        "scenario.cfsl": {"support_sets": 3, "tasks_per_ordering": 2}}), "continual_few_shot"),
+    "fluid": (fluid_file, "stream"),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FLOW_STUDIES))
+def test_check_estimates_the_iirc_cfsl_and_fluid_families(tmp_path, monkeypatch, family):
+    """Each flow family gets an estimate from a part of its real run, with the scaling rule said, where
+    `gtep check` used to print a reason instead; a pretrain section not cached yet gets its own line."""
+    monkeypatch.setenv("GTEP_CACHE", str(tmp_path / "cache"))  # an empty cache: the pretraining is to come
+    monkeypatch.setattr("gtep.preflight.FLOW_FIT_BATCHES", 2)
+    study_file, flow = FLOW_STUDIES[family]
+    result = runner.invoke(app, ["check", "-c", str(study_file(tmp_path)), "--trials", "1", "--orderings", "1",
+                                 "--output", str(tmp_path / "runs"), "--calibrate"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    out = " ".join(result.output.split())
+    assert "no estimate" not in out
+    assert f"compute: calibrated as a trial runs the {flow} flow, on cpu with 1 thread(s)" in out
+    assert "a unit; tuning about" in out and "scaled to an ordering's" in out
+    assert ("pretraining: about" in out and "once per study" in out) == (family == "cfsl")
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()  # nothing written
+
+
+def cfsl_plan(tmp_path: Path, support_sets: int):
+    cfg = api.experiment(preset="omniglot-cfsl", trials=2, orderings=3, output=tmp_path / "runs",
+                         fields={"scenario.cfsl.support_sets": support_sets})
+    return preflight(cfg)
+
+
+def test_the_flow_estimate_scales_with_the_support_sets_and_the_stream(tmp_path):
+    """At fixed calibrated costs, twice the support sets a task or twice the stream is twice the outside-`fit`
+    seconds; a FLUID update trains on every sample seen so far, so its `fit` seconds grow with the square."""
+    per_unit = FlowCalibration(outside_fit=0.01, fit=0.0, fit_power=1, unit="support set", timed_units=10,
+                               timed_seconds=1.0, batch_size=32, threads=1, device="cpu")
+    five, ten = (compute_flow_estimate(cfsl_plan(tmp_path, n), per_unit) for n in (5, 10))
+    assert five["units"] == {"tune": 50, "evaluate": 50} and ten["units"] == {"tune": 100, "evaluate": 100}
+    assert five["unit_seconds"] == pytest.approx(0.5) and ten["unit_seconds"] == pytest.approx(1.0)
+    assert ten["tuning_seconds"] == pytest.approx(2 * 3 * 1.0)  # R x S units
+    short, long = (preflight(api.experiment(fluid_file(tmp_path, n), trials=1, orderings=1,
+                                            output=tmp_path / "runs")) for n in (60, 120))
+    stream = replace(per_unit, unit="stream sample", fit_power=2)
+    assert compute_flow_estimate(long, stream)["unit_seconds"] == pytest.approx(
+        2 * compute_flow_estimate(short, stream)["unit_seconds"])
+    updates = replace(stream, outside_fit=0.0, fit=1e-4)
+    assert compute_flow_estimate(long, updates)["unit_seconds"] == pytest.approx(
+        4 * compute_flow_estimate(short, updates)["unit_seconds"])
+
+
+def test_a_sampled_fit_trains_a_few_batches_once_and_counts_the_full_call():
+    """The calibration's stand-in for `fit` trains one epoch of at most FLOW_FIT_BATCHES batches, and counts the
+    call at its images x epochs (here a fit that takes 1 ms an image: 200 images x 5 epochs, about 1 s)."""
+    import time
+
+    seen: list[tuple[int, int]] = []
+
+    def fit(parameters, loss_fn, x, y, recipe, **kwargs):
+        seen.append((len(x), recipe.epochs))
+        time.sleep(1e-3 * len(x) * recipe.epochs)
+
+    sampled = _SampledFit(fit, torch.device("cpu"))
+    recipe = FitRecipe(epochs=5, lr=0.1, batch_size=8, weight_decay=0.0, scheduler="steplr", milestones=(3,),
+                       lr_decay=0.1)
+    sampled([], None, torch.zeros(200, 1), torch.zeros(200), recipe)
+    assert {epochs for _, epochs in seen} == {1} and max(n for n, _ in seen) == FLOW_FIT_BATCHES * 8
+    assert sampled.seconds < 0.2
+    assert 0.8 < sampled.full_seconds < 1.5
+
+
+def test_the_pretraining_estimate_is_its_images_times_its_epochs(tmp_path, monkeypatch):
+    """The pretrain section's seconds: the timed cost per image-epoch times its images (the pretrain classes'
+    training images) times its epochs."""
+    from gtep.orchestration.pretraining import pretrain_spec
+
+    monkeypatch.setattr("gtep.preflight.linear_cost", lambda train, device, batch, images: (0.0, 1e-3))
+    plan = preflight(api.experiment(preset="omniglot-cfsl", output=tmp_path / "runs"))
+    spec = pretrain_spec(plan.resolved)
+    cost = pretrain_estimate(plan, spec)
+    images = int(sum(plan.tuning.facts.train_counts[list(spec.classes)]))
+    assert cost.images == images and cost.epochs == spec.epochs == 30
+    assert cost.seconds == pytest.approx(1e-3 * images * 30)
+    assert pretrain_estimate(plan, replace(spec, epochs=60)).seconds == pytest.approx(2 * cost.seconds)

@@ -94,8 +94,12 @@ def print_plan(plan, calibrate: bool) -> None:
     if reason is not None:
         console.print(f"compute: no estimate for the {family.name} family: {escape(reason)}; time one unit with "
                       "`gtep tune --trials 1 --orderings 1` instead", highlight=False)
-        return
-    print_estimate(plan)
+    elif family.data_flow == "class_incremental":
+        print_estimate(plan)
+    else:
+        print_flow_estimate(plan)
+    if cfg.pretrain is not None:
+        print_pretraining(plan)
 
 
 def print_estimate(plan) -> None:
@@ -117,6 +121,50 @@ def print_estimate(plan) -> None:
     console.print(f"trial slots: {estimate['trials_at_once']} trial(s) at a time with {slots.threads} CPU thread(s) "
                   f"each; {slots.slots} trial slot(s) on this machine ({slots.counted}) -> tuning wall about "
                   f"{_duration(estimate['tuning_wall_seconds'])}", highlight=False)
+
+
+def print_flow_estimate(plan) -> None:
+    """A multi_label, stream or continual_few_shot study: the part of ordering 0 the calibration ran, its costs,
+    the scaling rule and what it comes to per phase."""
+    from gtep.preflight import compute_flow_estimate
+
+    cfg = plan.resolved.config
+    estimate = compute_flow_estimate(plan)
+    cal, slots, units = estimate["calibration"], estimate["slots"], estimate["units"]
+    unit = cal.unit
+    fit_rule = (f"fit x ({unit}s / {cal.timed_units}) ** 2 (an update trains on every sample seen so far)"
+                if cal.fit_power == 2 else f"fit x {unit}s / {cal.timed_units}")
+    console.print(f"compute: calibrated as a trial runs the {plan.resolved.family.data_flow} flow, on "
+                  f"{escape(cal.device)} with {cal.threads} thread(s), batch size {cal.batch_size} (the sampled "
+                  f"sets' median), {cfg.algorithm} on the phase's own images: {cal.timed_units} {unit}(s) of "
+                  f"tuning ordering 0 run in {cal.timed_seconds:.1f} s, each `fit` timed on "
+                  f"one epoch of its first batches and counted at its images x epochs; "
+                  f"{cal.outside_fit * 1e3:.1f} ms per {unit} outside `fit`; scaled to an ordering's "
+                  f"{units['tune']} (tuning) and {units['evaluate']} (evaluation) {unit}s as outside x {unit}s / "
+                  f"{cal.timed_units} + {fit_rule}; about {_duration(estimate['unit_seconds'])} a unit; tuning "
+                  f"about {_duration(estimate['tuning_seconds'])}, evaluation about "
+                  f"{_duration(estimate['evaluation_seconds'])} of training", highlight=False)
+    console.print(f"trial slots: {estimate['trials_at_once']} trial(s) at a time with {slots.threads} CPU thread(s) "
+                  f"each; {slots.slots} trial slot(s) on this machine ({slots.counted}) -> tuning wall about "
+                  f"{_duration(estimate['tuning_wall_seconds'])}", highlight=False)
+
+
+def print_pretraining(plan) -> None:
+    """The pretrain section: done once per study and cached; its cost where the cache has no file for it yet."""
+    from gtep.orchestration.pretraining import pretrain_spec, pretrained_path
+    from gtep.preflight import pretrain_estimate
+
+    path = pretrained_path(plan.resolved)
+    if path.exists():
+        console.print(f"pretraining: cached at {escape(str(path))}; not run again", highlight=False)
+        return
+    spec = pretrain_spec(plan.resolved)
+    cost = pretrain_estimate(plan, spec)
+    work = (f"{cost.steps:,} episodes ({cost.epochs} epochs of {cost.images:,} images)" if cost.step == "episode"
+            else f"{cost.images:,} images x {cost.epochs} epochs")
+    console.print(f"pretraining: about {_duration(cost.seconds)} ({work} at {cost.per_step * 1e3:.2f} ms per "
+                  f"{cost.step}, a few steps of the pretrain section's recipe timed); once per study, before the "
+                  f"phases, then cached at {escape(str(path))} and not counted in the units above", highlight=False)
 
 
 @app.command("check")
