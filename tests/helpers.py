@@ -11,6 +11,22 @@ SYNTHETIC = "synthetic:classes=10,train=40,test=20"
 
 
 @lru_cache(maxsize=4)
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as the module `name` (the folder is scripts, not a package), for tests that drive a
+    benchmark's functions and its main() in this process."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs: its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def load(dataset: str = SYNTHETIC) -> ImageSet:
     return resolve_dataset(dataset).load()
 

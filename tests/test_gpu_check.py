@@ -3,27 +3,22 @@ two learners, one trained and one deterministic, and what it records is read bac
 call's caller would: the table on stdout and the JSON it leaves."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def check():
-    return gpu_check()
+    return load_benchmark("gpu_check")
 
 
 @pytest.fixture(scope="module")
@@ -109,10 +104,9 @@ def test_the_check_and_its_tests_import_nothing_the_device_lacks():
     drives, and the gpu tests it runs import none of them (pytest travels as a wheel: benchmarks/gpu_check.sh)."""
     import subprocess
 
-    code = ("import importlib.util, sys\n"
-            "spec = importlib.util.spec_from_file_location('gpu_check', 'benchmarks/gpu_check.py')\n"
-            "module = sys.modules['gpu_check'] = importlib.util.module_from_spec(spec)\n"
-            "spec.loader.exec_module(module)\n"
+    code = ("import sys\n"
+            "from tests.helpers import load_benchmark\n"
+            "load_benchmark('gpu_check')\n"
             "import tests.gpu.test_gpu_engine, gtep.engine.flows, gtep.engine.pretrain\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'mlflow', 'optuna', 'pydantic'}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

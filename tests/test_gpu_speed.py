@@ -2,7 +2,6 @@
 what it records is read back as the device call's caller would, the tables on stdout and the JSON it leaves."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -11,22 +10,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parent.parent
 PYCIL = ROOT / ".pycil"  # docs/speed.md unpacks upstream PyCIL there (ignored by git)
 HAS_PYCIL = (PYCIL / "utils" / "data_manager.py").is_file()
 
 
-def gpu_speed():
-    spec = importlib.util.spec_from_file_location("gpu_speed", ROOT / "benchmarks" / "gpu_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_speed"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def speed():
-    return gpu_speed()
+    return load_benchmark("gpu_speed")
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +117,9 @@ def test_the_scipy_shim_computes_pycil_s_distances(speed, tmp_path):
 def test_the_script_imports_nothing_the_device_lacks():
     """The device has torch, timm, torchvision and numpy, no Ray, MLflow, Optuna, pydantic or scipy: the script and
     the benchmarks it reuses import none of them (PyCIL's one use of scipy gets a shim there)."""
-    code = ("import importlib.util, sys\n"
-            "spec = importlib.util.spec_from_file_location('gpu_speed', 'benchmarks/gpu_speed.py')\n"
-            "module = sys.modules['gpu_speed'] = importlib.util.module_from_spec(spec)\n"
-            "spec.loader.exec_module(module)\n"
+    code = ("import sys\n"
+            "from tests.helpers import load_benchmark\n"
+            "load_benchmark('gpu_speed')\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'mlflow', 'optuna', 'pydantic', 'scipy'}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
