@@ -323,6 +323,15 @@ def print_table(results: list[LearnerResult], facts: dict[str, Any]) -> None:
           + (f"; failed: {', '.join(failed)}" if failed else ""))
 
 
+def save_report(out: Path, facts: dict[str, Any], size: Size, results: list[LearnerResult],
+                tests: dict[str, Any] | None) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"facts": facts, "size": asdict(size), "deterministic": list(DETERMINISTIC),
+              "compare_images": COMPARE_IMAGES, "learners": [asdict(r) for r in results], "tests": tests}
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+    return out / "gpu_check.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", help="the device to check (default cuda)")
@@ -342,24 +351,23 @@ def main(argv: list[str] | None = None) -> int:
     dataset = dataset_spec(size)
     data = resolve_dataset(dataset).load()
     results: list[LearnerResult] = []
+    facts = device_facts(args.device)
     with tempfile.TemporaryDirectory(prefix="gtep-gpu-check-") as folder:
         for name in names:
             results.append(check_learner(name, size, args.device, data, dataset, Path(folder)))
             print(f"  {name}: {results[-1].status} in {results[-1].seconds:.1f} s", flush=True)
+            # saved after every learner: a device call that runs out of time still returns what it checked
+            save_report(args.out, facts, size, results, None)
         if not args.learners or "replay" in names:
             results.append(check_learner("replay", size, args.device, data, dataset, Path(folder),
                                          pipeline=f"pycil-imagenet@{size.imagenet_side}", backbone="resnet18",
                                          label="replay (ImageNet crops)"))
-    facts = device_facts(args.device)
+    save_report(args.out, facts, size, results, None)
     tests = None if args.no_tests else run_gpu_tests(args.device, args.tests_timeout)
     print_table(results, facts)
     if tests:
         print(f"gpu test group ({', '.join(tests['modules'])}): {tests['summary']}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    report = {"facts": facts, "size": asdict(size), "deterministic": list(DETERMINISTIC),
-              "compare_images": COMPARE_IMAGES, "learners": [asdict(r) for r in results], "tests": tests}
-    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1))
-    print(f"results: {args.out / 'gpu_check.json'}")
+    print(f"results: {save_report(args.out, facts, size, results, tests)}")
     failed = any(not r.ok for r in results) or bool(tests and tests["returncode"] != 0)
     return 1 if failed else 0
 
