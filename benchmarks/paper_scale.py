@@ -27,15 +27,17 @@ product). `--write` writes it and checks it (`gtep matrix --check`: every cell r
    start`) the workers; the driver's resident memory (VmRSS from /proc) sampled every second;
 3. faults: the MLflow server restarted (down 5 s + its start) at --restart-server-at of the units, the driver's
    whole process group SIGKILLed at --kill-at of them, then the same command again (resume);
-4. measured: wall time against the units' own train_seconds (overhead per unit = (wall - sum of unit seconds /
-   slots) / units, slots = the cluster's CPUs), memory, the store's rows by table and its size (SQL), the
-   journal folders after compaction, `gtep report --matrix` under /usr/bin/time -v, and in headless Chromium
+4. measured: slot time not spent in units, per unit = (slots x the time the cells ran - the units' own
+   train_seconds) / units (slots = the cluster's CPUs), with the matrix's report and the faults' cost (a resume's
+   start, the server's outage) apart; the store's rows by table and its size (SQL), the journal folders after
+   compaction, `gtep report --matrix` under /usr/bin/time -v, and in headless Chromium
    the seconds until one study's runs table and the matrix's phase runs (compare-experiments view) show;
-5. checked (`verdicts`): every unit trained exactly once and none re-run by the resume (unit_trained events),
-   one ordering run per unit and no duplicate run (by gtep.key, and by phase/level/set/ordering tags), every
-   run finished, no write left in a journal, and -- against the same matrix run again without faults into a
-   sqlite store (skip with --no-reference) -- the same H* per cell and the same report tables (run ids and
-   measured seconds left out, numbers to 9 digits).
+5. checked (`verdicts`): the driver's VmRSS grew less than 100 MiB from its first 1,000 units (half its units in
+   a smaller run) to its last, in each run (the report it then runs in-process apart); every unit trained exactly
+   once and none re-run by the resume (unit_trained events), one ordering run per unit and no duplicate run (by
+   gtep.key, and by phase/level/set/ordering tags), every run finished, no write left in a journal, and --
+   against the same matrix run again without faults into a sqlite store (skip with --no-reference) -- the same
+   H* per cell and the same report tables (run ids and measured seconds left out, numbers to 9 digits).
 
 tests/cluster/test_paper_scale.py runs a 200-unit version in the `cluster` group and asserts the verdicts.
 """
@@ -316,6 +318,8 @@ class MemorySampler(threading.Thread):
         self.pid, self.done = pid, threading.Event()
         self.driver: list[tuple[float, int]] = []
         self.child_peak = self.tree_peak = 0
+        self.units = 0  # units trained by this run so far, kept current by matrix_run
+        self.by_units: list[tuple[int, int]] = []  # (units trained, driver VmRSS KiB) at each sample
 
     def run(self) -> None:
         start = time.monotonic()
@@ -323,10 +327,27 @@ class MemorySampler(threading.Thread):
             own = rss_kib(self.pid)
             if own:
                 self.driver.append((round(time.monotonic() - start, 1), own))
+                self.by_units.append((self.units, own))
                 children = [rss_kib(p) for p in descendants(self.pid)]
                 self.child_peak = max([self.child_peak, *children])
                 self.tree_peak = max(self.tree_peak, own + sum(children))
             self.done.wait(1.0)
+
+    def growth_check(self, cells_done_s: float | None, after_units: int = 1000) -> dict[str, Any]:
+        """The driver's VmRSS once it has seen its first `after_units` units trained (or half of its units, in a
+        smaller run: its imports, Ray's client and the cells' first phases are behind it by then) and at the end
+        of its units (the cells done, or the kill), and the growth between them: a check (< 100 MiB), the report
+        that the matrix then runs in-process left apart."""
+        ended = [u for (t, _), u in zip(self.driver, self.by_units) if cells_done_s is None or t <= cells_done_s]
+        total = max((n for n, _ in ended), default=0)
+        mark = min(after_units, total // 2)
+        after = next((rss for n, rss in ended if n >= mark and n > 0), None)
+        if after is None or not ended:
+            return {"after_units": mark, "measured": False}
+        end = ended[-1][1]
+        return {"after_units": mark, "units_at_end": total, "measured": True,
+                "rss_after_mib": round(after / 1024, 1), "rss_at_end_mib": round(end / 1024, 1),
+                "growth_mib": round((end - after) / 1024, 1), "growth_below_100_mib": end - after < 100 * 1024}
 
     def figures(self, cells_done_s: float | None = None) -> dict[str, Any]:
         values = [v for _, v in self.driver] or [0]
@@ -590,11 +611,15 @@ def matrix_run(command: list[str], env: dict[str, str], log: Path, events: UnitE
     sampler.start()
     out: dict[str, Any] = {"units_before": events.poll()}
     cells_done: float | None = None
+    first_unit: float | None = None  # seconds to this run's first unit: its drivers' start (a resume's cost)
     restarter: threading.Thread | None = None
     state = events.root / "matrix.json"
     try:
         while process.poll() is None:
             trained = events.poll()
+            sampler.units = trained - out["units_before"]
+            if first_unit is None and sampler.units > 0:
+                first_unit = time.perf_counter() - start
             if cells_done is None and trained >= expected and state.exists():
                 with contextlib.suppress(ValueError):  # the driver replaces it atomically; a torn read is retried
                     if all(c.get("status") in ("finished", "failed")
@@ -619,8 +644,10 @@ def matrix_run(command: list[str], env: dict[str, str], log: Path, events: UnitE
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    done_s = None if cells_done is None else round(cells_done, 1)
     out.update(returncode=process.returncode, wall_s=round(time.perf_counter() - start, 1),
-               units_after=events.poll(), memory=sampler.figures(None if cells_done is None else round(cells_done, 1)))
+               units_after=events.poll(), memory=sampler.figures(done_s), memory_check=sampler.growth_check(done_s),
+               cells_done_s=done_s, first_unit_s=None if first_unit is None else round(first_unit, 1))
     if "killed_at_units" not in out and process.returncode != 0:
         print(f"{' '.join(command[2:5])} exited {process.returncode} ({log}):\n{log.read_text()[-2000:]}", flush=True)
     return out
@@ -638,11 +665,29 @@ def restart(server: MlflowServer, record: dict[str, Any]) -> None:
     record["down_s"] = round(time.perf_counter() - down, 1)
 
 
-def overhead(wall: float, own: float, units_run: int, slots: int) -> dict[str, Any]:
-    """Overhead per unit = (matrix wall time - the units' own seconds / slots) / units: what gtep adds to each unit
-    beyond its training, with every slot of the cluster busy."""
-    return {"wall_s": round(wall, 1), "unit_seconds_sum": round(own, 1), "slots": slots, "units": units_run,
-            "overhead_per_unit_ms": round(1000 * (wall - own / slots) / max(units_run, 1), 1)}
+def overhead(runs: list[dict[str, Any]], own: float, units_run: int, slots: int,
+             server_down_s: float = 0.0) -> dict[str, Any]:
+    """Slot time not spent in units, per unit: (slots x the time the cells ran - the units' own seconds) / units,
+    with what is not the cells' work apart: the matrix's report after its cells (`report_s`), and the faults'
+    cost (`faults_s`: a resumed run's drivers starting again until its first unit, and the server's outage,
+    during which units go on training and their writes wait in the journal). `slot_time_lost_per_unit_ms` counts
+    the cells' time without both; `..._with_faults_ms` with the faults. It is wall time on the cluster's slots,
+    not the controller's CPU: benchmarks/cluster_sim.py measures that (driver CPU seconds per unit)."""
+    wall = sum(r["wall_s"] for r in runs)
+    report = sum(r["wall_s"] - r["cells_done_s"] for r in runs if r.get("cells_done_s") is not None)
+    resume = sum(r.get("first_unit_s") or 0.0 for r in runs[1:])
+    cells = wall - report
+    per_unit = max(units_run, 1)
+
+    def lost(seconds: float) -> float:
+        return round(1000 * (slots * seconds - own) / per_unit, 1)
+
+    return {"wall_s": round(wall, 1), "report_s": round(report, 1),
+            "faults_s": {"resume_start_s": round(resume, 1), "server_down_s": round(server_down_s, 1)},
+            "cells_s": round(cells, 1), "unit_seconds_sum": round(own, 1), "slots": slots, "units": units_run,
+            "slot_time_lost_per_unit_ms": lost(cells - resume),
+            "slot_time_lost_per_unit_with_faults_ms": lost(cells),
+            "slot_busy_share": round(own / (slots * max(cells - resume, 1e-9)), 3)}
 
 
 def rehearse(opt: Options) -> dict[str, Any]:
@@ -694,11 +739,12 @@ def rehearse(opt: Options) -> dict[str, Any]:
                                  "units_trained_by_resume": len(events.trained) - len(trained_before),
                                  "finished_units_rerun": len(rerun), "units_reused": sum(events.reused.values())}
         files, own = unit_seconds(root)
-        wall = sum(r["wall_s"] for r in runs)
-        figures["time"] = overhead(wall, own, files, 2 * opt.cpus_per_node)
+        down = float(first.get("server_restart", {}).get("down_s") or 0.0)
+        figures["time"] = overhead(runs, own, files, 2 * opt.cpus_per_node, down)
         figures["units"] = {"expected": expected, "unit_files": files, "trained_once": len(events.trained),
                             "trained_more_than_once": sum(n > 1 for n in events.trained.values())}
         figures["memory"] = {f"run_{i + 1}": r["memory"] for i, r in enumerate(runs)}
+        figures["memory_check"] = {f"run_{i + 1}": r["memory_check"] for i, r in enumerate(runs)}
         state = json.loads((root / "matrix.json").read_text())["cells"]
         figures["cells"] = dict(Counter(c["status"] for c in state.values()))
         figures["journal"] = journal_figures(root)
@@ -727,7 +773,7 @@ def rehearse(opt: Options) -> dict[str, Any]:
             ours, theirs = best_sets(root), best_sets(ref_root)
             tables, ref_tables = report_tables(folder / "report"), report_tables(folder / "reference-report")
             figures["reference"] = {
-                "time": overhead(reference["wall_s"], ref_own, ref_files, 2 * opt.cpus_per_node),
+                "time": overhead([reference], ref_own, ref_files, 2 * opt.cpus_per_node),
                 "memory": reference["memory"], "store": store_figures(f"sqlite:///{ref_root / 'mlflow.db'}"),
                 "report": ref_report,
                 "cells_compared": len(theirs), "cells_with_other_best_set": sorted(
@@ -753,7 +799,9 @@ def verdicts(figures: dict[str, Any]) -> dict[str, bool]:
            "one ordering run per unit": store["runs_by_level"].get("ordering") == units_["expected"],
            "no duplicate MLflow run": store["duplicate_runs_by_key"] == 0 and store["duplicate_runs_by_tags"] == 0,
            "every run finished (or failed as diverged)": store["runs_not_finished"] == 0,
-           "no write left in a journal": figures["journal"]["pending_writes"] == 0}
+           "no write left in a journal": figures["journal"]["pending_writes"] == 0,
+           "the driver's memory grew < 100 MiB from its first units to its last, in every run": all(
+               c["measured"] and c["growth_below_100_mib"] for c in figures["memory_check"].values())}
     if "resume" in figures:
         out["no finished unit re-run"] = figures["resume"]["finished_units_rerun"] == 0
     if "reference" in figures:

@@ -177,6 +177,16 @@ class ComputeSpec(_Strict):
     # What one ordering needs; a trial with room for several runs its orderings in parallel (None: the trial's)
     cpus_per_ordering: float | None = Field(None, gt=0)
     gpus_per_ordering: float | None = Field(None, ge=0)
+    # Rehearse a GPU cluster on CPUs: a trial whose GPUs (Ray's logical ones, `ray start --num-gpus 8`) torch cannot
+    # see trains on the CPU and records their ids; off, such a trial stops with an error (docs/cluster.md)
+    simulate_gpus: bool = False
+
+    @model_validator(mode="after")
+    def _simulated_gpus_are_asked_for(self) -> "ComputeSpec":
+        if self.simulate_gpus and not self.gpus_per_trial:
+            raise ValueError("simulate_gpus is true but gpus_per_trial is 0, so no trial is given a GPU to simulate; "
+                             "set gpus_per_trial (e.g. 0.25) or leave simulate_gpus out")
+        return self
 
     @model_validator(mode="after")
     def _orderings_fit_in_a_trial(self) -> "ComputeSpec":

@@ -241,6 +241,7 @@ class MlflowWriter(tune.Callback):
                                 tags=self._tags(
             "ordering", **{"gtep.set_index": str(set_index), "gtep.ordering": str(s), "gtep.status": result["status"],
                            "gtep.node": str(result.get("node", "")), "gtep.device": str(result.get("device", "")),
+                           "gtep.gpu_ids": str(result.get("gpu_ids", "")),  # the GPUs Ray gave the unit's trial
                            "gtep.resumed_tasks": str(result.get("resumed_tasks", 0)),
                            "gtep.first_task": str(result.get("first_task", ""))}))
         values = as_logged({k: result[k] for k in ORDERING_METRICS + self.extra_metrics if _finite(result.get(k))})
@@ -341,7 +342,18 @@ class MlflowWriter(tune.Callback):
         set_index = self.set_index_of(trial)
         error = str(getattr(trial, "error_file", ""))[:500]
         self.errors[set_index] = error
-        self.journal.log(self.trial_run(set_index), tags={"gtep.error": error})
+        self.journal.log(self.trial_run(set_index), tags={"gtep.error": error,
+                                                          "gtep.error_message": error_message(trial)[:500]})
+
+
+def error_message(trial: Any) -> str:
+    """A failed trial's error as one line (its exception's last line, e.g. a GPU torch cannot see), '' if none."""
+    try:
+        text = trial.get_error() or ""
+    except Exception:  # noqa: BLE001 - the error file is a courtesy; its path is logged anyway
+        return ""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def ordering_result(unit: dict[str, Any]) -> OrderingResult:

@@ -23,6 +23,7 @@ from gtep.config import ResolvedExperiment
 from gtep.data import ImageSet, resolve_dataset
 from gtep.engine import OrderingJob, run_ordering
 from gtep.engine.checkpoint import checkpoints_every
+from gtep.engine.device import GpuNotVisibleError, TrialDevice, trial_device
 from gtep.engine.first_task import FirstTaskStore, first_task_key
 from gtep.engine.runner import OrderingOutcome, hparams_reaching_first_task
 from gtep.orchestration.study import write_atomic
@@ -107,16 +108,39 @@ def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageS
         return {**trained, "unit_file": name, "finished_at": int(time.time() * 1000),
                 "trained_at": trained.get("finished_at")}  # what MLflow stamps it with (tracking.log_ordering)
     checkpoint = folders.checkpoint_dir / f"{name}.pt" if folders and folders.checkpoint_dir else None
+    placed = placed_device(set_index, s, job)
+    job = job.on_device(placed.device)
     log_event(job, "unit_started", set_index=set_index, ordering=int(s), node=_node_id(),
-              checkpoint=bool(checkpoint and checkpoint.exists()))
-    record = {**_train_unit(set_index, hparams, int(s), phase_data, job, checkpoint, on_task_end), "unit_file": name}
+              checkpoint=bool(checkpoint and checkpoint.exists()), gpu_ids=list(placed.gpu_ids), device=placed.device)
+    record = {**_train_unit(set_index, hparams, int(s), phase_data, job, checkpoint, on_task_end), "unit_file": name,
+              "gpu_ids": ",".join(placed.gpu_ids)}
+    if placed.simulated:  # what MLflow's gtep.device says: the CPU it ran on, and the GPUs it stood in for
+        record["device"] = f"{record['device']} (simulating GPU {record['gpu_ids']})"
     if unit_file is not None:
         write_atomic(unit_file, json.dumps(record))
     if checkpoint is not None and checkpoint.exists():
         checkpoint.unlink()  # the unit file is the record now; checkpoints can be large (RanPAC)
     log_event(job, "unit_trained", set_index=set_index, ordering=int(s), node=record["node"],
-              resumed_tasks=record["resumed_tasks"], status=record["status"], first_task=record["first_task"])
+              resumed_tasks=record["resumed_tasks"], status=record["status"], first_task=record["first_task"],
+              gpu_ids=list(placed.gpu_ids))
     return record
+
+
+def ray_gpu_ids() -> list[str]:
+    """The GPU ids Ray gave this trial or task (its CUDA_VISIBLE_DEVICES); none outside Ray."""
+    if not ray.is_initialized():
+        return []
+    return [str(i) for i in ray.get_gpu_ids()]
+
+
+def placed_device(set_index: int, s: int, job: TrialJob) -> TrialDevice:
+    """The unit's device from the GPUs Ray gave it (engine.device.trial_device). A GPU torch cannot see, with no
+    simulation asked for, is logged as the unit's failure with its one-line reason before the trial fails."""
+    try:
+        return trial_device(job.scenario.device, ray_gpu_ids(), torch.cuda.is_available(), job.simulate_gpus)
+    except GpuNotVisibleError as err:
+        log_event(job, "unit_failed", set_index=set_index, ordering=int(s), node=_node_id(), message=str(err))
+        raise
 
 
 def unit_name(set_index: int, hparams: dict[str, Any], s: int) -> str:

@@ -53,10 +53,18 @@ class TrialJob:
     report_every_seconds: float = 0.0
     # an ordering's per-task checkpoint once this many seconds have passed since its last (0: after every task)
     checkpoint_every_seconds: float = 0.0
+    # compute.simulate_gpus: a trial given GPUs that torch cannot see trains on the CPU (engine.device.trial_device)
+    simulate_gpus: bool = False
 
     def ordering(self, hparams: dict[str, Any], s: int) -> OrderingJob:
         """The engine's job for one (set, ordering) unit."""
         return dataclasses.replace(self.scenario, hparams=dict(hparams), ordering=int(s))
+
+    def on_device(self, device: str) -> "TrialJob":
+        """This job with its units trained on `device` (a trial whose GPUs are simulated: 'cpu')."""
+        if device == self.scenario.device:
+            return self
+        return dataclasses.replace(self, scenario=dataclasses.replace(self.scenario, device=device))
 
     @property
     def tasks(self) -> int:
@@ -109,7 +117,8 @@ def trial_job(resolved: ResolvedExperiment, phase: str, folders: StudyFolders | 
                     fidelity=search.fidelity if phase == "tune" else "orderings",
                     resources=ordering_resources(resolved), folders=folders,
                     report_every_seconds=report_every_seconds(resolved, phase),
-                    checkpoint_every_seconds=max(0.0, float(os.environ.get("GTEP_CHECKPOINT_EVERY_SECONDS", 10.0))))
+                    checkpoint_every_seconds=max(0.0, float(os.environ.get("GTEP_CHECKPOINT_EVERY_SECONDS", 10.0))),
+                    simulate_gpus=resolved.config.compute.simulate_gpus)
 
 
 def report_every_seconds(resolved: ResolvedExperiment, phase: str) -> float:

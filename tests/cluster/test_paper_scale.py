@@ -57,6 +57,26 @@ def test_the_faults_happened_mid_matrix(rehearsal):
     assert resume["units_trained_by_resume"] == units - resume["units_trained_before_kill"] > 0
 
 
+def test_the_time_is_slot_time_with_the_report_and_the_faults_apart(rehearsal):
+    _, figures, _ = rehearsal
+    time = figures["time"]
+    assert time["units"] == figures["matrix"]["units"] and time["slots"] == 2
+    assert time["report_s"] > 0, "the matrix's report after its cells is timed apart"
+    assert time["faults_s"]["resume_start_s"] > 0 and time["faults_s"]["server_down_s"] >= 5
+    assert time["cells_s"] == round(time["wall_s"] - time["report_s"], 1)
+    assert time["slot_time_lost_per_unit_with_faults_ms"] > time["slot_time_lost_per_unit_ms"] > 0
+    assert 0 < time["slot_busy_share"] < 1
+
+
+def test_the_driver_memory_is_checked_from_its_first_units_to_its_last(rehearsal):
+    _, figures, _ = rehearsal
+    checks = figures["memory_check"]
+    assert set(checks) == {"run_1", "run_2"}, "the killed run and its resume"
+    for check in checks.values():
+        assert check["measured"] and 0 < check["after_units"] < check["units_at_end"]
+        assert check["growth_below_100_mib"], check
+
+
 def test_the_report_covers_every_cell(rehearsal):
     _, figures, folder = rehearsal
     assert figures["report"]["files"]
