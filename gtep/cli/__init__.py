@@ -4,6 +4,7 @@ gtep run | tune | evaluate           the protocol's phases on Ray Tune, tracked 
 gtep pretrain                        backbone weights from held-out classes                  (cli/pretrain.py)
 gtep check                           the pre-flight checks alone, and the plan            (cli/check.py)
 gtep ui | server | sync              the MLflow side                                         (cli/tracking.py)
+gtep users add | password | grant    a tracking server's users and their grants on studies   (cli/users.py)
 gtep submit | jobs ...               studies as Ray Jobs on a cluster                        (cli/cluster.py)
 gtep algorithms | spaces | presets   what is registered                                      (cli/info.py)
 gtep report                          the paper's tables and figures from MLflow              (cli/report.py)
@@ -23,7 +24,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from gtep.cli import check, cluster, info, matrix, pretrain, replay, report, study, tracking
+from gtep.cli import check, cluster, info, matrix, pretrain, replay, report, study, tracking, users
 
 
 def reflowed(text: str | None) -> str | None:
@@ -69,5 +70,6 @@ for commands in (study.app, check.app, pretrain.app, tracking.app, cluster.app, 
                  matrix.app):
     app.add_typer(commands)
 app.add_typer(cluster.jobs_app, name="jobs")
+app.add_typer(users.app, name="users")
 
 __all__ = ["app"]

@@ -99,11 +99,124 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
 
 
 def mlflow_server_command(backend_store_uri: str, artifacts_destination: str, host: str, port: int,
-                          workers: int) -> list[str]:
-    """The `mlflow server` line `gtep server` runs (README shows it for use without gtep)."""
+                          workers: int, auth: bool = False) -> list[str]:
+    """The `mlflow server` line `gtep server` runs (README shows it for use without gtep). No secret is ever on
+    it: a command line is in every process listing."""
     return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
             "--artifacts-destination", artifacts_destination, "--serve-artifacts",
-            "--host", host, "--port", str(port), "--workers", str(workers)]
+            "--host", host, "--port", str(port), "--workers", str(workers),
+            *(["--app-name", "basic-auth"] if auth else [])]
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: only this machine can reach the port. A host name other than localhost
+    counts as reachable from the network (it names an interface that is)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, auth: bool, insecure: bool) -> None:
+    """A server without authentication lets whoever reaches its port read, overwrite and delete every study:
+    it listens beyond this machine only with --auth, or --insecure where the network itself is trusted."""
+    if auth or insecure or is_loopback(host):
+        return
+    raise ConfigError("--host", f"{host} opens the server to the network without authentication: add --auth "
+                      "(users and permissions: gtep users), or --insecure if only trusted machines can reach it")
+
+
+AUTH_PERMISSIONS = ("READ", "NO_PERMISSIONS")
+AUTH_CACHE_SECONDS = 60
+AUTH_MLFLOW = (3, 17)  # the first MLflow whose auth app takes the admin password from MLFLOW_AUTH_ADMIN_PASSWORD
+
+
+def auth_folder(backend_store_uri: str, artifacts_destination: str) -> Path:
+    """Where `gtep server --auth` keeps its auth config and users database: beside a sqlite store, else beside
+    a local artifacts folder, else ./gtep-server."""
+    if backend_store_uri.startswith("sqlite:///"):
+        return Path(backend_store_uri[len("sqlite:///"):]).resolve().parent
+    if "://" not in artifacts_destination:
+        return Path(artifacts_destination).resolve().parent
+    return Path("gtep-server").resolve()
+
+
+def check_auth_config(path: Path) -> bool:
+    """MLflow's auth INI given with --auth-config: readable, its [mlflow] keys there, private if it holds the
+    admin password. True when it holds one."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    try:
+        parser.read_string(path.read_text())
+    except (OSError, UnicodeDecodeError, configparser.Error) as err:
+        raise ConfigError("--auth-config", f"cannot read {path} as MLflow's auth INI ({err.__class__.__name__})"
+                          ) from None
+    missing = [key for key in ("default_permission", "database_uri")
+               if "mlflow" not in parser or not parser["mlflow"].get(key)]
+    if missing:
+        raise ConfigError("--auth-config", f"{path} needs {', '.join(missing)} in its [mlflow] section "
+                          "(docs/cluster.md shows one)")
+    has_password = bool(parser["mlflow"].get("admin_password"))
+    if has_password and path.stat().st_mode & 0o077:
+        raise ConfigError("--auth-config", f"{path} holds the admin password and others may read it: chmod 600 {path}")
+    return has_password
+
+
+def auth_environment(backend_store_uri: str, artifacts_destination: str, auth_config: Optional[Path],
+                     default_permission: str, environ: dict[str, str]) -> dict[str, str]:
+    """The variables MLflow's basic-auth app reads, for the server's process only: its config file (written
+    here, 0600, unless --auth-config names one), the admin password checked to be there for a new users
+    database, a CSRF key shared by the server's workers."""
+    import importlib.util
+    import secrets
+    from importlib.metadata import version
+
+    if importlib.util.find_spec("flask_wtf") is None:
+        raise ConfigError("--auth", "MLflow's basic-auth app needs its extra: pip install 'gtep[server]'")
+    if tuple(int(part) for part in version("mlflow").split(".")[:2]) < AUTH_MLFLOW:
+        raise ConfigError("--auth", f"needs MLflow {'.'.join(map(str, AUTH_MLFLOW))} or later (installed: "
+                          f"{version('mlflow')}): pip install -U 'gtep[server]'")
+    if default_permission not in AUTH_PERMISSIONS:
+        raise ConfigError("--default-permission", f"{default_permission!r} is not one of {list(AUTH_PERMISSIONS)}")
+    env = {"MLFLOW_FLASK_SERVER_SECRET_KEY": environ.get("MLFLOW_FLASK_SERVER_SECRET_KEY") or secrets.token_hex(32)}
+    if auth_config is not None:
+        file_password = check_auth_config(auth_config)
+        env["MLFLOW_AUTH_CONFIG_PATH"] = str(auth_config.resolve())
+        new_database = False if file_password else None  # None: MLflow says itself if the password is missing
+    else:
+        folder = auth_folder(backend_store_uri, artifacts_destination)
+        database = environ.get("GTEP_AUTH_DATABASE_URI") or f"sqlite:///{folder / 'basic_auth.db'}"
+        new_database = database.startswith("sqlite:///") and not Path(database[len("sqlite:///"):]).exists()
+        env["MLFLOW_AUTH_CONFIG_PATH"] = str(write_auth_config(folder, database, default_permission))
+    if new_database and not environ.get("MLFLOW_AUTH_ADMIN_PASSWORD"):
+        raise ConfigError("MLFLOW_AUTH_ADMIN_PASSWORD", "a new users database needs its admin: export "
+                          "MLFLOW_AUTH_ADMIN_PASSWORD (and MLFLOW_AUTH_ADMIN_USERNAME, default admin) for the "
+                          "server's first start, or give admin_password in a private --auth-config file")
+    return env
+
+
+def write_auth_config(folder: Path, database_uri: str, default_permission: str) -> Path:
+    """MLflow's auth INI without the admin password (MLflow takes it from MLFLOW_AUTH_ADMIN_PASSWORD), private
+    all the same: GTEP_AUTH_DATABASE_URI may carry a database password."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "basic_auth.ini"
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text("[mlflow]\n"
+                    f"default_permission = {default_permission}\n"
+                    f"database_uri = {database_uri}\n"
+                    "admin_username = admin\n"
+                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                    # MLflow checks the password's PBKDF2 hash on every request, a study's writes included;
+                    # a credential that passed is trusted for a minute (a password changed through
+                    # gtep users is dropped at once by the worker that changed it, by the others within it)
+                    f"auth_cache_ttl_seconds = {AUTH_CACHE_SECONDS}\n")
+    return path
 
 
 @app.command()
@@ -111,16 +224,32 @@ def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.d
                                                  help="postgresql://user:pass@host:5432/db for a shared server"),
            artifacts_destination: str = typer.Option("gtep-server/mlartifacts", "--artifacts-destination",
                                                      help="a folder, s3://... or gs://... for run artifacts"),
-           host: str = typer.Option("127.0.0.1", help="bind address (0.0.0.0 only inside a private network)"),
+           host: str = typer.Option("127.0.0.1", help="bind address; beyond 127.0.0.1 only with --auth or "
+                                                  "--insecure"),
            port: int = typer.Option(5000, help="port"),
-           workers: int = typer.Option(2, help="server worker processes")) -> None:
+           workers: int = typer.Option(2, help="server worker processes"),
+           auth: bool = typer.Option(False, "--auth", help="users and permissions (MLflow's basic-auth app): the "
+                                     "admin from MLFLOW_AUTH_ADMIN_USERNAME/MLFLOW_AUTH_ADMIN_PASSWORD"),
+           auth_config: Optional[Path] = typer.Option(None, "--auth-config", metavar="<path>",
+                                                      help="MLflow's auth INI file, instead of the one gtep "
+                                                           "writes"),
+           default_permission: str = typer.Option("READ", "--default-permission",
+                                                  help="with --auth: what a user may do on others' studies, READ "
+                                                       "or NO_PERMISSIONS"),
+           insecure: bool = typer.Option(False, "--insecure", help="listen beyond this machine without --auth: "
+                                         "only where every machine that reaches the port is trusted")) -> None:
     """Start an MLflow tracking server for studies on a cluster.
 
-    Studies log to it with --tracking-uri http://HOST:PORT."""
+    Studies log to it with --tracking-uri http://HOST:PORT. With --auth every request needs a user's
+    credentials (MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials); gtep users adds
+    users and grants them READ, EDIT or MANAGE on a study."""
     def go():
         import importlib.util
 
         check_port(port)
+        check_bind(host, auth, insecure)
+        if auth_config is not None and not auth:
+            raise ConfigError("--auth-config", "applies with --auth: add --auth")
         scheme = backend_store_uri.split(":", 1)[0]
         driver = "psycopg2" if scheme == "postgresql+psycopg2" else "psycopg"
         if scheme.startswith("postgresql") and importlib.util.find_spec(driver) is None:
@@ -131,9 +260,13 @@ def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.d
         if "://" not in artifacts_destination:
             Path(artifacts_destination).mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        console.print(f"MLflow tracking server on http://{host}:{port} (store {backend_store_uri.split('@')[-1]}, "
-                      f"artifacts {artifacts_destination}); Ctrl-C stops it")
-        cmd = mlflow_server_command(backend_store_uri, artifacts_destination, host, port, workers)
+        if auth:
+            env.update(auth_environment(backend_store_uri, artifacts_destination, auth_config, default_permission,
+                                        env))
+        who = "users of gtep users" if auth else "no authentication"
+        console.print(f"MLflow tracking server on http://{host}:{port} ({who}; store "
+                      f"{backend_store_uri.split('@')[-1]}, artifacts {artifacts_destination}); Ctrl-C stops it")
+        cmd = mlflow_server_command(backend_store_uri, artifacts_destination, host, port, workers, auth)
         raise typer.Exit(serve(cmd, env))
     run_guarded(go)
 

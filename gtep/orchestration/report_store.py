@@ -106,6 +106,9 @@ def open_store(tracking_uri: str, option: str = "--tracking-uri") -> RunStore:
     if path is not None and not path.exists():
         raise ConfigError(option, f"there is no MLflow store at {path}; pass the --output folder of the runs "
                           "(gtep run wrote <output>/mlflow.db) or their --tracking-uri")
+    from gtep.orchestration.tracking_auth import check_credentials
+
+    check_credentials(tracking_uri, option)  # a server's 401 is one line naming the credentials, not "no answer"
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         client.search_experiments(max_results=1)

@@ -14,6 +14,13 @@ from gtep.config import ConfigError, ResolvedExperiment, check_tracking_uri
 from gtep.orchestration.journal import TrackingJournal, quiet_http_client
 from gtep.orchestration.study import StudyPaths, read_best
 from gtep.orchestration.tracking import ensure_experiment
+from gtep.orchestration.tracking_auth import (
+    check_can_write,
+    check_credentials,
+    redact,
+    refusal_error,
+    refuse_password_in_uri,
+)
 
 
 def check_tracking(uri: str) -> None:
@@ -22,6 +29,7 @@ def check_tracking(uri: str) -> None:
     check_tracking_uri(uri, "--tracking-uri")
     if not uri.startswith(("http://", "https://")):
         return
+    refuse_password_in_uri(uri, "--tracking-uri")  # before any message below repeats the address
     import urllib.request
 
     try:
@@ -31,6 +39,7 @@ def check_tracking(uri: str) -> None:
         reason = getattr(err, "reason", None) or err
         raise ConfigError("--tracking-uri", f"no MLflow server answers at {uri} ({reason}); start one "
                           "(gtep server) or leave --tracking-uri out for the local sqlite store") from None
+    check_credentials(uri)  # a server with authentication: who we are, refused now rather than after a minute
 
 
 
@@ -71,11 +80,19 @@ def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
         sqlite_write_ahead_log(Path(uri[len("sqlite:///"):]))
         artifact_root = cfg.tracking.output.resolve() / "mlartifacts"
     client = quiet_http_client(uri)
+    check_credentials(uri)  # a refusal (401) is final: no waiting for the server below
     deadline = time.monotonic() + (server_wait() if uri.startswith(("http://", "https://")) else 0.0)
     while True:
         try:
-            return client, ensure_experiment(client, cfg.study, artifact_root)
+            experiment_id = ensure_experiment(client, cfg.study, artifact_root)
+            check_can_write(uri, cfg.study, experiment_id)  # EDIT on the study, before Ray trains anything
+            return client, experiment_id
+        except ConfigError:
+            raise
         except Exception as err:  # noqa: BLE001 - connection errors surface as several MLflow/requests types
+            refused = refusal_error(err, uri, cfg.study)
+            if refused is not None:  # the server answered: waiting would not change its mind
+                raise refused from None
             if time.monotonic() >= deadline:
                 raise ConfigError("--tracking-uri", f"the MLflow store at {uri} does not answer "
                                   f"({err.__class__.__name__}); start it (gtep server) or give another "
@@ -95,7 +112,7 @@ def open_journal(resolved: ResolvedExperiment, paths: StudyPaths) -> TrackingJou
 
 def finish_journal(journal: TrackingJournal, paths: StudyPaths, console: Console) -> None:
     if journal.flush(force=True):
-        reason = escape(str(journal.last_error))
+        reason = escape(redact(str(journal.last_error)))
         console.print(f"[yellow]MLflow at {journal.state.tracking_uri} is not answering ({reason}): "
                       f"{len(journal.pending)} writes wait in {journal.journal_path}; "
                       f"run [bold]gtep sync {paths.root}[/] when it is back.[/]")

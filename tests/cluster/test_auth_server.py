@@ -1,0 +1,254 @@
+"""A tracking server a team shares (issue 50): `gtep server --auth` on 127.0.0.1, users and grants through
+`gtep users`, studies run with a user's credentials; refusals before compute; no password in anything gtep wrote.
+
+One server (sqlite) for the module, one tiny study run by its owner, the other tests read it. The PostgreSQL
+test starts a server of its own on tests/with-postgres.sh's database (SHARED_SCOPES: the postgres group)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from gtep.cli import app
+from tests.cluster.support import ENV, free_port, kill_group, wait_for
+from tests.studies import CONFIG
+
+pytestmark = pytest.mark.cluster
+
+ADMIN = ("admin", "admin-Pa55word-0000")
+ALICE = ("alice", "alice-Pa55word-1111")  # the study's owner
+BOB = ("bob", "bob-Pa55word-22222")       # a teammate: the server's default READ on alice's study
+PASSWORDS = [ADMIN[1], ALICE[1], BOB[1], "wrong-Pa55word-3333"]
+STUDY = "team"
+SEARCH = {"trials": 2, "orderings": 1}
+
+
+def environment(user: tuple[str, str] | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in ENV.items() if not k.startswith(("MLFLOW_TRACKING_", "MLFLOW_AUTH_"))}
+    if user is not None:
+        env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"] = user
+    return {**env, **extra}
+
+
+@contextmanager
+def as_user(user: tuple[str, str]) -> Iterator[None]:
+    """This process sends `user`'s credentials: MLflow's client reads the variables on every request."""
+    names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+    before = {name: os.environ.get(name) for name in names}
+    os.environ.update(zip(names, user))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def gtep(user: tuple[str, str], *args: str, stdin: str | None = None) -> tuple[int, str]:
+    """A gtep command as `user`, in this process (its Ray: conftest's local_ray); (exit code, what it printed)."""
+    with as_user(user):
+        result = CliRunner().invoke(app, list(args), input=stdin)
+    return result.exit_code, result.output + (f"\n{result.exception!r}" if result.exit_code not in (0, 2) else "")
+
+
+class AuthServer:
+    """`gtep server --auth` with the admin's password in its environment only."""
+
+    def __init__(self, root: Path, backend: str | None = None) -> None:
+        self.root, self.port = root, free_port()
+        self.backend = backend or f"sqlite:///{root / 'server' / 'mlflow.db'}"
+        self.log = root / "server.log"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "AuthServer":
+        env = environment(None, MLFLOW_AUTH_ADMIN_USERNAME=ADMIN[0], MLFLOW_AUTH_ADMIN_PASSWORD=ADMIN[1],
+                          GTEP_AUTH_DATABASE_URI=f"sqlite:///{self.root / 'server' / 'basic_auth.db'}")
+        (self.root / "server").mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gtep.cli", "server", "--auth", "--backend-store-uri", self.backend,
+             "--artifacts-destination", str(self.root / "server" / "artifacts"), "--port", str(self.port),
+             "--workers", "1"], stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=env,
+            start_new_session=True)
+        wait_for(lambda: self.healthy() or self.process.poll() is not None, 120, f"the server ({self.log})")
+        assert self.healthy(), self.log.read_text()[-3000:]
+        return self
+
+    def healthy(self) -> bool:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None:
+            kill_group(self.process, 15)
+            self.process = None
+
+
+def client_as(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def add_users(server: AuthServer) -> None:
+    for user in (ALICE, BOB):  # through the command, the password on stdin
+        code, output = gtep(ADMIN, "users", "add", user[0], "--tracking-uri", server.uri, "--password-stdin",
+                            stdin=user[1] + "\n")
+        assert code == 0, output
+
+
+def run_study(server: AuthServer, root: Path, study: str = STUDY) -> tuple[int, str]:
+    """alice's `gtep run` of the tiny study, on this worker's Ray."""
+    config = root / f"{study}.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "study": study, "search": SEARCH}))
+    return gtep(ALICE, "run", "--config", str(config), "--output", str(root / "out"), "--tracking-uri", server.uri)
+
+
+@pytest.fixture(scope="module")
+def team(tmp_path_factory, local_ray):
+    """The server, its users, and alice's finished study."""
+    root = tmp_path_factory.mktemp("auth")
+    server = AuthServer(root).start()
+    try:
+        add_users(server)
+        code, output = run_study(server, root)
+        assert code == 0, output[-3000:]
+        yield {"server": server, "root": root, "output": output}
+    finally:
+        server.stop()
+
+
+def assert_both_phases(uri: str, study: str) -> None:
+    with as_user(ALICE):
+        client = client_as(uri)
+        experiment = client.get_experiment_by_name(f"gtep/{study}")
+        runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    phases = Counter(r.data.tags["gtep.phase"] for r in runs if r.data.tags.get("gtep.level") == "phase")
+    assert phases == {"tune": 1, "evaluate": 1}
+    assert all(r.info.status == "FINISHED" for r in runs)
+
+
+def files_containing(folders: list[Path], secrets: list[str]) -> list[str]:
+    """Every file under `folders` (binary ones too: sqlite stores, Ray's logs) that holds one of `secrets`."""
+    found = []
+    needles = [s.encode() for s in secrets]
+    for folder in folders:
+        for path in folder.rglob("*"):
+            if path.is_file() and not path.is_symlink():
+                try:
+                    data = path.read_bytes()
+                except OSError:
+                    continue
+                found += [f"{path}: {s.decode()}" for s in needles if s in data]
+    return found
+
+
+def ray_session_logs() -> Path:
+    """This worker's Ray session logs (conftest: RAY_TMPDIR of its own), where the study's trials ran."""
+    sessions = sorted(Path(os.environ["RAY_TMPDIR"]).glob("**/session_*/logs"))
+    assert sessions, f"no Ray session under {os.environ['RAY_TMPDIR']}"
+    return sessions[-1].parent
+
+
+def test_a_study_runs_both_phases_into_an_authenticated_server_and_no_password_is_written(team):
+    assert_both_phases(team["server"].uri, STUDY)
+    # the store and users database, the auth config, the study folder, the server's log, Ray's session logs
+    everything = [team["root"], ray_session_logs()]
+    assert files_containing(everything, PASSWORDS) == []
+    assert not [secret for secret in PASSWORDS if secret in team["output"]]  # the terminal
+
+
+def refused(output: str) -> str:
+    """The one error line a refused command printed."""
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, output
+    return errors[0]
+
+
+def test_a_wrong_password_is_refused_before_compute_in_one_line(team, tmp_path):
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "study": "wrong", "search": SEARCH}))
+    code, output = gtep((ALICE[0], PASSWORDS[3]), "run", "--config", str(config), "--output", str(tmp_path / "out"),
+                        "--tracking-uri", team["server"].uri)
+    assert code == 2, output
+    assert "refused the credentials from MLFLOW_TRACKING_USERNAME" in refused(output)
+    assert PASSWORDS[3] not in output
+    assert not (tmp_path / "out" / "wrong").exists()  # nothing was made, nothing trained
+
+
+def test_a_user_without_edit_on_the_study_is_refused_before_compute(team, tmp_path):
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "study": STUDY, "search": SEARCH}))
+    code, output = gtep(BOB, "tune", "--config", str(config), "--output", str(tmp_path / "out"), "--tracking-uri",
+                        team["server"].uri)
+    assert code == 2, output
+    line = refused(output)
+    assert f"may not write study '{STUDY}'" in line and "EDIT" in line and BOB[1] not in output
+    events = tmp_path / "out" / STUDY / "events.jsonl"
+    assert not events.exists() or "unit_trained" not in events.read_text()
+
+
+def test_a_read_user_can_report_but_not_log(team, tmp_path):
+    code, output = gtep(BOB, "report", STUDY, "--tracking-uri", team["server"].uri, "--no-log", "--out",
+                        str(tmp_path / "report"))
+    assert code == 0, output
+    assert any((tmp_path / "report").iterdir())
+    with as_user(BOB):
+        bob = client_as(team["server"].uri)
+        experiment = bob.get_experiment_by_name(f"gtep/{STUDY}")
+        with pytest.raises(Exception, match="403"):
+            bob.create_run(experiment.experiment_id)
+
+
+def test_a_user_cannot_delete_anothers_experiment_until_granted(team):
+    from gtep.orchestration.tracking_auth import check_can_write
+
+    uri = team["server"].uri
+    with as_user(BOB):
+        bob = client_as(uri)
+        experiment_id = bob.get_experiment_by_name(f"gtep/{STUDY}").experiment_id
+        with pytest.raises(Exception, match="403"):
+            bob.delete_experiment(experiment_id)
+        assert bob.get_experiment(experiment_id).lifecycle_stage == "active"
+    # the owner grants EDIT through gtep users: bob may now write the study, and still not delete it
+    code, output = gtep(ALICE, "users", "grant", BOB[0], STUDY, "EDIT", "--tracking-uri", uri)
+    assert code == 0, output
+    with as_user(BOB):
+        check_can_write(uri, STUDY, experiment_id)
+        with pytest.raises(Exception, match="403"):
+            bob.delete_experiment(experiment_id)
+
+
+def test_a_study_runs_both_phases_into_an_authenticated_postgresql_backed_server(tmp_path, local_ray):
+    uri = os.environ.get("GTEP_TEST_POSTGRES_URI")
+    if not uri:
+        if os.environ.get("CI"):
+            pytest.fail("GTEP_TEST_POSTGRES_URI is not set: run the tests through tests/with-postgres.sh")
+        pytest.skip("no PostgreSQL: run through tests/with-postgres.sh")
+    server = AuthServer(tmp_path, backend=uri).start()
+    try:
+        add_users(server)
+        code, output = run_study(server, tmp_path, "team-pg")
+        assert code == 0, output[-3000:]
+        assert_both_phases(server.uri, "team-pg")
+        assert files_containing([tmp_path, ray_session_logs()], PASSWORDS) == []
+    finally:
+        server.stop()
