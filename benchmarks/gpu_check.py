@@ -69,6 +69,10 @@ SHORT_STAGES: dict[str, dict[str, Any]] = {
     "fluid_imprinting": {"switch_after": 20}, "cfsl_protonet": {"episodes": 5}, "cfsl_fomaml": {"episodes": 5},
     "cfsl_proto_tune": {"episodes": 5}, "cec": {"meta_epochs": 1, "episodes": 5},
 }
+# Not the device's doing: at FOMAML's default inner step (Finn et al.'s 0.4, one of its space's three) the last
+# stage of a ResNet-32 diverges on this synthetic data in fp32 on the CPU too, which tuning records as diverged.
+# The check runs the space's middle value so that it checks the device.
+SHORT_STAGES["cfsl_fomaml"]["lr"] = 0.1
 
 
 @dataclass(frozen=True)

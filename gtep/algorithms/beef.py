@@ -219,8 +219,11 @@ class BEEF(IncrementalLearner[BEEFParams]):
             xk.requires_grad_(True)
             with torch.enable_grad():
                 train, energy = self.net.branch(self.net.stack.newest(xk))
-                mass = F.softmax(torch.cat([train, energy], dim=1), dim=1)[:, train.shape[1]:].sum()
-                (grad,) = torch.autograd.grad(torch.log(mass), xk)
+                # log of the summed energy-class probability, in log space: the plain sum underflows to 0
+                # once the model is confident, and log(0) turns the samples to NaN
+                log_probs = F.log_softmax(torch.cat([train, energy], dim=1).float(), dim=1)
+                log_mass = torch.logsumexp(log_probs[:, train.shape[1]:].flatten(), dim=0)
+                (grad,) = torch.autograd.grad(log_mass, xk)
             xk = (xk - self.params.sgld_lr * grad + self.params.sgld_noise * torch.randn_like(xk)).detach()
         self.net.train(was_training)
         return xk

@@ -124,9 +124,14 @@ class Precision:
         return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
 
     def prepare_modules(self, modules: Iterable[nn.Module]) -> None:
-        if self.channels_last:
-            for module in modules:
-                module.to(memory_format=torch.channels_last)
+        """Conv weights to channels-last. Tensor by tensor: `Module.to(memory_format=...)` also converts every
+        5-D tensor and fails on it (DualPrompt's prompt pool is 5-D), and only 4-D convolutions gain from it."""
+        if not self.channels_last:
+            return
+        for module in modules:
+            for tensor in (*module.parameters(), *module.buffers()):
+                if tensor.dim() == 4:
+                    tensor.data = tensor.data.contiguous(memory_format=torch.channels_last)
 
     def prepare_batch(self, x: Tensor) -> Tensor:
         return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.dim() == 4 else x

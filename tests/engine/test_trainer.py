@@ -57,6 +57,17 @@ def test_the_cuda_policy_trains_when_run_on_the_cpu():
     assert any(not torch.equal(a, b) for a, b in zip(before, net.parameters()))
 
 
+def test_channels_last_leaves_tensors_that_are_not_4d_alone():
+    """Module.to(memory_format=channels_last) fails on any 5-D tensor (DualPrompt's prompt pool, seen on the
+    GPU check); the policy converts the conv weights only."""
+    net = new_net()
+    net.prompts = torch.nn.Parameter(torch.randn(2, 3, 4, 5, 6))
+    Precision("cpu", torch.bfloat16, channels_last=True).prepare_modules([net])
+    conv = next(m for m in net.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert net.prompts.is_contiguous() and net.prompts.dim() == 5
+
+
 def test_compiled_loss_trains_like_the_eager_one():
     x, y = small_task()
     results = []

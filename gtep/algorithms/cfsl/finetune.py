@@ -65,7 +65,7 @@ class HeadLearner(FewShotLearner[FP]):
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(self.head(self.features_of(inputs)), y)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"non-finite support-set loss ({float(loss)})")
+                raise FloatingPointError(f"non-finite support-set loss ({float(loss.detach())})")
             loss.backward()
             opt.step()
 
