@@ -111,3 +111,20 @@ def test_the_check_and_its_tests_import_nothing_the_device_lacks():
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'ray', 'mlflow', 'optuna', 'pydantic'}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_the_stored_gpu_run_covers_every_learner_and_the_docs_show_its_rows():
+    """The H200 run in benchmarks/results: every registered learner finished, the Ray-free gpu tests passed, and
+    docs/benchmarks.md's table shows each row as stored (a learner added later shows up here as missing)."""
+    from gtep.algorithms import ALGORITHMS
+
+    stored = json.loads((ROOT / "benchmarks" / "results" / "gpu_check" / "gpu_check.json").read_text())
+    assert stored["facts"]["gpu"].startswith("NVIDIA")
+    rows = {r["learner"]: r for r in stored["learners"]}
+    assert set(ALGORITHMS.names()) <= set(rows)
+    assert all(r["status"] == "finished" for r in rows.values())
+    assert stored["tests"]["returncode"] == 0 and " passed" in stored["tests"]["summary"]
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    for name, r in rows.items():
+        assert f"| {name} | {r['family']} | {r['backbone']} | {r['seconds']:.1f} |" in page, name
+        assert f"| {r['acc']:.3f} |" in page
