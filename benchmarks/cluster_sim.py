@@ -19,7 +19,9 @@ four trials share a GPU, and that every unit trained exactly once. It measures:
 - the controller's cost per unit: the driver process's CPU seconds (utime + stime, /proc) while units ran, per
   unit, in the first and second half of the units (how it grows with them), and in all, start-up included;
 - a trial process's memory (Pss and Rss of the workers named by the events), hence how many this machine holds,
-  and the CPU seconds a fresh Python takes to import what a trial imports.
+  and the CPU seconds a fresh Python takes to import what a trial imports;
+- with `--tracking server`: the studies write to one `gtep server` on loopback (as a cluster's drivers do) instead
+  of each driver's own sqlite store, and the server's CPU per unit is measured apart from the driver's.
 
 Figures go to OUT/figures.json and the terminal; the exit status is 1 when a check fails.
 """
@@ -44,7 +46,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from paper_scale import end_processes, free_port, gtep_command, wait_until  # noqa: E402
+from paper_scale import MlflowServer, end_processes, free_port, gtep_command, wait_until  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SPACE = {"algorithm": "sleep", "space": {"lr": [0.01, 0.05, 0.1], "batch_size": [32, 64], "weight_decay": [0.0005]}}
@@ -72,6 +74,9 @@ class Options:
     trials_per_slot: int = 2
     studies: list[StudyPlan] = field(default_factory=list)
     startup_repeats: int = 2  # fresh Pythons timed importing a trial's modules (0: not timed)
+    # "local": each driver writes its own sqlite store, as on one machine; "server": every study writes to one
+    # `gtep server` on loopback through --tracking-uri, as a cluster does, and the server's CPU is measured apart
+    tracking: str = "local"
 
     @classmethod
     def full(cls, out: Path) -> "Options":
@@ -172,6 +177,19 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """utime + stime of every live process in a process group (the tracking server and its workers)."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def memory_kib(pid: int) -> dict[str, int]:
     """Rss and Pss (shared pages counted once across processes) of one process, from smaps_rollup."""
     out: dict[str, int] = {}
@@ -207,10 +225,11 @@ class DriverSampler(threading.Thread):
     """Every half second: the driver's CPU seconds against the units trained so far (events.jsonl), and the
     memory of each trial process the events name."""
 
-    def __init__(self, pid: int, events: Path) -> None:
+    def __init__(self, pid: int, events: Path, server_group: int | None = None) -> None:
         super().__init__(daemon=True)
-        self.pid, self.events, self.done = pid, events, threading.Event()
+        self.pid, self.events, self.done, self.server_group = pid, events, threading.Event(), server_group
         self.samples: list[tuple[float, float, int]] = []  # (time, driver CPU s, units trained)
+        self.server_cpu: list[tuple[float, int]] = []  # (the tracking server's CPU s, units trained)
         self.trial_memory: dict[int, dict[str, int]] = {}  # pid -> its largest sample
         self.created: dict[int, float] = {}  # trial process -> when it was created (epoch seconds)
 
@@ -219,7 +238,10 @@ class DriverSampler(threading.Thread):
             cpu = cpu_seconds(self.pid)
             if cpu is not None:
                 events = read_events(self.events)
-                self.samples.append((time.time(), cpu, sum(e["event"] == "unit_trained" for e in events)))
+                trained = sum(e["event"] == "unit_trained" for e in events)
+                self.samples.append((time.time(), cpu, trained))
+                if self.server_group is not None:
+                    self.server_cpu.append((group_cpu_seconds(self.server_group), trained))
                 for pid in {e["pid"] for e in events}:
                     if pid not in self.created:
                         self.created[pid] = created_at(pid) or 0.0
@@ -229,7 +251,8 @@ class DriverSampler(threading.Thread):
             self.done.wait(0.5)
 
 
-def run_study(opt: Options, plan: StudyPlan, address: str, env: dict[str, str]) -> dict[str, Any]:
+def run_study(opt: Options, plan: StudyPlan, address: str, env: dict[str, str],
+              server: MlflowServer | None = None) -> dict[str, Any]:
     folder = opt.out / plan.name
     folder.mkdir(parents=True, exist_ok=True)
     config = study_config(opt, plan, folder)
@@ -237,11 +260,12 @@ def run_study(opt: Options, plan: StudyPlan, address: str, env: dict[str, str]) 
     events_path = output / plan.name / "events.jsonl"
     log = folder / "tune.log"
     started = time.time()
+    tracking = ["--tracking-uri", server.uri] if server is not None else []
     process = subprocess.Popen(gtep_command("tune", "--config", str(config), "--output", str(output),
-                                            "--address", address),
+                                            "--address", address, *tracking),
                                env={**env, "COLUMNS": "160"}, stdout=log.open("w"), stderr=subprocess.STDOUT,
                                start_new_session=True)
-    sampler = DriverSampler(process.pid, events_path)
+    sampler = DriverSampler(process.pid, events_path, server.process.pid if server and server.process else None)
     sampler.start()
     try:
         process.wait(timeout=3600)
@@ -259,6 +283,8 @@ def run_study(opt: Options, plan: StudyPlan, address: str, env: dict[str, str]) 
     expected = plan.slots * opt.trials_per_slot * opt.orderings
     out.update(unit_figures(events, expected, opt.unit_seconds, plan, started))
     out["driver"] = driver_figures(sampler.samples, started)
+    if sampler.server_cpu:
+        out["tracking_server"] = server_figures(sampler.server_cpu)
     out["trial_processes"] = trial_memory_figures(sampler.trial_memory)
     out["start_up"].update(process_start_figures(sampler.created, events, started))
     return out
@@ -407,6 +433,17 @@ def driver_figures(samples: list[tuple[float, float, int]], started: float) -> d
     return out
 
 
+def server_figures(samples: list[tuple[float, int]]) -> dict[str, Any]:
+    """The tracking server's CPU per unit while units ran: where the store's writes go when a cluster's drivers
+    write through --tracking-uri."""
+    trained = [s for s in samples if s[1] > 0]
+    if len(trained) < 2 or trained[-1][1] == trained[0][1]:
+        return {}
+    last = next(s for s in trained if s[1] == trained[-1][1])
+    return {"cpu_ms_per_unit": round(1000 * (last[0] - trained[0][0]) / (last[1] - trained[0][1]), 1),
+            "cpu_s_total": round(samples[-1][0] - samples[0][0], 2)}
+
+
 def trial_memory_figures(memory: dict[int, dict[str, int]]) -> dict[str, Any]:
     pss = sorted(m.get("Pss", 0) for m in memory.values() if m.get("Pss"))
     rss = sorted(m.get("Rss", 0) for m in memory.values() if m.get("Rss"))
@@ -462,16 +499,24 @@ def simulate(opt: Options) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()},
         "python_startup": python_startup(env, opt.startup_repeats) if opt.startup_repeats else {}, "studies": {}}
     cluster = SimulatedCluster(opt.nodes, opt.gpus_per_node, opt.cpus_per_node, env)
+    server = None
+    if opt.tracking == "server":
+        figures["tracking"] = "server"
+        server = MlflowServer(f"sqlite:///{opt.out / 'server.db'}", opt.out / "artifacts", opt.out, env)
     try:
+        if server is not None:
+            server.start()
         begun = time.time()
         cluster.start()
         figures["cluster"]["start_s"] = round(time.time() - begun, 1)
         for plan in opt.studies:
             print(f"{plan.name}: gpus_per_trial {plan.gpus_per_trial:g}, {plan.slots} trials at once", flush=True)
-            figures["studies"][plan.name] = run_study(opt, plan, cluster.address, env)
+            figures["studies"][plan.name] = run_study(opt, plan, cluster.address, env, server)
             (opt.out / "figures.json").write_text(json.dumps(figures, indent=1, default=str))
     finally:
         cluster.stop()
+        if server is not None:
+            server.stop()
     figures["machine"]["load_average_at_end"] = os.getloadavg()
     figures["verdicts"] = verdicts(figures)
     (opt.out / "figures.json").write_text(json.dumps(figures, indent=1, default=str))
@@ -481,7 +526,7 @@ def simulate(opt: Options) -> dict[str, Any]:
 def print_summary(figures: dict[str, Any]) -> None:
     print(f"python start-up of a trial process: {figures['python_startup']}")
     header = ("study", "units", "wall s", "busy", "busy after 1st unit", "lost s/unit", "driver ms/unit",
-              "1st/2nd half", "GPUs", "max/GPU", "trial Pss MiB")
+              "1st/2nd half", "server ms/unit", "GPUs", "max/GPU", "trial Pss MiB")
     print(" | ".join(header))
     for name, s in figures["studies"].items():
         d, sl, p = s["driver"], s["slots"], s["placement"]
@@ -489,6 +534,7 @@ def print_summary(figures: dict[str, Any]) -> None:
             name, s["units"]["trained"], s["wall_s"], sl["busy_share"], sl["busy_share_after_first_unit"],
             sl["lost_per_unit_s"], d.get("cpu_ms_per_unit"),
             f"{d.get('cpu_ms_per_unit_first_half')}/{d.get('cpu_ms_per_unit_second_half')}",
+            s.get("tracking_server", {}).get("cpu_ms_per_unit", "-"),
             p["logical_gpus_used"], p["most_trials_on_one_gpu"], s["trial_processes"].get("pss_median_mib"))))
     for name, ok in figures["verdicts"].items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
@@ -501,6 +547,8 @@ def main() -> None:
     parser.add_argument("--unit-seconds", type=float, help="seconds each unit sleeps (default 10; 1 with --small)")
     parser.add_argument("--orderings", type=int, help="units per set (default 3)")
     parser.add_argument("--trials-per-slot", type=int, help="sets per concurrent trial (default 2)")
+    parser.add_argument("--tracking", choices=("local", "server"), default="local",
+                        help="local: each driver's own sqlite store; server: one `gtep server` on loopback for all")
     parser.add_argument("--study", action="append", metavar="GPUS:SLOTS", help="only these studies, e.g. 1:32 "
                         "(gpus_per_trial 1, 32 trials at once); repeat for several")
     args = parser.parse_args()
@@ -508,6 +556,7 @@ def main() -> None:
     for name in ("unit_seconds", "orderings", "trials_per_slot"):
         if getattr(args, name) is not None:
             setattr(opt, name, getattr(args, name))
+    opt.tracking = args.tracking
     if args.study:
         opt.studies = [StudyPlan(float(g), int(c)) for g, c in (text.split(":") for text in args.study)]
     figures = simulate(opt)

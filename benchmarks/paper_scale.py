@@ -404,6 +404,20 @@ def sql_engine(uri: str):
     return sqlalchemy.create_engine(uri)
 
 
+def own_database(uri: str) -> str:
+    """A new, empty database beside the one `uri` names, on the same PostgreSQL server: the figures count every
+    run of the store, so the rehearsal must not share it with the other tests of tests/with-postgres.sh."""
+    import sqlalchemy
+
+    base, _, _ = uri.rpartition("/")
+    name = f"paper_scale_{os.getpid()}_{int(time.time())}"
+    engine = sql_engine(uri).execution_options(isolation_level="AUTOCOMMIT")
+    with engine.connect() as db:
+        db.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    return f"{base}/{name}"
+
+
 def store_figures(backend: str) -> dict[str, Any]:
     """Rows of the MLflow backend store by table, its size, and the runs by level and status, by SQL."""
     from sqlalchemy import text
@@ -699,7 +713,7 @@ def rehearse(opt: Options) -> dict[str, Any]:
     env.update(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", RAY_CHDIR_TO_TRIAL_DIR="0", PYTHONUNBUFFERED="1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     postgres = os.environ.get("GTEP_TEST_POSTGRES_URI") or os.environ.get("PAPER_SCALE_POSTGRES_URI")
-    backend = postgres or f"sqlite:///{folder / 'server' / 'mlflow.db'}"
+    backend = own_database(postgres) if postgres else f"sqlite:///{folder / 'server' / 'mlflow.db'}"
     if not postgres:
         print("no PostgreSQL (run under `bash tests/with-postgres.sh`): the MLflow server uses sqlite", flush=True)
     (folder / "server").mkdir(exist_ok=True)

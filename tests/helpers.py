@@ -1,8 +1,11 @@
 """Small, fast class-incremental runs for algorithm tests (synthetic data, a tiny ResNet, CPU)."""
 from __future__ import annotations
 
+import contextlib
+import sys
 from functools import lru_cache
-from typing import Any
+from pathlib import Path
+from typing import Any, Iterator
 
 from gtep.data import ImageSet, resolve_dataset
 from gtep.engine import FirstTaskSpec, OrderingJob, OrderingOutcome, run_ordering
@@ -25,6 +28,28 @@ def load_benchmark(name: str):
     sys.modules[name] = module  # before it runs: its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def benchmark_imports() -> Iterator[None]:
+    """benchmarks/ importable for a while, as its scripts import each other. Afterwards the algorithms that the
+    imported modules registered are unregistered and the modules forgotten, together: forgetting a learner module
+    but keeping its registration makes the next test that imports it fail with "registered twice", and keeping
+    the registration shows benchmark learners to tests that walk the registry."""
+    from gtep.algorithms import ALGORITHMS
+
+    folder = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    modules, algorithms = set(sys.modules), set(ALGORITHMS.names())
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        for name in set(ALGORITHMS.names()) - algorithms:
+            ALGORITHMS._entries.pop(name, None)  # noqa: SLF001 - the benchmarks' own registrations, undone
+        for name in set(sys.modules) - modules:
+            if getattr(sys.modules[name], "__file__", None) and sys.modules[name].__file__.startswith(folder):
+                sys.modules.pop(name, None)
+        sys.path.remove(folder)
 
 
 def load(dataset: str = SYNTHETIC) -> ImageSet:

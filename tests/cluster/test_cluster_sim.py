@@ -5,14 +5,12 @@ never timings: every unit trained once and recorded the GPU Ray gave it, no logi
 at once, and four did share one."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.helpers import benchmark_imports
 
 pytestmark = pytest.mark.cluster
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +21,11 @@ def simulation(tmp_path_factory):
     # the next module that needs it starts it again
     if ray.is_initialized():
         ray.shutdown()
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
+    with benchmark_imports():
         import cluster_sim
 
         folder = tmp_path_factory.mktemp("cluster-sim")
         yield cluster_sim, cluster_sim.simulate(cluster_sim.Options.small(folder)), folder
-    finally:
-        for name in ("cluster_sim", "paper_scale", "paper_scale_learners"):
-            sys.modules.pop(name, None)
-        sys.path.remove(str(BENCHMARKS))
 
 
 def test_every_check_holds(simulation):

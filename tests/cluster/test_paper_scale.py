@@ -8,22 +8,20 @@ the same report as the uninterrupted run, the report complete."""
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import benchmark_imports
+
 pytestmark = pytest.mark.cluster
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory):
     if not os.environ.get("GTEP_TEST_POSTGRES_URI") and os.environ.get("CI"):
         pytest.fail("GTEP_TEST_POSTGRES_URI is not set: run the tests through tests/with-postgres.sh")
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
+    with benchmark_imports():
         import paper_scale
 
         folder = tmp_path_factory.mktemp("paper-scale")
@@ -32,10 +30,6 @@ def rehearsal(tmp_path_factory):
                                       report_sequential=False)
         figures = paper_scale.rehearse(options)
         yield paper_scale, figures, folder
-    finally:
-        for name in ("paper_scale", "paper_scale_learners"):
-            sys.modules.pop(name, None)
-        sys.path.remove(str(BENCHMARKS))
 
 
 def test_the_rehearsal_holds_every_invariant(rehearsal):
