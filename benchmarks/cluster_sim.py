@@ -177,16 +177,20 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """utime + stime of every live process in a process group (the tracking server and its workers)."""
-    total = 0.0
+def tree_cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process and all its descendants (`gtep server` starts MLflow's server, which starts
+    uvicorn's workers, each in a session of its own: neither the process group nor the session holds them all)."""
+    children: dict[int, list[int]] = defaultdict(list)
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            children[int(stat.read_text().rsplit(")", 1)[1].split()[1])].append(int(stat.parent.name))
+        except (OSError, ValueError):
             continue
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += cpu_seconds(current) or 0.0
+        todo.extend(children.get(current, []))
     return total
 
 
@@ -225,9 +229,9 @@ class DriverSampler(threading.Thread):
     """Every half second: the driver's CPU seconds against the units trained so far (events.jsonl), and the
     memory of each trial process the events name."""
 
-    def __init__(self, pid: int, events: Path, server_group: int | None = None) -> None:
+    def __init__(self, pid: int, events: Path, server: int | None = None) -> None:
         super().__init__(daemon=True)
-        self.pid, self.events, self.done, self.server_group = pid, events, threading.Event(), server_group
+        self.pid, self.events, self.done, self.server = pid, events, threading.Event(), server
         self.samples: list[tuple[float, float, int]] = []  # (time, driver CPU s, units trained)
         self.server_cpu: list[tuple[float, int]] = []  # (the tracking server's CPU s, units trained)
         self.trial_memory: dict[int, dict[str, int]] = {}  # pid -> its largest sample
@@ -240,8 +244,8 @@ class DriverSampler(threading.Thread):
                 events = read_events(self.events)
                 trained = sum(e["event"] == "unit_trained" for e in events)
                 self.samples.append((time.time(), cpu, trained))
-                if self.server_group is not None:
-                    self.server_cpu.append((group_cpu_seconds(self.server_group), trained))
+                if self.server is not None:
+                    self.server_cpu.append((tree_cpu_seconds(self.server), trained))
                 for pid in {e["pid"] for e in events}:
                     if pid not in self.created:
                         self.created[pid] = created_at(pid) or 0.0

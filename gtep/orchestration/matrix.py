@@ -35,7 +35,7 @@ from gtep.errors import StudyStopped
 from gtep.matrix import MatrixConfig, ResolvedCell, changed_field
 from gtep.orchestration.interrupt import StudyInterrupted
 from gtep.orchestration.phases import conventional_phase, evaluate_phase, original_phase, tune_phase
-from gtep.orchestration.ray_search import check_resources, ray_session
+from gtep.orchestration.ray_search import check_resources, ray_session, redraws
 from gtep.orchestration.study import json_by_entry, read_best, write_atomic
 
 STATE_FILE = "matrix.json"
@@ -266,7 +266,7 @@ def run_in_parallel(todo: list[CellPlan], phases: list[str], state: MatrixState,
     console.print(f"{min(parallel_cells, len(todo))} cells at a time, each a driver of its own; their output: "
                   f"{root}/<cell>/matrix-cell.log")
     progress = Progress(TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[now]}"),
-                        TimeElapsedColumn(), console=console)
+                        TimeElapsedColumn(), console=console, **redraws(console))
     stopped: list[str] = []
     try:
         with progress:

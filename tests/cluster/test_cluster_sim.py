@@ -25,7 +25,9 @@ def simulation(tmp_path_factory):
         import cluster_sim
 
         folder = tmp_path_factory.mktemp("cluster-sim")
-        yield cluster_sim, cluster_sim.simulate(cluster_sim.Options.small(folder)), folder
+        options = cluster_sim.Options.small(folder)
+        options.tracking = "server"  # the driver writes through --tracking-uri, as on a cluster; its own sqlite
+        yield cluster_sim, cluster_sim.simulate(options), folder  # store is what every other study test uses
 
 
 def test_every_check_holds(simulation):
@@ -50,5 +52,6 @@ def test_the_controller_cost_is_measured(simulation):
     _, figures, _ = simulation
     study = figures["studies"]["g0p25-c8"]
     assert study["driver"]["cpu_ms_per_unit"] > 0 and study["driver"]["cpu_s_total"] > 0
+    assert figures["tracking"] == "server" and study["tracking_server"]["cpu_ms_per_unit"] > 0
     assert 0 < study["slots"]["busy_share"] < 1
     assert study["trial_processes"]["processes"] >= 1 and study["trial_processes"]["pss_median_mib"] > 0
