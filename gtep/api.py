@@ -422,29 +422,56 @@ def tune(cfg: Optional[ExperimentConfig] = None, *, resume: str | Path | bool | 
 
 def evaluate(cfg: Optional[ExperimentConfig] = None, *, best: TuneResult | Mapping[str, Any] | str | Path | None = None,
              hparams: Optional[str] = None, tuning_run: Optional[str] = None, protocol: str = "gtep",
-             resume: str | Path | bool | None = None, console: Optional[Console] = None,
+             resume: str | Path | bool | None = None, sets: Optional[str] = None, console: Optional[Console] = None,
              quiet: bool = False) -> PhaseResult:
     """Phase 2: train H* over S orderings of the disjoint D^E. H* is `best` (a TuneResult, a best.yaml path, or
     a mapping of values), the preset named `hparams` (e.g. "original"), the tuning phase `tuning_run` logged in
     MLflow, or by default the study's own best.yaml. protocol="conventional" re-runs H* on the tuning classes
-    instead (fresh orderings S..2S-1), the practice the paper criticises. Prints its progress and then its
-    summary as `gtep evaluate` does, on `console`; `quiet=True` prints nothing."""
+    instead (fresh orderings S..2S-1), the practice the paper criticises. `sets="all"` (default: the config's
+    evaluation.sets) then trains every other tuned set over the same orderings too (the evaluate_sets phase: the
+    sets' rank correlation, H*'s regret, the protocols' regret table); H* stays the result. Prints its progress
+    and then its summary as `gtep evaluate` does, on `console`; `quiet=True` prints nothing."""
     from gtep.orchestration.phases import conventional_phase, evaluate_phase
+    from gtep.orchestration.set_evaluation import evaluate_sets_phase
 
     if protocol not in ("gtep", "conventional"):
         raise ConfigError("protocol", f"{protocol!r} is not a protocol here; choose gtep, conventional")
+    if sets not in (None, "best", "all"):
+        raise ConfigError("sets", f"{sets!r} is not a choice; use best (H* alone) or all (every tuned set too)")
     console = _console(console, quiet)
     resolved = _resolved(cfg, resume, console)
     phase = "conventional" if protocol == "conventional" else "evaluate"
+    # asked for here, every set or an error; from the config, only where the study's own H* is evaluated
+    every = sets == "all" or (sets is None and resolved.config.evaluation.sets == "all" and phase == "evaluate"
+                              and best is None and hparams is None and tuning_run is None)
     chosen = _chosen_set(resolved, phase, best, hparams, tuning_run, resume)
+    if every:
+        _check_every_set(resolved, phase, chosen)
     with _ray(resolved):
         if phase == "conventional":
             outcome = conventional_phase(resolved, chosen, console, resume=bool(resume))
         else:
             outcome = evaluate_phase(resolved, chosen, console, resume=bool(resume))
+            if every:
+                evaluate_sets_phase(resolved, console, resume=bool(resume))
     result = _phase_result(outcome, resolved)
     _show(result, resolved, console)
     return result
+
+
+def _check_every_set(resolved: ResolvedExperiment, phase: str, chosen: Mapping[str, Any]) -> None:
+    """sets="all" evaluates the sets of the study's own finished tuning phase beside its H*: refused before any
+    compute otherwise."""
+    if phase != "evaluate":
+        raise ConfigError("sets", "all evaluates every tuned set on D^E; drop --protocol conventional (protocol=)")
+    manifest_path = resolved.config.study_dir / "manifest.json"
+    tuned = json.loads(manifest_path.read_text())["phases"].get("tune", {}) if manifest_path.exists() else {}
+    if tuned.get("status") != "finished" or tuned.get("best_set_index") is None:
+        raise ConfigError("sets", f"all evaluates every set of a finished tuning phase, and "
+                          f"{resolved.config.study_dir} has none; run gtep tune (or gtep run) first")
+    if int(chosen.get("set_index", -1)) != int(tuned["best_set_index"]):
+        raise ConfigError("sets", "all evaluates the tuned sets beside the study's own H*; drop --best, --hparams "
+                          "and --tuning-run (best=, hparams=, tuning_run= in Python)")
 
 
 def _chosen_set(resolved: ResolvedExperiment, phase: str, best: Any, hparams: Optional[str],
@@ -547,6 +574,7 @@ def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_
         original_phase,
         tune_phase,
     )
+    from gtep.orchestration.set_evaluation import evaluate_sets_phase
     from gtep.orchestration.study import read_best
 
     if protocol not in ("gtep", "conventional", "first_task"):
@@ -566,6 +594,8 @@ def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_
         tuned = tune_phase(resolved, console, resume=again)
         best = read_best(tuned.paths.best)
         evaluated = evaluate_phase(resolved, best, console, resume=again)
+        if c.evaluation.sets == "all":  # every other tuned set on D^E too; H* stays the result
+            evaluate_sets_phase(resolved, console, resume=again)
         if protocol == "conventional" or c.search.protocol == "conventional":
             extra["conventional"] = _phase_result(conventional_phase(resolved, best, console, resume=again), resolved)
         if with_original:

@@ -42,6 +42,7 @@ SHARED_SCOPES = {
     "tests/test_api.py": "tiny-study",
     "tests/test_api_docs.py": "tiny-study",
     "tests/orchestration/test_study_end_to_end.py": "tiny-study",
+    "tests/orchestration/test_every_set.py": "tiny-study",
     # the one PostgreSQL database of tests/with-postgres.sh: one writer at a time
     "tests/cluster/test_paper_scale.py": "postgres",
     "tests/cluster/test_tracking_server.py::test_a_study_logs_its_lineage_to_a_postgresql_backed_server": "postgres",

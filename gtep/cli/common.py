@@ -111,7 +111,7 @@ def search_protocol(protocol: str | None) -> str | None:
 # commands build their config with): an error about a field whose value the user typed as an option names the option.
 OPTION_FIELDS = api.OPTION_FIELDS
 # the API's keyword arguments that are no config field and are options of the commands under the same name
-API_KEYWORDS = ("best", "tuning_run", "hparams", "resume", "protocol", "preset")
+API_KEYWORDS = ("best", "tuning_run", "hparams", "resume", "protocol", "preset", "sets")
 
 
 def option_name(key: str) -> str:

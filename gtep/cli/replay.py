@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import Any, List, Optional
 
 import typer
 
@@ -54,6 +54,10 @@ def replay_command(
         pruner_option: List[str] = typer.Option([], "--pruner-option", help="NAME=VALUE of search.pruner_options "
                                                 "(n_startup_trials, n_warmup_steps, percentile, min_resource, "
                                                 "reduction_factor); repeat it"),
+        table: bool = typer.Option(False, "--table", help="every protocol side by side with its regret on D^E (a "
+                                   "study with every set evaluated: gtep evaluate --sets all)"),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="with --table: also write the table as JSON "
+                                                "to this file ('-': print it instead)"),
 ) -> None:
     """Replay a finished study through a cheaper protocol's rule; trains nothing.
 
@@ -64,6 +68,11 @@ def replay_command(
         from gtep.orchestration.replay import load_study, replay_pruned, replay_study
         from gtep.protocol.replay import REPLAY_RULES
 
+        if json_out is not None and not table:
+            raise ConfigError("--json", "writes the regret table; add --table")
+        if table:
+            regret_table(study_dir, json_out)
+            return
         pruning = pruner_settings(pruner, pruner_option)
         if pruning is not None and scheduler not in ("asha", "none"):
             raise ConfigError("--pruner", f"replays Optuna's {pruner} pruner on its own; drop --scheduler {scheduler}")
@@ -106,3 +115,54 @@ def replay_command(
             text = "not evaluated by the study" if score is None else f"{100 * score:.2f}"
             console.print(f"evaluation-phase score ({study.criterion.name}) of the {name}: {text}")
     run_guarded(go)
+
+
+def regret_table(study_dir: Path, json_out: Optional[Path]) -> None:
+    """`gtep replay STUDY --table`: each protocol's pick, compute and regret, as a table (and JSON)."""
+    import json
+
+    from gtep.orchestration.replay import load_study, protocol_table, set_ranking
+
+    try:
+        study = load_study(study_dir)
+    except FileNotFoundError as err:
+        raise ConfigError("STUDY_DIR", str(err)) from None
+    except ConfigError as err:
+        raise ConfigError("STUDY_DIR", err.reason) from None
+    if not study.units:
+        raise ConfigError("STUDY_DIR", f"{study_dir} has no tuning results to replay")
+    try:
+        rows = protocol_table(study)
+    except ConfigError as err:  # a set not evaluated: named as the argument the user typed
+        raise ConfigError("STUDY_DIR", err.reason) from None
+    ranking = set_ranking(study)
+    document: dict[str, Any] = {"study": study.root.name, "criterion": study.criterion.name,
+                                "ranking": ranking.as_dict(), "protocols": [row.as_dict() for row in rows]}
+    if json_out is not None and str(json_out) == "-":
+        print(json.dumps(document, indent=1, default=str))
+        return
+    console.print(render_table(document))
+    if json_out is not None:
+        json_out.write_text(json.dumps(document, indent=1, default=str))
+        console.print(f"table written to {json_out}")
+
+
+def render_table(document: dict[str, Any]) -> Any:
+    """The regret table of `gtep replay --table`, with the study's set ranking under its title."""
+    from rich.table import Table
+
+    ranking = document["ranking"]
+    rank = ranking["best_rank"] if ranking["best_rank"] is not None else "diverged"
+    caption = (f"Kendall's tau {ranking['kendall_tau']:.2f}, Spearman's rho {ranking['spearman_rho']:.2f} between "
+               f"the {ranking['ranked']} sets' tuning and evaluation scores; H* ranks {rank} of {ranking['sets']} "
+               "on D^E. Regret: the best set's evaluation score minus the pick's, in points "
+               f"({document['criterion']}); compute: tuning seconds relative to the full study.")
+    out = Table(title=f"Protocols replayed on {document['study']}", caption=caption)
+    for column in ("protocol", "options", "picks", "compute", "regret (points)", "note"):
+        out.add_column(column, justify="right" if column in ("compute", "regret (points)") else "left")
+    for row in document["protocols"]:
+        picked = "-" if row["picked"] is None else f"set{row['picked']:03d}"
+        compute = "-" if row["fraction"] != row["fraction"] else f"{row['fraction']:.2f}"
+        regret = "-" if row["regret"] != row["regret"] else f"{100 * row['regret']:.2f}"
+        out.add_row(row["protocol"], row["options"], picked, compute, regret, row["note"])
+    return out

@@ -90,11 +90,16 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
              seed: Optional[int] = SeedOpt, algorithm: Optional[str] = AlgorithmOpt,
              max_concurrent: Optional[int] = ConcurrentOpt, study: Optional[str] = StudyOpt,
              backbone: Optional[str] = BackboneOpt, weights: Optional[Path] = WeightsOpt,
-             protocol: str = ProtocolOpt, resume: Optional[Path] = ResumeOpt) -> None:
+             protocol: str = ProtocolOpt, resume: Optional[Path] = ResumeOpt,
+             sets: Optional[str] = typer.Option(None, "--sets", help="best: H* alone; all: every tuned set too, over "
+                                                "the same orderings (the sets' rank correlation, H*'s regret, the "
+                                                "protocols' regret table) [default: the config's evaluation.sets]"),
+             ) -> None:
     """Phase 2: train H* over S orderings of the disjoint D^E and report mean and std.
 
     With --protocol conventional it trains over S fresh orderings of the tuning classes D^HT instead.
-    --resume OUTPUT/STUDY runs the orderings an interrupted or incomplete evaluation is missing."""
+    --resume OUTPUT/STUDY runs the orderings an interrupted or incomplete evaluation is missing; with --sets all it
+    then evaluates every other tuned set of the study (H* stays the result)."""
     def go():
         check_protocol(protocol)
         if through_ray_client(address, config):
@@ -105,7 +110,8 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
         cfg = study_config(config, preset, resume, **overrides)
         # api.evaluate prints the phase's summary and the store, as it does for a notebook
         naming_options(lambda: api.evaluate(cfg, best=best, hparams=hparams, tuning_run=tuning_run,
-                                            protocol=protocol, resume=resume is not None, console=console), overrides)
+                                            protocol=protocol, resume=resume is not None, sets=sets,
+                                            console=console), overrides)
     run_guarded(go)
 
 

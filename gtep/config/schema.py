@@ -248,6 +248,24 @@ class PretrainSection(_Strict):
         return self
 
 
+EVALUATION_SETS = ("best", "all")
+
+
+class EvaluationSpec(_Strict):
+    """What the evaluation phase trains on D^E: H* alone (the protocol), or every tuned set as well, so that each
+    set's evaluation score is known (how well tuning ranks the sets, and each cheaper protocol's regret)."""
+
+    sets: Literal["best", "all"] = "best"
+
+    @field_validator("sets", mode="before")
+    @classmethod
+    def _known_choice(cls, value: Any) -> Any:
+        if value not in EVALUATION_SETS:
+            raise ValueError(f"{value!r} is not a choice; use best (H* alone, the protocol) or all (every tuned set "
+                             "too, for the sets' rank correlation and the protocols' regret)")
+        return value
+
+
 class ExperimentConfig(_Strict):
     study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     algorithm: str
@@ -261,6 +279,7 @@ class ExperimentConfig(_Strict):
     training: TrainingSpec = TrainingSpec()
     compute: ComputeSpec = ComputeSpec()
     tracking: TrackingSpec = TrackingSpec()
+    evaluation: EvaluationSpec = EvaluationSpec()
     seed: int = Field(0, ge=0)  # numpy seeds are non-negative
 
     @model_validator(mode="before")

@@ -115,6 +115,10 @@ def run_cell(rc: ResolvedCell, phases: list[str], console: Console, resume: bool
     hmeans["tune"] = tuned.summary["hmean"]
     best = read_best(tuned.paths.best)
     hmeans["evaluate"] = evaluate_phase(resolved, best, console, resume=resume, tags=tags).summary["hmean"]
+    if resolved.config.evaluation.sets == "all":  # every other tuned set on D^E too (its own phase; H* unchanged)
+        from gtep.orchestration.set_evaluation import evaluate_sets_phase
+
+        evaluate_sets_phase(resolved, console, resume=resume, tags=tags)
     if "original" in phases:
         hmeans["original"] = original_phase(resolved, console, resume=resume, tags=tags).summary["hmean"]
     if "conventional" in phases:

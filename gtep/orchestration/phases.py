@@ -74,7 +74,8 @@ def common_params(resolved: ResolvedExperiment, phase: str) -> dict[str, Any]:
             "gtep.weights": str(resolved.weights) if resolved.weights else "",
             "gtep.augment": resolved.pipeline(phase).describe(), "gtep.scenario": cfg.scenario.describe(),
             "gtep.data_conversion": resolved.data_conversions.get("tune" if phase == "conventional" else
-                                                                  "evaluate" if phase == "original" else phase, "")}
+                                                                  "evaluate" if phase in ("original", "evaluate_sets")
+                                                                  else phase, "")}
 
 
 def open_study(resolved: ResolvedExperiment, fresh: bool) -> tuple[StudyPaths, Manifest]:

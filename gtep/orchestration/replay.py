@@ -15,8 +15,12 @@ from gtep.config import ConfigError, PrunerOptions
 from gtep.orchestration.pruning import PrunerBook, make_pruner
 from gtep.orchestration.study import full_units
 from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION, Criterion
+from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES
+from gtep.protocol.regret import ProtocolRow, SetRanking, protocol_rows, rank_sets
 from gtep.protocol.replay import ReplayOutcome, replay
 from gtep.protocol.selection import SelectionRule
+
+EVALUATE_SETS = "evaluate_sets"  # the phase that evaluates every other tuned set (evaluation.sets: all)
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,7 @@ class RecordedStudy:
     criterion: Criterion
     selection: SelectionRule
     evaluated: dict[int, dict[str, Any]]  # set index -> the evaluate phase's summary of it
+    tasks: int | None = None  # T of a tuning ordering when the family reports per task (first_task can cut it)
 
     def evaluation_score(self, set_index: int | None) -> float | None:
         """The evaluation phase's score of a set (H*'s criterion over its mean metrics), when it was evaluated."""
@@ -36,6 +41,19 @@ class RecordedStudy:
             return None
         summary = self.evaluated[set_index]
         return self.criterion.combine([float(summary.get(name, math.nan)) for name in self.criterion.components])
+
+    @property
+    def all_evaluated(self) -> bool:
+        """Every tuned set has an evaluation summary (evaluation.sets: all, finished): the regret table's input."""
+        return bool(self.sets) and set(self.sets) <= set(self.evaluated)
+
+    def missing_evaluations(self) -> list[int]:
+        return [i for i in self.sets if i not in self.evaluated]
+
+    def evaluation_scores(self) -> dict[int, float]:
+        """Each evaluated set's evaluation score; NaN for a set that diverged on D^E (as the report shows it)."""
+        return {i: math.nan if float(summary.get("diverged") or 0) > 0 else float(self.evaluation_score(i) or 0.0)
+                for i, summary in sorted(self.evaluated.items())}
 
 
 def load_study(root: Path) -> RecordedStudy:
@@ -78,15 +96,55 @@ def recorded_study(root: Path, manifest: dict[str, Any]) -> RecordedStudy:
     evaluate = manifest.get("phases", {}).get("evaluate", {})
     if evaluate.get("status") == "finished" and evaluate.get("summary"):
         evaluated[int(evaluate.get("set_index", -1))] = evaluate["summary"]
+    every = manifest.get("phases", {}).get(EVALUATE_SETS, {})
+    if every.get("status") == "finished":  # the other sets (evaluation.sets: all); H*'s stays the evaluate phase's
+        evaluated.update({int(i): s for i, s in (every.get("summaries") or {}).items() if int(i) not in evaluated})
     best_index = tune.get("best_set_index", best.get("set_index"))
     return RecordedStudy(root, units, orderings, [int(s["index"]) for s in manifest.get("sets", [])],
                          None if best_index is None else int(best_index), criterion,
-                         best.get("selection") or search.get("selection", "hmean_of_means"), evaluated)
+                         best.get("selection") or search.get("selection", "hmean_of_means"), evaluated,
+                         tasks_to_cut(config, units))
+
+
+def tasks_to_cut(config: dict[str, Any], units: list[dict[str, Any]]) -> int | None:
+    """T of the tuning orderings when the study's family reports per task (its units carry accuracy matrices)."""
+    family = config.get("scenario", {}).get("family", CLASS_INCREMENTAL)
+    if family not in FAMILIES or not FAMILIES.get(family).reports_per_task:
+        return None
+    matrices = [u["acc_matrix"] for u in units if u.get("acc_matrix")]
+    return len(matrices[0]) if matrices else None
 
 
 def replay_study(study: RecordedStudy, rule: str, **options: Any) -> ReplayOutcome:
     return replay(study.units, study.orderings, study.sets, rule, criterion=study.criterion,
                   selection=study.selection, **options)
+
+
+# Optuna's pruners in the regret table (their default options, search.pruner_options'), HyperBand among them: Ray's
+# synchronous HyperBand brackets are not replayed, Optuna's HyperbandPruner is the same idea on the same axis
+TABLE_PRUNERS = (("optuna-median", "median"), ("optuna-successive_halving", "successive_halving"),
+                 ("optuna-hyperband", "hyperband"))
+
+
+def protocol_table(study: RecordedStudy) -> list[ProtocolRow]:
+    """Every protocol's row for a study whose every set was evaluated (gtep/protocol/regret.py)."""
+    if not study.all_evaluated:
+        missing = ", ".join(f"set{i:03d}" for i in study.missing_evaluations())
+        raise ConfigError("study_dir", f"{study.root} has no evaluation of {missing}; the regret table needs every "
+                          f"set evaluated: gtep evaluate --resume {study.root} --sets all")
+    options = PrunerOptions()
+    rules = [(name, "defaults", PrunerBook(make_pruner(pruner, options, study.orderings), study.orderings).report)
+             for name, pruner in TABLE_PRUNERS]
+    return protocol_rows(study.units, study.orderings, study.sets, study.evaluation_scores(),
+                         best_index=study.best_index, criterion=study.criterion, selection=study.selection,
+                         tasks=study.tasks, stop_rules=rules)
+
+
+def set_ranking(study: RecordedStudy) -> SetRanking:
+    """How the study's tuning scores of its sets agree with their evaluation scores (every set evaluated)."""
+    tuning = replay(study.units, study.orderings, study.sets, "none", criterion=study.criterion,
+                    selection=study.selection).scores
+    return rank_sets(tuning, study.evaluation_scores(), study.best_index)
 
 
 def replay_pruned(study: RecordedStudy, pruner: str, options: PrunerOptions) -> ReplayOutcome:

@@ -244,6 +244,21 @@ class RunStore:
             self.client.log_batch(run.info.run_id, metrics=metrics, params=params)
             self.client.set_terminated(run.info.run_id, "FINISHED")
 
+    def json_artifact(self, run_id: str, name: str) -> dict[str, Any] | None:
+        """A JSON artifact of a run (an evaluate_sets phase's protocol_regret.json); None when it has none."""
+        import json
+        import tempfile
+
+        # MLflow draws a progress bar per download on stderr; a report reads one small file per study
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        with tempfile.TemporaryDirectory() as scratch:
+            try:
+                local = self.client.download_artifacts(run_id, name, scratch)
+                data = json.loads(Path(local).read_text())
+            except Exception:  # noqa: BLE001 - a missing or unreadable artifact: the report says the table is absent
+                return None
+        return data if isinstance(data, dict) else None
+
     def _histories(self, run_ids: list[str], key: str) -> list[list[Any]]:
         """Each run's history of `key`, in the order of run_ids. MLflow has one request per run and metric (its
         bulk call loops over the runs too); against a tracking server these round trips are the report's cost at

@@ -211,7 +211,8 @@ class MlflowWriter(tune.Callback):
         return f"{self.phase}/{self.trial_label(set_index)}"
 
     def ordering_name(self, set_index: int, ordering: int) -> str:
-        return f"{self.trial_name(set_index) if self.phase == 'tune' else self.phase}/o{ordering}"
+        many_sets = self.phase in ("tune", "evaluate_sets")  # a phase of several sets names their orderings apart
+        return f"{self.trial_name(set_index) if many_sets else self.phase}/o{ordering}"
 
     def trial_run(self, set_index: int, start_time: int | None = None) -> str:
         key = trial_key(self.phase_key, set_index)

@@ -28,6 +28,7 @@ from gtep.protocol.families import FAMILIES, known_metrics, metric_label
 from gtep.reporting import importance as search
 from gtep.reporting import plots, tables
 from gtep.reporting import protocols as tp
+from gtep.reporting import set_ranking as sr
 from gtep.reporting import summary as sm
 from gtep.reporting.collect import StoreData, collect
 
@@ -57,6 +58,9 @@ class Report:
     gacc: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=sm.GACC_CURVE_COLUMNS))
     protocols: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=tp.PROTOCOL_COLUMNS))
     family_curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=sm.FAMILY_CURVE_COLUMNS))
+    # studies with every set evaluated (evaluation.sets: all): their set ranking and protocols' regret (set_ranking.py)
+    set_ranking: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=sr.RANKING_COLUMNS))
+    protocol_regret: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=sr.REGRET_COLUMNS))
     out: Path | None = None
     paths: list[Path] = field(default_factory=list)
     run_id: str | None = None
@@ -114,7 +118,8 @@ def build_frames(data: StoreData) -> Report:
     return Report(phases=data.phases, summary=summary, tables=paper, gaps=gaps, ranking=sm.rankings(summary),
                   curves=sm.task_curves(data, summary), importance=importance, convergence=convergence,
                   sets=sm.set_counts(data, labelled), left_out=data.left_out, gacc=sm.gacc_curves(data, summary),
-                  protocols=tp.protocol_rows(data, summary), family_curves=sm.family_curves(data, summary))
+                  protocols=tp.protocol_rows(data, summary), family_curves=sm.family_curves(data, summary),
+                  set_ranking=sr.ranking_rows(data, summary), protocol_regret=sr.regret_rows(data, summary))
 
 
 def _part(frame: pd.DataFrame, group: tuple[str, str]) -> pd.DataFrame:
@@ -321,6 +326,11 @@ def group_sections(report: Report, group: tuple[str, str]) -> list[tuple[str, pd
     compared = tp.protocol_table(tp.compared(_part(report.protocols, group)))
     if not compared.empty:
         sections.append((tp.PROTOCOLS_HEADING, compared, [tp.PROTOCOLS_NOTE]))
+    ranked, regret = _part(report.set_ranking, group), _part(report.protocol_regret, group)
+    if not ranked.empty:
+        sections.append((sr.RANKING_HEADING, sr.shown(ranked), [sr.RANKING_NOTE]))
+    if not regret.empty:
+        sections.append((sr.REGRET_HEADING, sr.shown(regret), [sr.REGRET_NOTE]))
     imp = importance_table(_part(report.importance, group))
     if not imp.empty:
         sections.append(("Hyperparameter importance (fANOVA, %)", imp,
@@ -402,6 +412,10 @@ def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Pat
         if not report.gacc.empty:  # a report without gAcc(alpha) writes the files it always did
             report.gacc.to_csv(out / "gacc_alpha.csv", index=False)
             written.append(out / "gacc_alpha.csv")
+        for name in ("set_ranking", "protocol_regret"):  # only a report with every set of a study evaluated
+            if not getattr(report, name).empty:
+                getattr(report, name).to_csv(out / f"{name}.csv", index=False)
+                written.append(out / f"{name}.csv")
         if not report.family_curves.empty:  # a class-incremental report writes the files it always did
             report.family_curves.to_csv(out / "family_curves.csv", index=False)
             written.append(out / "family_curves.csv")

@@ -16,6 +16,7 @@ from gtep.orchestration.report_store import CURVE_COLUMNS, GACC_COLUMNS, PREFIX,
 from gtep.protocol.families import FAMILIES
 
 EVALUATE_LIKE = ("evaluate", "original", "conventional")  # phases that train one set over S orderings
+EVERY_SET, REGRET_ARTIFACT = "evaluate_sets", "protocol_regret.json"  # evaluation.sets: all (set_evaluation.py)
 NOT_A_RESULT = ("incomplete", "interrupted")  # a phase run's gtep.status when fewer than S orderings finished
 LEFT_OUT_COLUMNS = ["experiment", "study", "cell", "phase", "run_id", "scenario", "pairing", "reason", "note"]
 
@@ -37,6 +38,8 @@ class StoreData:
     left_out: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=LEFT_OUT_COLUMNS))
     gacc: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=GACC_COLUMNS))
     family_curves: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=CURVE_COLUMNS))
+    # evaluate_sets phase run id -> its protocol_regret.json (the set ranking and the protocols' regret table)
+    set_evaluations: dict[str, dict] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- the experiments a report names
@@ -192,6 +195,8 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
     data.gacc = store.gacc_alpha(with_gacc["run_id"].tolist(),
                                  with_gacc.loc[with_gacc["percent"].astype(bool), "run_id"])
     data.family_curves = store.family_curves(phases)
+    data.set_evaluations = {run_id: store.json_artifact(run_id, REGRET_ARTIFACT) or {}
+                            for run_id in phases.loc[phases["phase"] == EVERY_SET, "run_id"]}
     return data
 
 
