@@ -34,16 +34,8 @@ def add(username: str = typer.Argument(..., help="the new user's name"),
         tracking_uri: Optional[str] = ServerUriOpt, password_stdin: bool = PasswordStdinOpt) -> None:
     """Add a user (an admin's credentials). New users can read every study (the server's default permission)
     and write only the studies they start or are granted EDIT on."""
-    def go() -> None:
-        from gtep.orchestration import tracking_users as users
-
-        uri = users.check_server(tracking_uri)
-        users.check_username(username)
-        password = users.check_password(new_password(username, password_stdin), username)
-        auth, _ = users.clients(uri)
-        users.add_user(auth, uri, username, password)
-        console.print(f"user {username} added to {uri}", highlight=False)
-    run_guarded(go)
+    run_guarded(lambda: with_new_password(username, tracking_uri, password_stdin, "add_user",
+                                          "user {username} added to {uri}"))
 
 
 @app.command()
@@ -51,16 +43,22 @@ def password(username: str = typer.Argument(..., help="whose password (an admin 
              tracking_uri: Optional[str] = ServerUriOpt, password_stdin: bool = PasswordStdinOpt) -> None:
     """Set a user's password. Afterwards put the new one where that user's credentials live
     (MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials)."""
-    def go() -> None:
-        from gtep.orchestration import tracking_users as users
+    run_guarded(lambda: with_new_password(username, tracking_uri, password_stdin, "set_password",
+                                          "password of {username} set on {uri}"))
 
-        uri = users.check_server(tracking_uri)
-        users.check_username(username)
-        secret = users.check_password(new_password(username, password_stdin), username)
-        auth, _ = users.clients(uri)
-        users.set_password(auth, uri, username, secret)
-        console.print(f"password of {username} set on {uri}", highlight=False)
-    run_guarded(go)
+
+def with_new_password(username: str, tracking_uri: Optional[str], password_stdin: bool, action: str,
+                      done: str) -> None:
+    """`add` and `password`: the server, the name and the new password checked before the server is asked, then
+    tracking_users.<action>(auth client, uri, username, password) and the line saying it was done."""
+    from gtep.orchestration import tracking_users as users
+
+    uri = users.check_server(tracking_uri)
+    users.check_username(username)
+    secret = users.check_password(new_password(username, password_stdin), username)
+    auth, _ = users.clients(uri)
+    getattr(users, action)(auth, uri, username, secret)
+    console.print(done.format(username=username, uri=uri), highlight=False)
 
 
 @app.command()
