@@ -30,10 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
@@ -46,7 +44,7 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from paper_scale import MlflowServer, end_processes, free_port, gtep_command, wait_until  # noqa: E402
+from paper_scale import MlflowServer, RayCluster, end_processes, free_port, gtep_command, wait_until  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SPACE = {"algorithm": "sleep", "space": {"lr": [0.01, 0.05, 0.1], "batch_size": [32, 64], "weight_decay": [0.0005]}}
@@ -100,27 +98,14 @@ def environment(opt: Options) -> dict[str, str]:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-class SimulatedCluster:
+class SimulatedCluster(RayCluster):
     """`ray start --head` and `ray start --address` on 127.0.0.1, each node declaring `gpus` GPUs it does not have,
-    each with its own temp dir and agent ports, in sessions of their own that stop() ends."""
+    each with its own temp dir and agent ports, in sessions of their own that stop() ends (paper_scale's
+    RayCluster, with any number of nodes and GPUs)."""
 
     def __init__(self, nodes: int, gpus: int, cpus: int, env: dict[str, str]) -> None:
-        self.nodes, self.gpus, self.cpus, self.env = nodes, gpus, cpus, env
-        self.port = free_port()
-        self.temp = Path(tempfile.mkdtemp(prefix="gtep-sim-"))  # short: Ray's socket paths
-        self.sessions: list[int] = []
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _ray(self, *args: str) -> None:
-        process = subprocess.Popen([str(Path(sys.executable).parent / "ray"), *args], env=self.env, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.sessions.append(process.pid)
-        output, _ = process.communicate(timeout=300)
-        if process.returncode != 0:
-            raise RuntimeError(f"ray {' '.join(args[:2])} failed:\n{output[-3000:]}")
+        super().__init__(cpus, env)
+        self.nodes, self.gpus = nodes, gpus
 
     def start(self) -> "SimulatedCluster":
         def node(index: int) -> list[str]:
@@ -141,11 +126,6 @@ class SimulatedCluster:
         done = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True, text=True,
                               timeout=300)
         return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else {}
-
-    def stop(self) -> None:
-        end_processes(self.sessions, str(self.temp))
-        shutil.rmtree(self.temp, ignore_errors=True)
-
 
 def study_config(opt: Options, plan: StudyPlan, folder: Path) -> Path:
     space = folder / "sleep.yaml"
