@@ -2,7 +2,8 @@
 GPUs each that this machine does not have, one study of 8 trials at gpus_per_trial 0.25 with compute.simulate_gpus
 through `gtep tune --address`, units that sleep a second. Asserts placement and packing from the events' GPU ids,
 never timings: every unit trained once and recorded the GPU Ray gave it, no logical GPU held more than four trials
-at once, and four did share one."""
+at once, and Ray gave four trials one GPU (counted over the study: under load their one-second units need not
+overlap)."""
 from __future__ import annotations
 
 import pytest
@@ -42,7 +43,7 @@ def test_fractional_trials_pack_onto_the_declared_gpus(simulation):
     study = figures["studies"]["g0p25-c8"]
     placement, units = study["placement"], study["units"]
     assert units["trained"] == units["expected"] == 8 * 2
-    assert placement["allowed_per_gpu"] == 4 and placement["most_trials_on_one_gpu"] == 4
+    assert placement["allowed_per_gpu"] == 4 and placement["most_trials_given_one_gpu"] >= 4, "Ray packs, not spreads"
     assert all(0 < peak <= 4 for peak in placement["peak_by_gpu"].values())
     assert placement["logical_gpus_used"] <= 2 * 4, "only the GPUs the nodes declared"
     assert all(name.split("/")[1] in {"0", "1", "2", "3"} for name in placement["peak_by_gpu"])
