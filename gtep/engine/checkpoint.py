@@ -10,6 +10,7 @@ for `my_lab.methods`). It never runs a callable named by the file.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import json
 import os
@@ -62,6 +63,17 @@ def _safe_classes() -> list[Callable[..., Any] | tuple[Callable[..., Any], str]]
             if getattr(obj, "__module__", "") == name:
                 classes.append(obj)
     return classes
+
+
+def _import_modules_named_by(path: Path) -> None:
+    """Import the allowlisted modules whose classes the file names: _safe_classes lists only imported modules, and a
+    worker resuming a run has not built its learner yet, so a ViT learner's timm.models.vision_transformer (imported
+    when the backbone is first built) would be missing from the allowlist and the resume refused."""
+    plugins = plugin_packages()
+    for name in torch.serialization.get_unsafe_globals_in_checkpoint(path):
+        module = name.rpartition(".")[0]
+        if module and module not in sys.modules and _is_safe_module(module, plugins):
+            importlib.import_module(module)
 
 
 def rng_state(generator: torch.Generator) -> dict[str, Any]:
@@ -151,6 +163,7 @@ def load_checkpoint(path: Path, expected_fingerprint: str, device: torch.device)
     """The checkpoint at `path` if it belongs to this job; None if there is none or it is another job's."""
     if not path.exists():
         return None
+    _import_modules_named_by(path)
     with torch.serialization.safe_globals(_safe_classes()):
         data = torch.load(path, map_location=device, weights_only=True)
     if data.get("fingerprint") != expected_fingerprint:

@@ -71,6 +71,26 @@ def test_checkpoints_load_with_weights_only(tmp_path):
         load_checkpoint(path, "x", torch.device("cpu"))
 
 
+def test_a_worker_that_never_built_the_backbone_resumes_a_vit_checkpoint(tmp_path):
+    """A resuming Ray worker loads the checkpoint before it builds a learner, so timm's vision_transformer module
+    is not imported yet; its classes must still be allowed (the protocol atlas's RanPAC resume was refused)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "vit.pt"
+    save = ("import torch, timm; from gtep.engine.checkpoint import TaskCheckpoint, save_checkpoint; "
+            "vit = timm.create_model('vit_tiny_patch16_224', pretrained=False, img_size=32, patch_size=8, depth=1); "
+            f"save_checkpoint(__import__('pathlib').Path({str(path)!r}), TaskCheckpoint('x', 1, vit, {{}}))")
+    load = ("import sys, torch; from gtep.engine.checkpoint import load_checkpoint; "
+            "assert 'timm.models.vision_transformer' not in sys.modules; "
+            f"ck = load_checkpoint(__import__('pathlib').Path({str(path)!r}), 'x', torch.device('cpu')); "
+            "print(type(ck.learner).__name__, ck.learner(torch.zeros(1, 3, 32, 32)).shape[1])")
+    for code in (save, load):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["VisionTransformer", "1000"]
+
+
 def test_a_checkpoint_window_saves_tasks_of_milliseconds_only_once_it_has_passed(tmp_path, monkeypatch):
     """Inside `checkpoints_every(s)` an ordering saves its task checkpoint only once s seconds passed since its last
     one: an interrupted run then restarts from that checkpoint (or from scratch) with the same result."""
