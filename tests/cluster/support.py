@@ -51,10 +51,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def gtep(*args: str, log: Path, cwd: Path | None = None) -> subprocess.Popen:
+def gtep(*args: str, log: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
     """A gtep command in its own process group, so the test can kill it with everything it started."""
     return subprocess.Popen([sys.executable, "-m", "gtep.cli", *args], stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            env=ENV, cwd=cwd, start_new_session=True)
+                            env=ENV if env is None else env, cwd=cwd, start_new_session=True)
 
 
 def finish(process: subprocess.Popen, log: Path, timeout: float = 600) -> str:
@@ -105,10 +105,16 @@ class MlflowServer:
     def uri(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def arguments(self) -> list[str]:
+        return ["--backend-store-uri", self.backend, "--artifacts-destination", str(self.root / "artifacts"),
+                "--port", str(self.port), "--workers", "1"]
+
+    def environment(self) -> dict[str, str]:
+        return ENV
+
     def start(self) -> "MlflowServer":
         log = self.root / f"server-{int(time.time())}.log"
-        self.process = gtep("server", "--backend-store-uri", self.backend, "--artifacts-destination",
-                            str(self.root / "artifacts"), "--port", str(self.port), "--workers", "1", log=log)
+        self.process = gtep("server", *self.arguments(), log=log, env=self.environment())
         wait_for(lambda: self.healthy() or self.process.poll() is not None, 120, f"the MLflow server ({log})")
         assert self.healthy(), f"the MLflow server did not start:\n{log.read_text()[-2000:]}"
         return self

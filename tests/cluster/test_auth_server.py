@@ -6,8 +6,6 @@ test starts a server of its own on tests/with-postgres.sh's database (SHARED_SCO
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from gtep.cli import app
-from tests.cluster.support import ENV, free_port, kill_group, wait_for
+from tests.cluster.support import ENV, MlflowServer
 from tests.studies import CONFIG
 
 pytestmark = pytest.mark.cluster
@@ -61,45 +59,15 @@ def gtep(user: tuple[str, str], *args: str, stdin: str | None = None) -> tuple[i
     return result.exit_code, result.output + (f"\n{result.exception!r}" if result.exit_code not in (0, 2) else "")
 
 
-class AuthServer:
+class AuthServer(MlflowServer):
     """`gtep server --auth` with the admin's password in its environment only."""
 
-    def __init__(self, root: Path, backend: str | None = None) -> None:
-        self.root, self.port = root, free_port()
-        self.backend = backend or f"sqlite:///{root / 'server' / 'mlflow.db'}"
-        self.log = root / "server.log"
-        self.process: subprocess.Popen | None = None
+    def arguments(self) -> list[str]:
+        return ["--auth", *super().arguments()]
 
-    @property
-    def uri(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> "AuthServer":
-        env = environment(None, MLFLOW_AUTH_ADMIN_USERNAME=ADMIN[0], MLFLOW_AUTH_ADMIN_PASSWORD=ADMIN[1],
-                          GTEP_AUTH_DATABASE_URI=f"sqlite:///{self.root / 'server' / 'basic_auth.db'}")
-        (self.root / "server").mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gtep.cli", "server", "--auth", "--backend-store-uri", self.backend,
-             "--artifacts-destination", str(self.root / "server" / "artifacts"), "--port", str(self.port),
-             "--workers", "1"], stdout=open(self.log, "w"), stderr=subprocess.STDOUT, env=env,
-            start_new_session=True)
-        wait_for(lambda: self.healthy() or self.process.poll() is not None, 120, f"the server ({self.log})")
-        assert self.healthy(), self.log.read_text()[-3000:]
-        return self
-
-    def healthy(self) -> bool:
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.process is not None:
-            kill_group(self.process, 15)
-            self.process = None
+    def environment(self) -> dict[str, str]:
+        return environment(None, MLFLOW_AUTH_ADMIN_USERNAME=ADMIN[0], MLFLOW_AUTH_ADMIN_PASSWORD=ADMIN[1],
+                           GTEP_AUTH_DATABASE_URI=f"sqlite:///{self.root / 'basic_auth.db'}")
 
 
 def client_as(uri: str):
@@ -243,7 +211,7 @@ def test_a_study_runs_both_phases_into_an_authenticated_postgresql_backed_server
         if os.environ.get("CI"):
             pytest.fail("GTEP_TEST_POSTGRES_URI is not set: run the tests through tests/with-postgres.sh")
         pytest.skip("no PostgreSQL: run through tests/with-postgres.sh")
-    server = AuthServer(tmp_path, backend=uri).start()
+    server = AuthServer(tmp_path, backend_store_uri=uri).start()
     try:
         add_users(server)
         code, output = run_study(server, tmp_path, "team-pg")
