@@ -249,7 +249,8 @@ def verdict_where_it_applies(table: list[dict[str, Any]], studies: int) -> str |
     """The bar among only the studies a protocol applies to (first_task cuts the tasks of class-incremental
     orderings; the other families report once per ordering), for the protocols the verdict leaves out so."""
     partial = [r for r in table if r["protocol"] not in REFERENCE and r["studies"] < studies]
-    passing = [f"{r['protocol']} ({r['studies']} studies)" for r in partial if r["safe_and_cheap"] >= SHARE]
+    passing = [f"{r['protocol']} ({r['studies']} {'study' if r['studies'] == 1 else 'studies'})" for r in partial
+               if r["safe_and_cheap"] >= SHARE]
     if not partial:
         return None
     if passing:

@@ -53,7 +53,7 @@ def test_a_protocol_that_does_not_apply_to_every_study_cannot_pass_and_the_premi
     assert next(r for r in table if r["protocol"] == "first_task (k=1)")["studies"] == 1
     assert atlas.verdict(table, 2).startswith("no protocol")
     assert atlas.verdict_where_it_applies(table, 2) == ("among the studies it applies to, first_task (k=1) "
-                                                        "(1 studies) reaches the bar")
+                                                        "(1 study) reaches the bar")
     premise = atlas.premise(results)
     assert premise["median_kendall_tau"] == pytest.approx(0.4) and premise["lowest_kendall_tau"] == -0.2
     assert premise["h_star_best"] == 0.5 and premise["h_star_rank_median"] == 2
