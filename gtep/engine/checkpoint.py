@@ -73,7 +73,10 @@ def _import_modules_named_by(path: Path) -> None:
     for name in torch.serialization.get_unsafe_globals_in_checkpoint(path):
         module = name.rpartition(".")[0]
         if module and module not in sys.modules and _is_safe_module(module, plugins):
-            importlib.import_module(module)
+            try:
+                importlib.import_module(module)
+            except ImportError:  # a nested class's "module.Outer", or no such module: torch.load then refuses it
+                continue
 
 
 def rng_state(generator: torch.Generator) -> dict[str, Any]:

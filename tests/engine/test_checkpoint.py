@@ -71,6 +71,28 @@ def test_checkpoints_load_with_weights_only(tmp_path):
         load_checkpoint(path, "x", torch.device("cpu"))
 
 
+def test_a_checkpoint_naming_a_gtep_module_that_does_not_exist_is_refused_by_the_allowlist(tmp_path, monkeypatch):
+    """The modules a file names are imported only to allow their classes; one that does not import is left to
+    torch.load's refusal, never an ImportError of its own."""
+    import sys
+    import types
+
+    module = types.ModuleType("gtep.no_such_module")
+
+    class Thing:
+        pass
+
+    Thing.__module__, Thing.__qualname__ = module.__name__, "Thing"
+    module.Thing = Thing
+    monkeypatch.setitem(sys.modules, module.__name__, module)  # only while the file is written
+    path = tmp_path / "gone.pt"
+    save_checkpoint(path, TaskCheckpoint("x", 1, Thing(), {}))
+    monkeypatch.delitem(sys.modules, module.__name__)
+    with pytest.raises(Exception, match="weights_only|Unsupported global") as refused:
+        load_checkpoint(path, "x", torch.device("cpu"))
+    assert not isinstance(refused.value, ImportError)
+
+
 def test_a_worker_that_never_built_the_backbone_resumes_a_vit_checkpoint(tmp_path):
     """A resuming Ray worker loads the checkpoint before it builds a learner, so timm's vision_transformer module
     is not imported yet; its classes must still be allowed (the protocol atlas's RanPAC resume was refused)."""
