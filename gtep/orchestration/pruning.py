@@ -43,7 +43,9 @@ class PrunerBook:
     def __init__(self, pruner: optuna.pruners.BasePruner, orderings: int) -> None:
         optuna.logging.set_verbosity(logging.WARNING)  # one line per trial otherwise
         self.orderings = orderings
-        self.study = optuna.create_study(direction="maximize", pruner=pruner)
+        # a fixed name: Optuna's Hyperband puts a trial in a bracket by a hash of the study's name and the trial's
+        # number, and an unnamed study gets a random one, so the same study replayed twice chose differently
+        self.study = optuna.create_study(study_name="gtep-pruner-book", direction="maximize", pruner=pruner)
         self.trials: dict[Hashable, optuna.Trial] = {}
         self.pruned: set[Hashable] = set()
 

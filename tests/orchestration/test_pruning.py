@@ -84,6 +84,16 @@ def test_a_replay_with_any_pruner_never_selects_a_pruned_set(pruner):
     assert (outcome.fraction < 1) == bool(outcome.stopped)  # a stopped set's later orderings are not trained
 
 
+def test_a_hyperband_replay_decides_the_same_each_time():
+    """Optuna's Hyperband brackets hash the study's name: an unnamed (randomly named) book made the same recorded
+    study replay to different stops and compute from one `gtep replay` to the next."""
+    scores = {i: [0.3 + 0.05 * ((7 * i) % 11), 0.4 + 0.03 * i, 0.5] for i in range(12)}
+    options = PrunerOptions(min_resource=1, reduction_factor=2)
+    outcomes = {(o.stopped, o.fraction, o.best_index)
+                for o in (replay_pruned(recorded(scores), "hyperband", options) for _ in range(8))}
+    assert len(outcomes) == 1
+
+
 def test_a_median_replay_stops_the_late_bloomer_and_spends_less():
     outcome = replay_pruned(recorded(SCORES), "median", PrunerOptions(n_startup_trials=2))
     # sets 0, 1, 2 finish first; set 3's first ordering (0.1) is below their median (0.58): pruned, although
