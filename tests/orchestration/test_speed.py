@@ -87,8 +87,9 @@ def test_a_trial_with_room_for_two_runs_its_orderings_in_parallel(studies):
     for set_index, events in by_set.items():
         started = [e for e in events if e["event"] == "unit_started"]
         first_done = min(e["time"] for e in events if e["event"] == "unit_trained")
-        assert len({e["pid"] for e in started}) == S, "each ordering ran in its own Ray task"
-        overlapped.append(all(e["time"] < first_done for e in started))
-    # Every set's orderings are submitted together; on a loaded machine one Ray task can still start after its
-    # sibling's sub-second unit has ended (seen in CI at load 20), so the overlap is asserted for some set, not all
+        # both orderings started before either ended, in two processes: they ran at the same time
+        overlapped.append(all(e["time"] < first_done for e in started) and len({e["pid"] for e in started}) == S)
+    # Every set's orderings are submitted together as Ray tasks; on a loaded machine one can still start after its
+    # sibling's sub-second unit has ended (seen in CI at load 20), and then Ray may run it in the same worker
+    # process (a task is not a process), so the overlap is asserted for some set, not for all
     assert any(overlapped), "in every set the orderings ran one after another"
