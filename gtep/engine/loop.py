@@ -182,6 +182,9 @@ class Trainer:
         self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.precision = precision or Precision(device.type)
         self.compile_backend = "inductor" if compile is True else (compile or None)
+        # images through a training step in this process (every stage, exemplars and repeats included): what a
+        # study's images/s are counted from (unit events; benchmarks/gpu_study.py)
+        self.images_trained = 0
 
     def step_loss(self, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:
         """The loss as the inner loop calls it: compiled if asked, under the precision's autocast."""
@@ -225,6 +228,7 @@ class Trainer:
                 loss.backward()
                 optimizer.step()
                 epoch_loss = epoch_loss + loss.detach()
+                self.images_trained += len(idx)
             # One host sync per epoch. The weights are checked too: the last step of an epoch (or the only
             # one, on a small task) can blow them up after a finite loss.
             weights = torch.stack([p.detach().float().abs().sum() for p in params]).sum()

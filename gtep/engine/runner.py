@@ -103,6 +103,7 @@ class OrderingOutcome:
     resumed_tasks: int = 0  # tasks restored from a checkpoint instead of trained in this process
     first_task: str = TRAINED  # trained here, reused from the study's first-task store, or resumed
     device: str = ""  # what it trained on: 'cpu' or 'cuda:0 (<GPU name>)'
+    images_trained: int = 0  # images through a training step in this process (not those of a reused task)
 
     @property
     def diverged(self) -> bool:
@@ -294,6 +295,7 @@ class OrderingRun:
     def finish(self) -> OrderingOutcome:
         outcome = self.outcome
         outcome.train_seconds = float(sum(outcome.task_seconds))
+        outcome.images_trained = self.trainer.images_trained
         outcome.params_total, outcome.params_trainable = self.learner.parameter_counts()
         if outcome.acc_matrix and not outcome.diverged:
             outcome.metrics = self.job.task_family.summarize(np.array(outcome.acc_matrix), outcome.test_counts,

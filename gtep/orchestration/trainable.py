@@ -86,7 +86,7 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
         "acc_matrix": [[None if math.isnan(v) else v for v in row] for row in outcome.acc_matrix],
         "test_counts": outcome.test_counts, "task_seconds": outcome.task_seconds,
         "params_total": outcome.params_total, "params_trainable": outcome.params_trainable,
-        "train_seconds": outcome.train_seconds, "message": outcome.message,
+        "train_seconds": outcome.train_seconds, "images_trained": outcome.images_trained, "message": outcome.message,
         "resumed_tasks": outcome.resumed_tasks, "first_task": outcome.first_task,
         "node": _node_id(), "device": outcome.device, "started_at": started_at,
         "finished_at": int(time.time() * 1000),
@@ -122,7 +122,8 @@ def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageS
         checkpoint.unlink()  # the unit file is the record now; checkpoints can be large (RanPAC)
     log_event(job, "unit_trained", set_index=set_index, ordering=int(s), node=record["node"],
               resumed_tasks=record["resumed_tasks"], status=record["status"], first_task=record["first_task"],
-              gpu_ids=list(placed.gpu_ids))
+              gpu_ids=list(placed.gpu_ids), images_trained=record["images_trained"],
+              train_seconds=record["train_seconds"])
     return record
 
 
