@@ -86,6 +86,8 @@ def test_cifar100_coarse_labels_are_its_class_groups(tmp_path):
     with open(base / "train", "wb") as fh:
         pickle.dump({"data": np.zeros((200, 3072), dtype=np.uint8), "fine_labels": fine,
                      "coarse_labels": [f // 5 for f in fine]}, fh)
+    with open(base / "test", "wb") as fh:  # every cifar-100-python/ has it; the groups are read from train
+        pickle.dump({"data": np.zeros((100, 3072), dtype=np.uint8), "fine_labels": list(range(100))}, fh)
     with open(base / "meta", "wb") as fh:
         pickle.dump({"fine_label_names": [f"c{i}" for i in range(100)],
                      "coarse_label_names": [f"super{i}" for i in range(20)]}, fh)

@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from gtep.data.layouts import Layout, LayoutError, layout_of, packaged_class_list, packaged_class_lists
 from gtep.registry import Registry
 
 BUNDLED = Path(__file__).parent / "bundled"
@@ -390,28 +391,38 @@ def synthetic(spec: str = "") -> DatasetSource:
 
 # ---------------------------------------------------------------- CIFAR-100 from a local torchvision root
 
-def _cifar_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
+CIFAR_FILES = ("meta", "train", "test")
+
+
+def _cifar_folder(source: DatasetSource) -> Path:
+    """The cifar-100-python/ folder (extracted from cifar-100-python.tar.gz): the root itself or its child; a
+    DatasetError names the files it lacks."""
+    folder = source.root if (source.root / "meta").exists() else source.root / "cifar-100-python"
+    missing = [name for name in CIFAR_FILES if not (folder / name).exists()]
+    if missing:
+        raise DatasetError(f"dataset {source.name!r}: {folder} lacks {', '.join(missing)}; give the folder "
+                           "cifar-100-python/ extracted from cifar-100-python.tar.gz (or the folder holding it)")
+    return folder
+
+
+def _cifar_pickle(path: Path) -> dict:
     import pickle
 
-    meta = source.root / "cifar-100-python" / "meta"
-    if not meta.exists():
-        raise DatasetError(f"dataset {source.name!r}: {meta} is missing; "
-                           f"extract cifar-100-python.tar.gz into {source.path}")
-    with open(meta, "rb") as fh:  # torchvision's own format; a trusted local file, as torchvision reads it
-        names = pickle.load(fh, encoding="latin1")
+    with open(path, "rb") as fh:  # the dataset's own format (Python pickles); a trusted local file
+        return pickle.load(fh, encoding="latin1")
+
+
+def _cifar_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
+    names = _cifar_pickle(_cifar_folder(source) / "meta")
     return list(names["fine_label_names"]), _cifar_coarse_groups(source, names.get("coarse_label_names"))
 
 
 def _cifar_coarse_groups(source: DatasetSource, coarse_names: list[str] | None) -> list[str] | None:
     """Each fine class's coarse class (its superclass: `split: {by: group}`, IIRC's `hierarchy: groups`), read from
     the training file's label pairs; None when the root's files do not carry coarse labels."""
-    import pickle
-
-    train = source.root / "cifar-100-python" / "train"
-    if not coarse_names or not train.exists():
+    if not coarse_names:
         return None
-    with open(train, "rb") as fh:
-        labels = pickle.load(fh, encoding="latin1")
+    labels = _cifar_pickle(_cifar_folder(source) / "train")
     if "coarse_labels" not in labels:
         return None
     coarse_of = dict(zip(labels["fine_labels"], labels["coarse_labels"]))
@@ -421,60 +432,68 @@ def _cifar_coarse_groups(source: DatasetSource, coarse_names: list[str] | None) 
 
 
 def _load_cifar(source: DatasetSource) -> ImageSet:
-    from torchvision.datasets import CIFAR100
-
+    """The python version's pickles: 'data' rows of 3072 bytes (1024 red, green, blue, row-major), 'fine_labels'."""
     names, _ = _cifar_metadata(source)
-    train = CIFAR100(str(source.path), train=True, download=False)
-    test = CIFAR100(str(source.path), train=False, download=False)
-    return ImageSet(source.name, train.data, np.asarray(train.targets, dtype=np.int64),
-                    test.data, np.asarray(test.targets, dtype=np.int64), names)
+    arrays = []
+    for split in ("train", "test"):
+        batch = _cifar_pickle(_cifar_folder(source) / split)
+        if "data" not in batch or "fine_labels" not in batch:
+            raise DatasetError(f"dataset {source.name!r}: {_cifar_folder(source) / split} has no 'data' and "
+                               "'fine_labels'; is it CIFAR-100's python version?")
+        x = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+        arrays += [np.ascontiguousarray(x), np.asarray(batch["fine_labels"], dtype=np.int64)]
+    return ImageSet(source.name, *arrays, names)
 
 
 @DATASETS.register("cifar100")
 def cifar100(root: str) -> DatasetSource:
+    """'cifar100:ROOT': ROOT is cifar-100-python/ (meta, train, test) or the folder that holds it."""
     if not root:
-        raise DatasetError("dataset 'cifar100:' needs the torchvision root folder, e.g. 'cifar100:~/data'")
+        raise DatasetError("dataset 'cifar100:' needs the folder cifar-100-python/ (or the one holding it), "
+                           "e.g. 'cifar100:~/data'")
     return DatasetSource(f"cifar100:{root}", Path(os.path.expanduser(root)), _load_cifar, _cifar_metadata)
 
 
 # ---------------------------------------------------------------- ImageFolder trees
 
-def _imagefolder_split_dir(root: Path, names: tuple[str, ...]) -> Path:
-    for name in names:
-        if (root / name).is_dir():
-            return root / name
-    raise DatasetError(f"imagefolder {root}: expected a sub-folder named one of {list(names)}")
+def _layout(source: DatasetSource) -> Layout:
+    try:
+        layout = layout_of(source.root)
+    except LayoutError as err:
+        raise DatasetError(f"dataset {source.name!r}: {err}") from None
+    if "split" in source.options and layout.name != "classes":
+        raise DatasetError(f"dataset {source.name!r}: {source.root} has its own train/test split ({layout.name} "
+                           "layout); drop ?split=, which splits one folder of class folders (ImageNet-R/A as released)")
+    return layout
+
+
+def _split_files(source: DatasetSource, names: list[str], split: str) -> list[tuple[Path, int]]:
+    """The image files of one split ("train" or "test") with their labels, as the root's layout gives them."""
+    try:
+        return _layout(source).files(source.root, names, split, source.options)
+    except LayoutError as err:
+        raise DatasetError(f"dataset {source.name!r}: {err}") from None
 
 
 def _imagefolder_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
-    train_dir = _imagefolder_split_dir(source.root, ("train",))
-    present = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
+    try:
+        present = _layout(source).classes(source.root)
+    except LayoutError as err:
+        raise DatasetError(f"dataset {source.name!r}: {err}") from None
     class_file = source.options.get("classes")
     if class_file:
         listed = [line.split()[0] for line in Path(class_file).read_text().splitlines() if line.strip()]
         missing = sorted(set(listed) - set(present))
         if missing:
             raise DatasetError(f"dataset {source.name!r}: classes {missing[:5]} of {class_file} "
-                               f"are not folders of {train_dir}")
+                               f"are not classes of {source.root}")
         return listed, None
     return present, None
-
-
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp"}
 
 
 def cache_root() -> Path:
     """Where decoded ImageFolder arrays are kept: $GTEP_CACHE, else ~/.cache/gtep."""
     return Path(os.environ.get("GTEP_CACHE") or Path.home() / ".cache" / "gtep")
-
-
-def _image_files(split_dir: Path, names: list[str]) -> list[tuple[Path, int]]:
-    files = []
-    for label, name in enumerate(names):
-        folder = split_dir / name
-        if folder.is_dir():
-            files += [(f, label) for f in sorted(folder.iterdir()) if f.suffix.lower() in IMAGE_SUFFIXES]
-    return files
 
 
 def decode_square(path: Path, side: int, resample: str) -> np.ndarray:
@@ -494,26 +513,35 @@ def decode_square(path: Path, side: int, resample: str) -> np.ndarray:
 
 def _listing_key(source: DatasetSource, names: list[str], side: int, resample: str) -> str:
     """What the decoded arrays depend on: the root, the classes, the size, the filter, and each class folder's
-    file count and modification time (adding or replacing images changes it)."""
+    file count and modification time (adding or replacing images changes it); for the layouts that list their
+    images in index files (ImageNet's flat val/, Tiny ImageNet, CUB, a seeded split), the file lists themselves."""
     import hashlib
     import json
 
-    folders = []
-    for split in ("train", "val", "test"):
-        for name in names:
-            folder = source.root / split / name
-            if folder.is_dir():
-                folders.append([split, name, len(os.listdir(folder)), folder.stat().st_mtime_ns])
+    layout = _layout(source)
+    folders: list = []
+    if layout.name == "split":
+        for split in ("train", "val", "test"):
+            for name in names:
+                folder = source.root / split / name
+                if folder.is_dir():
+                    folders.append([split, name, len(os.listdir(folder)), folder.stat().st_mtime_ns])
+    else:
+        files = [(str(f), label) for split in ("train", "test") for f, label in _split_files(source, names, split)]
+        index = [[n, (source.root / n).stat().st_size, (source.root / n).stat().st_mtime_ns]
+                 for n in layout.index_files if (source.root / n).exists()]
+        folders = [layout.name, source.options.get("split"), index,
+                   hashlib.sha256(json.dumps(files).encode()).hexdigest()]
     payload = json.dumps([str(source.root.resolve()), names, side, resample, folders])
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
 
-def _decode_split(source: DatasetSource, split_dir: Path, names: list[str], side: int, resample: str,
+def _decode_split(source: DatasetSource, split: str, names: list[str], side: int, resample: str,
                   out: Path) -> np.ndarray:
     """Every image of one split into the .npy file `out`, one at a time; returns the labels."""
-    files = _image_files(split_dir, names)
+    files = _split_files(source, names, split)
     if not files:
-        raise DatasetError(f"dataset {source.name!r}: no images under {split_dir}")
+        raise DatasetError(f"dataset {source.name!r}: no {split} images under {source.root}")
     from PIL import UnidentifiedImageError
 
     x = np.lib.format.open_memmap(out, mode="w+", dtype=np.uint8, shape=(len(files), side, side, 3))
@@ -541,10 +569,9 @@ def _load_imagefolder(source: DatasetSource) -> ImageSet:
         folder.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=".decoding-"))
         try:
-            for split_name, dirs in (("train", ("train",)), ("test", ("val", "test"))):
+            for split_name in ("train", "test"):
                 (tmp / split_name).mkdir()
-                labels = _decode_split(source, _imagefolder_split_dir(source.root, dirs), names, side, resample,
-                                       tmp / split_name / "x.npy")
+                labels = _decode_split(source, split_name, names, side, resample, tmp / split_name / "x.npy")
                 np.save(tmp / split_name / "y.npy", labels)
             (tmp / "done").write_text(source.name)
             if not (folder / "done").exists():  # another process may have finished the same tree first
@@ -577,7 +604,7 @@ def _check_image_headers(source: DatasetSource, files: list[Path]) -> None:
 def _imagefolder_facts(source: DatasetSource) -> DataFacts:
     """Images per class from the listing of each split's folders (decoding waits for the study)."""
     names, _ = _imagefolder_metadata(source)
-    files = [_image_files(_imagefolder_split_dir(source.root, dirs), names) for dirs in (("train",), ("val", "test"))]
+    files = [_split_files(source, names, split) for split in ("train", "test")]
     side = int(source.options.get("size", 256))
     resample = source.options.get("resample", "bilinear")
     if not (cache_root() / "imagefolder" / _listing_key(source, names, side, resample) / "done").exists():
@@ -587,15 +614,17 @@ def _imagefolder_facts(source: DatasetSource) -> DataFacts:
                      (side, side, 3), train_labels=labels[0])
 
 
-IMAGEFOLDER_OPTIONS = ("classes", "size", "resample")
+IMAGEFOLDER_OPTIONS = ("classes", "size", "resample", "split")
 
 
 @DATASETS.register("imagefolder")
 def imagefolder(spec: str) -> DatasetSource:
-    """'imagefolder:ROOT' with ROOT/train/<class>/*.jpg and ROOT/val (or test)/<class>/*.jpg; options after '?':
-    classes=FILE (one folder name per line, e.g. the -1/-2 halves), size=PIXELS (the stored square: the short side
-    resized to it, then centre-cropped; default 256, and a study sets it from its pipeline),
-    resample=bilinear|bicubic."""
+    """'imagefolder:ROOT' in any layout of gtep.data.layouts (train/ and val/ class folders, ImageNet with its flat
+    val/, Tiny ImageNet, CUB-200-2011, one folder of class folders); options after '?': classes=FILE (one class
+    per line, e.g. the -1/-2 halves) or the name of a list shipped with gtep (classes=imagenet100-1),
+    size=PIXELS (the stored square: the short side resized to it, then centre-cropped; default 256, and a study
+    sets it from its pipeline), resample=bilinear|bicubic, split=SEED (a folder of class folders without a split:
+    a seeded 20% of each class is held out for testing)."""
     root, _, query = spec.partition("?")
     if not root:
         raise DatasetError("dataset 'imagefolder:' needs a root folder, e.g. 'imagefolder:~/data/imagenet100'")
@@ -604,14 +633,19 @@ def imagefolder(spec: str) -> DatasetSource:
         key, _, value = item.partition("=")
         if key not in IMAGEFOLDER_OPTIONS:
             raise DatasetError(f"imagefolder option {key!r} is unknown; "
-                               "use classes=FILE, size=PIXELS or resample=bicubic")
+                               "use classes=FILE, size=PIXELS, resample=bicubic or split=SEED")
         if key == "resample" and value not in ("bilinear", "bicubic"):
             raise DatasetError(f"imagefolder option resample={value!r}: use bilinear or bicubic")
-        if key == "size" and not (value.isdigit() and int(value) > 0):
-            raise DatasetError(f"imagefolder option size={value!r} must be a number of pixels, e.g. size=32")
-        options[key] = os.path.expanduser(value) if key == "classes" else int(value) if key == "size" else value
+        if key in ("size", "split") and not (value.isdigit() and (int(value) > 0 or key == "split")):
+            raise DatasetError(f"imagefolder option {key}={value!r} must be a whole number, e.g. {key}=32")
+        options[key] = os.path.expanduser(value) if key == "classes" else int(value) if key in ("size", "split") \
+            else value
     if "classes" in options and not Path(options["classes"]).exists():
-        raise DatasetError(f"dataset 'imagefolder:{spec}': class-list file {options['classes']} does not exist")
+        packaged = packaged_class_list(options["classes"])
+        if packaged is None:
+            raise DatasetError(f"dataset 'imagefolder:{spec}': class-list file {options['classes']} does not exist "
+                               f"(lists shipped with gtep: {', '.join(packaged_class_lists())})")
+        options["classes"] = str(packaged)
     return DatasetSource(f"imagefolder:{spec}", Path(os.path.expanduser(root)), _load_imagefolder,
                          _imagefolder_metadata, options, _imagefolder_facts)
 
