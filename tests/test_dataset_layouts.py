@@ -165,3 +165,49 @@ def test_a_folder_of_no_layout_says_what_it_looked_for(tmp_path):
     (tmp_path / "notes.txt").write_text("")
     with pytest.raises(DatasetError, match="none of the layouts.*notes.txt"):
         resolve_dataset(f"imagefolder:{tmp_path}").class_names
+
+
+# ---------------------------------------------------------------- the presets on those trees (gtep check, no compute)
+
+def check_preset(preset: str, tmp_path, monkeypatch) -> str:
+    from typer.testing import CliRunner
+
+    from gtep.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["check", "--preset", preset, "--output", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output + result.stderr
+    return result.output
+
+
+def make_cifar(folder: Path, per_class: int = 2) -> None:
+    folder.mkdir(parents=True)
+    for split in ("train", "test"):
+        n = 100 * per_class
+        with open(folder / split, "wb") as fh:
+            pickle.dump({"data": RNG.integers(0, 255, (n, 3072), dtype=np.uint8),
+                         "fine_labels": [i % 100 for i in range(n)]}, fh)
+    with open(folder / "meta", "wb") as fh:
+        pickle.dump({"fine_label_names": [f"c{i}" for i in range(100)]}, fh)
+
+
+def test_the_cifar_and_imagenet_presets_read_the_trees_as_distributed(tmp_path, monkeypatch):
+    """CIFAR100_ROOT is cifar-100-python/; IMAGENET100_1_ROOT and _2_ROOT are one ILSVRC-2012 tree with the
+    shipped class lists (docs/datasets.md)."""
+    make_cifar(tmp_path / "cifar-100-python")
+    wnids = [w for n in ("imagenet100-1", "imagenet100-2") for w in packaged_class_list(n).read_text().split()]
+    lines = ["ImageId,PredictionString"]
+    for k, wnid in enumerate(wnids):
+        for i in range(2):
+            image(tmp_path / "ILSVRC2012" / "train" / wnid / f"{wnid}_{i}.JPEG", side=8)
+        image(tmp_path / "ILSVRC2012" / "val" / f"ILSVRC2012_val_{k + 1:08d}.JPEG", side=8)
+        lines.append(f"ILSVRC2012_val_{k + 1:08d},{wnid} 0 0 7 7")
+    (tmp_path / "ILSVRC2012" / "LOC_val_solution.csv").write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("CIFAR100_ROOT", str(tmp_path / "cifar-100-python"))
+    monkeypatch.setenv("IMAGENET100_1_ROOT", f"{tmp_path / 'ILSVRC2012'}?classes=imagenet100-1")
+    monkeypatch.setenv("IMAGENET100_2_ROOT", f"{tmp_path / 'ILSVRC2012'}?classes=imagenet100-2")
+    assert "every pre-flight check passed" in check_preset("cifar50-10tasks", tmp_path, monkeypatch)
+    out = check_preset("imagenet100-10tasks", tmp_path, monkeypatch)
+    assert "every pre-flight check passed" in out and "pycil-imagenet" in out
+    assert "every pre-flight check passed" in check_preset("imagenet50-cifar50-10tasks", tmp_path, monkeypatch)
+

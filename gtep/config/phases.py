@@ -121,7 +121,10 @@ def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
         phases.append(PhaseSpec(phase, source.name, tuple(sorted(classes)), tuple(names[c] for c in sorted(classes))))
         sources.append(source)
     if sources[0].identity == sources[1].identity:
-        shared = shared_classes(phases[0].classes, phases[1].classes)
+        # one root read through two class lists (imagefolder:ROOT?classes=imagenet100-1 and -2): ids differ in
+        # meaning, so the classes are compared by name
+        same_ids = sources[0].class_names == sources[1].class_names
+        shared = shared_classes(*((p.classes if same_ids else p.class_names) for p in phases))
         if shared:
             raise ConfigError("datasets.evaluation.classes",
                               f"shares {len(shared)} classes with datasets.tuning (e.g. {shared[:5]}); "
