@@ -1,5 +1,6 @@
-"""Search-space files: `search_spaces/<algorithm>.yaml` holds the paper's predefined sets (Tables 4-5) and
-named presets such as `original` (the values the algorithm's authors reported, appendix A).
+"""Search-space files: `search_spaces/<algorithm>.yaml` (package data, gtep/search_spaces/) holds the paper's
+predefined sets (Tables 4-5) and named presets such as `original` (the values the algorithm's authors reported,
+appendix A).
 
     algorithm: replay
     space:                 # sampled: each value drawn uniformly from its list
@@ -37,9 +38,10 @@ class SearchSpaceError(ValueError):
 
 
 def spaces_dir() -> Path:
-    """`search_spaces/` at the repository root, or where GTEP_SEARCH_SPACES points (installed images)."""
+    """gtep's own search spaces: `gtep/search_spaces/`, package data, so a wheel or `pip install .` has them (the
+    repository's top-level `search_spaces/` is a link to it), or the folder GTEP_SEARCH_SPACES names instead."""
     env = os.environ.get("GTEP_SEARCH_SPACES")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "search_spaces"
+    return Path(env) if env else Path(__file__).resolve().parent / "search_spaces"
 
 
 def yaml_error(path: Path | str, err: yaml.YAMLError) -> str:
