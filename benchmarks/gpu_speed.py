@@ -125,10 +125,17 @@ class Progress:
         return cast(list, self.report.setdefault(part, []))
 
 
-def trainer_rows(size: Size, device: torch.device, compiled: bool, peak: float | None, progress: Progress) -> None:
+# (precision, batch) of the compiled row the first H200 calls measured: --compiled-only runs the other three
+COMPILED_MEASURED = (("fp32", 128),)
+
+
+def trainer_rows(size: Size, device: torch.device, compiled: bool, peak: float | None, progress: Progress,
+                 skip: tuple[tuple[str, int], ...] = ()) -> None:
     """Every (batch, precision) the size asks for, eager or compiled, both sides in one call each."""
     for precision_name in size.trainer_precisions:
         for batch in size.trainer_batches:
+            if (precision_name, batch) in skip:
+                continue
             row = trainer_row(size, device, batch, precision_name, compiled, peak)
             progress.rows("trainer").append(row)
             progress.save()
@@ -343,6 +350,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="toy sizes (ResNet-8, fp32, a micro ViT at 32 px)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--no-compile", action="store_true", help="(a) without its torch.compile rows")
+    parser.add_argument("--compiled-only", action="store_true",
+                        help="only (a)'s compiled rows not yet measured (fp32 at 1,024, bf16 at both batches)")
     parser.add_argument("--pycil", type=Path, default=None,
                         help=f"a checkout of upstream PyCIL (G-U-N/PyCIL) for (b); default {DEFAULT_PYCIL} if there")
     parser.add_argument("--pycil-workers", type=int, default=None,
@@ -382,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     peak = gpu_throughput.peak_tflops(device, args.peak_tflops)
     report: dict[str, Any] = {"facts": device_facts(args.device), "size": asdict(size), "peak_bf16_tflops": peak}
     progress = Progress(args.out, report)
+    if args.compiled_only:
+        trainer_rows(size, device, True, peak, progress, skip=COMPILED_MEASURED)
+        args.parts, args.no_compile = [], True
     # the compiled rows last: the longest (compilation) and the first to drop if a device call runs out of time
     if "trainer" in args.parts:
         trainer_rows(size, device, False, peak, progress)
@@ -393,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer_rows(size, device, True, peak, progress)
     where = report["facts"].get("gpu") or f"{args.device} ({report['facts']['threads']} threads)"
     print(f"\ngtep gpu speed on {where}, torch {torch.__version__}{' (--quick: toy sizes)' if args.quick else ''}")
-    if "trainer" in report:
+    if report.get("trainer"):
         print_trainer(report["trainer"], peak)
     if "pycil" in report:
         print_pycil(report["pycil"])

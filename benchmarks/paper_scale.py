@@ -204,7 +204,8 @@ class RayCluster:
         return f"127.0.0.1:{self.port}"
 
     def _ray(self, *args: str) -> None:
-        process = subprocess.Popen([str(Path(sys.executable).parent / "ray"), *args], env=self.env, text=True,
+        # Ray's CLI as a module: an install without its console script (a wheel unpacked with --target) has it too
+        process = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", *args], env=self.env, text=True,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         self.sessions.append(process.pid)
         output, _ = process.communicate(timeout=300)
