@@ -40,7 +40,6 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from packaging.markers import Marker
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

@@ -218,8 +218,9 @@ def stop_mps() -> None:
 def summarise(rows: list[dict[str, Any]]) -> list[str]:
     """The table docs/speed.md shows: per share and MPS setting, against one trial per GPU (share 1, no MPS)."""
     base = next((r for r in rows if r["share"] == 1 and not r["mps"] and r.get("images_per_s_per_gpu")), None)
-    lines = ["| share | MPS | trials at once | run wall s | tune window s | images/s per GPU | x one trial per GPU | mean GPU util % "
-             "| peak MiB | % of bf16 peak | store check |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| share | MPS | trials at once | run wall s | tune window s | images/s per GPU | x one trial per GPU "
+             "| mean GPU util % | peak MiB | % of bf16 peak | store check |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if r["returncode"] != 0:
             lines.append(f"| {r['share']:g} | {'on' if r['mps'] else 'off'} | {r['trials_at_once']} | failed | | | | | "
@@ -229,7 +230,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[str]:
         ratio = f"{rate / base['images_per_s_per_gpu']:.2f}" if base and rate else "-"
         gpu = r.get("gpu", {})
         lines.append(f"| {r['share']:g} | {'on' if r['mps'] else 'off'} | {r['trials_at_once']} | "
-                     f"{r['wall_s']} | {r['tune'].get('window_s', '-')} | {rate or '-'} | {ratio} | {gpu.get('util_mean') or '-'} | "
+                     f"{r['wall_s']} | {r['tune'].get('window_s', '-')} | {rate or '-'} | {ratio} | "
+                     f"{gpu.get('util_mean') or '-'} | "
                      f"{gpu.get('memory_peak_mib') or '-'} | {r.get('share_of_bf16_peak_pct', '-')} | "
                      f"{'passed' if r['store']['passed'] else 'FAILED'} |")
     return lines

@@ -4,7 +4,6 @@ unpacked into an environment with only torch, torchvision, timm and the device i
 default study to the same H* and table as this install (slow group)."""
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
