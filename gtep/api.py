@@ -36,6 +36,7 @@ from gtep.config import (
     load_preset,
     validate_config,
 )
+from gtep.config.resolution import check_algorithm
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -81,7 +82,9 @@ def experiment(source: str | Path | Mapping[str, Any] | ExperimentConfig | None 
         if options.get(key) is not None:
             options[key] = Path(options[key])
     overrides = {OPTION_FIELDS[key]: value for key, value in options.items()}
-    return cfg.with_overrides(**overrides, **dict(fields or {}))
+    made = cfg.with_overrides(**overrides, **dict(fields or {}))
+    check_algorithm(made.algorithm)  # at once, not when the experiment first runs
+    return made
 
 
 def check_counts(**options: Any) -> None:

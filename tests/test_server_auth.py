@@ -247,6 +247,7 @@ class FakeTracking:
 def fake_clients(monkeypatch):
     auth = FakeAuth()
     monkeypatch.setattr(tracking_users, "clients", lambda uri: (auth, FakeTracking()))
+    monkeypatch.setattr(tracking_users, "check_answers", lambda uri: None)  # no server: the fake answers
     return auth
 
 
@@ -312,6 +313,7 @@ def test_users_need_a_server_address_without_a_password(fake_clients, uri):
 def test_a_server_refusal_is_one_line_without_the_password(monkeypatch):
     auth = FakeAuth(fail=Exception("API request to endpoint /x failed with error code 403 != 200."))
     monkeypatch.setattr(tracking_users, "clients", lambda uri: (auth, FakeTracking()))
+    monkeypatch.setattr(tracking_users, "check_answers", lambda uri: None)
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "bob")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
     result = invoke("users", "grant", "carol", "team-study", "READ", "--tracking-uri", URI)
@@ -322,6 +324,7 @@ def test_a_server_refusal_is_one_line_without_the_password(monkeypatch):
 def test_an_existing_user_is_told_to_set_its_password_instead(monkeypatch):
     auth = FakeAuth(fail=Exception("RESOURCE_ALREADY_EXISTS: User 'alice' already exists"))
     monkeypatch.setattr(tracking_users, "clients", lambda uri: (auth, FakeTracking()))
+    monkeypatch.setattr(tracking_users, "check_answers", lambda uri: None)
     result = invoke("users", "add", "alice", "--tracking-uri", URI, "--password-stdin", input=SECRET + "\n")
     assert result.exit_code == 2 and "gtep users password" in result.output
 
@@ -369,3 +372,188 @@ def test_the_tls_proxy_example_parses_and_passes_to_the_loopback_server():
     # the server command it names listens on loopback, where the upstream points
     command = next(line for line in text.splitlines() if "#   gtep server" in line)
     assert "--auth" in command and "--host 127.0.0.1" in command and "--port 5000" in command
+
+
+# ---------------------------------------------------------------- issue 57: a database password never on a command line
+
+DB_URI = f"mysql://mlflow:{SECRET}@db-host:3306/mlflow"  # mysql: no driver check, so nothing but the rule refuses it
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """`gtep server` up to the point where it would start MLflow: the command and environment it would run."""
+    import gtep.cli.tracking as tracking
+
+    seen: dict = {}
+
+    def serve(cmd, env, private=False):
+        seen.update(cmd=cmd, env=env, private=private)
+        return 0
+
+    monkeypatch.setattr(tracking, "serve", serve)
+    return seen
+
+
+def test_a_database_password_typed_on_the_command_line_is_refused_and_nothing_made(tmp_path, served):
+    art = tmp_path / "srv" / "art"
+    result = invoke("server", "--backend-store-uri", DB_URI, "--artifacts-destination", str(art))
+    assert result.exit_code == 2, result.output
+    assert "--backend-store-uri" in result.output and "GTEP_BACKEND_STORE_URI" in result.output
+    assert SECRET not in result.output and not served and not (tmp_path / "srv").exists()
+
+
+def test_the_store_address_from_the_environment_reaches_mlflow_in_its_environment_only(tmp_path, served,
+                                                                                        monkeypatch):
+    monkeypatch.setenv("GTEP_BACKEND_STORE_URI", DB_URI)
+    result = invoke("server", "--artifacts-destination", str(tmp_path / "art"), "--port", "5999")
+    assert result.exit_code == 0, result.output
+    assert not any(SECRET in arg for arg in served["cmd"])  # the child's arguments: what ps shows
+    assert served["env"]["MLFLOW_BACKEND_STORE_URI"] == DB_URI  # `mlflow server` reads it there
+    assert "GTEP_BACKEND_STORE_URI" not in served["env"]
+    assert SECRET not in result.output and "mlflow:***@db-host" in result.output
+    assert served["private"]  # the server's own files: umask 077
+
+
+def test_a_store_address_without_a_password_stays_on_the_command_line(tmp_path, served):
+    result = invoke("server", "--backend-store-uri", f"sqlite:///{tmp_path}/s/mlflow.db", "--artifacts-destination",
+                    str(tmp_path / "s" / "art"), "--port", "5999")
+    assert result.exit_code == 0, result.output
+    assert served["cmd"][served["cmd"].index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path}/s/mlflow.db"
+    assert "MLFLOW_BACKEND_STORE_URI" not in served["env"]
+
+
+def test_the_help_names_the_environment_variable():
+    assert "GTEP_BACKEND_STORE_URI" in invoke("server", "--help").output
+
+
+# ---------------------------------------------------------------- issue 57: one bind rule for every server
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3"])
+def test_gtep_ui_obeys_the_bind_rule_of_gtep_server(tmp_path, host, monkeypatch):
+    import gtep.cli.tracking as tracking
+
+    started = []
+    monkeypatch.setattr(tracking, "serve", lambda cmd, env, private=False: started.append(cmd) or 0)
+    result = invoke("ui", "--output", str(tmp_path), "--host", host, "--port", "5999")
+    assert result.exit_code == 2, result.output
+    assert "--host" in result.output and "--insecure" in result.output and not started
+
+
+# ---------------------------------------------------------------- issue 57: stores private to their owner
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_gtep_server_makes_its_folders_owner_only(tmp_path, served, monkeypatch):
+    monkeypatch.setenv("MLFLOW_AUTH_ADMIN_PASSWORD", SECRET)
+    store, art = tmp_path / "srv" / "db" / "mlflow.db", tmp_path / "srv" / "art"
+    result = invoke("server", "--auth", "--backend-store-uri", f"sqlite:///{store}", "--artifacts-destination",
+                    str(art), "--port", "5999")
+    assert result.exit_code == 0, result.output
+    assert mode(store.parent) == 0o700 and mode(art) == 0o700 and mode(tmp_path / "srv") == 0o700
+    assert mode(store.parent / "basic_auth.ini") == 0o600
+
+
+def test_a_study_store_is_owner_only(tmp_path):
+    from gtep.orchestration.tracking_store import sqlite_write_ahead_log
+
+    store = tmp_path / "runs" / "mlflow.db"
+    sqlite_write_ahead_log(store)
+    assert mode(store) == 0o600 and mode(store.parent) == 0o700
+    assert all(mode(p) == 0o600 for p in store.parent.glob("mlflow.db*"))  # -wal and -shm take the file's mode
+
+
+def test_the_private_helpers_leave_an_existing_folder_alone(tmp_path):
+    from gtep.config.private import private_file, private_folder
+
+    tmp_path.chmod(0o755)
+    private_folder(tmp_path / "a" / "b")
+    assert mode(tmp_path) == 0o755 and mode(tmp_path / "a") == 0o700 and mode(tmp_path / "a" / "b") == 0o700
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "f").chmod(0o644)
+    private_file(tmp_path / "f")
+    assert mode(tmp_path / "f") == 0o644 and mode(private_file(tmp_path / "g")) == 0o600
+
+
+# ---------------------------------------------------------------- issue 57: what a team expects of a shared server
+
+@pytest.mark.parametrize("password", ["aaaaaaaaaaaa", "abcabcabcabc", "short-Pw-1", "Password2024!", "P@ssw0rd2024!",
+                                      "qwertyuiop12", "123456789012", "iloveyou!!!!", "xx-alice-Long-99"],
+                         ids=["one-char", "three-chars", "short", "common+digits", "leet", "keyboard", "digits",
+                              "common+symbols", "has-name"])
+def test_users_refuse_a_weak_password_without_repeating_it(fake_clients, password):
+    result = invoke("users", "add", "alice", "--tracking-uri", URI, "--password-stdin", input=password + "\n")
+    assert result.exit_code == 2, result.output
+    assert "error: password" in result.output and password not in result.output and not fake_clients.calls
+
+
+def test_the_common_password_list_is_shipped_in_the_package():
+    assert {"password", "qwerty", "letmein"} <= tracking_users.common_passwords()
+    assert not tracking_users.is_common("Granite-Violin-Harbor-7")
+
+
+@pytest.mark.parametrize("name", ["al\x1b[2Jice", "bob\x00", "eve\u202e", "tab\tname"])
+def test_users_add_refuses_control_characters_in_a_name(fake_clients, name):
+    result = invoke("users", "add", name, "--tracking-uri", URI, "--password-stdin", input=SECRET + "\n")
+    assert result.exit_code == 2 and "error: USERNAME" in result.output, result.output
+    assert "\x1b" not in result.output and "\x00" not in result.output and not fake_clients.calls
+
+
+def test_a_user_whose_credentials_are_in_the_file_changes_their_own_password(fake_clients, tmp_path):
+    creds = tmp_path / "home" / ".mlflow" / "credentials"
+    creds.parent.mkdir(parents=True)
+    creds.write_text("[mlflow]\nmlflow_tracking_username = alice\nmlflow_tracking_password = old-Granite-4411\n")
+    result = invoke("users", "password", "alice", "--tracking-uri", URI, "--password-stdin", input=SECRET + "\n")
+    assert result.exit_code == 0, result.output
+    assert fake_clients.calls == [("update_user_password", "alice", SECRET, "old-Granite-4411")]
+
+
+def test_the_ui_of_a_read_user_skips_the_views_it_may_not_save(monkeypatch):
+    from gtep.orchestration import tracking
+
+    class Refusing:
+        def search_experiments(self, **kwargs):
+            return [SimpleNamespace(name="gtep/team", experiment_id="3", tags={})]
+
+        def set_experiment_tag(self, *args):
+            raise Exception("API request to endpoint /api/2.0/mlflow/experiments/set-experiment-tag failed with "
+                            "error code 403 != 200. Response body: 'Permission denied'")
+
+    monkeypatch.setattr(tracking, "MlflowClient", lambda tracking_uri: Refusing())
+    assert tracking.prepare_ui("http://127.0.0.1:5000") == [("team", "3")]  # before: a 403 traceback
+
+
+# ---------------------------------------------------------------- issue 57: bad input on the newest surfaces
+
+def test_users_against_a_server_that_does_not_answer_fail_within_seconds(monkeypatch):
+    import socket
+    import time
+
+    silent = socket.socket()  # accepts connections and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    start = time.monotonic()
+    try:
+        result = invoke("users", "grant", "bob", "team", "READ", "--tracking-uri", uri)
+    finally:
+        silent.close()
+    assert result.exit_code == 2 and "no MLflow server answers" in result.output, result.output
+    assert time.monotonic() - start < 15  # before: MLflow's client retried for two minutes, in silence
+
+
+@pytest.mark.parametrize("args", [["--auth", "--default-permission", "EDIT"], ["--auth"], ["--workers", "0"],
+                                  ["--port", "0"]], ids=["permission", "no-admin-password", "workers", "port"])
+def test_gtep_server_refusing_an_option_makes_nothing(tmp_path, args, served):
+    result = invoke("server", "--backend-store-uri", f"sqlite:///{tmp_path}/srv/mlflow.db", "--artifacts-destination",
+                    str(tmp_path / "srv" / "art"), *args)
+    assert result.exit_code == 2, result.output
+    assert not (tmp_path / "srv").exists() and not served  # before: its store folders were already made
+
+
+def test_the_api_refuses_an_unknown_algorithm_at_once():
+    import gtep
+
+    with pytest.raises(ConfigError, match="algorithm.*no_such_learner.*choose from"):
+        gtep.experiment(preset="default", algorithm="no_such_learner")

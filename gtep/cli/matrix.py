@@ -46,6 +46,7 @@ def matrix_command(
     folder and MLflow lineage, run on one Ray cluster (one after another, or --parallel-cells at once), resumable
     cell by cell (rerun the same command), then the report over the whole matrix."""
     def go() -> None:
+        from gtep.config.uris import check_no_userinfo
         from gtep.matrix import load_matrix, load_matrix_preset, matrix_root, resolve_cells
 
         if config and preset:
@@ -54,6 +55,8 @@ def matrix_command(
             raise ConfigError("--config", "give a matrix file (--config m.yaml) or a matrix preset (--preset small; "
                               "gtep matrices lists them)")
         check_counts(trials=trials, orderings=orderings, max_concurrent=max_concurrent)
+        if tracking_uri is not None:
+            check_no_userinfo(tracking_uri, "--tracking-uri")  # before a Ray client or a cell repeats it
         if through_ray_client(address, config):
             return
         matrix = load_matrix(config) if config else load_matrix_preset(str(preset))  # one of them is given

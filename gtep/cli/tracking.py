@@ -13,6 +13,8 @@ import typer
 
 from gtep.cli.common import UriOpt, console, fail, output_folder, run_guarded
 from gtep.config import ConfigError, check_port, check_store_file
+from gtep.config.private import private_folder
+from gtep.config.uris import check_no_userinfo, has_password, redact_uri
 
 app = typer.Typer()
 
@@ -23,12 +25,17 @@ def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", parser=output_
        tracking_uri: Optional[str] = UriOpt, host: str = typer.Option("127.0.0.1", help="bind address"),
        port: int = typer.Option(5000, help="port"),
        study: Optional[str] = typer.Option(None, "--study", help="print the links of this study only"),
-       workers: int = typer.Option(1, help="server worker processes (one is plenty for one user)")) -> None:
+       workers: int = typer.Option(1, help="server worker processes (one is plenty for one user)"),
+       insecure: bool = typer.Option(False, "--insecure", help="listen beyond this machine: the UI has no login "
+                                     "and writes the store, so only where every machine that reaches the port is "
+                                     "trusted")) -> None:
     """Open the MLflow UI over the runs' store and print each study's runs table.
 
-    The UI listens on 127.0.0.1 unless --host says otherwise. Each study's table puts its phase runs'
+    The UI listens on 127.0.0.1 unless --host says otherwise; as for gtep server, beyond this machine only with
+    --insecure (the UI has no authentication: a team shares gtep server --auth). Each study's table puts its phase runs'
     Acc/AvgAcc/HM side by side, and its orderings are charted by phase."""
     uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
+    run_guarded(lambda: (check_no_userinfo(uri, "--tracking-uri"), check_bind(host, False, insecure, "ui")))
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         fail(f"--output: no MLflow store at {uri[len('sqlite:///'):]}; run gtep run first or pass --output")
 
@@ -67,12 +74,13 @@ def check_ui_store(uri: str, option: str) -> None:
         check_store_file(Path(uri[len("sqlite:///"):]), option)
 
 
-def serve(cmd: list[str], env: dict[str, str]) -> int:
+def serve(cmd: list[str], env: dict[str, str], private: bool = False) -> int:
     """Run a server in its own process group and pass SIGINT/SIGTERM/SIGHUP on to the whole group (MLflow's
-    server and its workers), so `kill <pid of gtep ui>` stops what it started; returns its exit code."""
+    server and its workers), so `kill <pid of gtep ui>` stops what it started; returns its exit code. `private`:
+    what the server creates (run and users databases, artifact folders) is its owner's only (umask 077)."""
     import signal
 
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, umask=0o077 if private else -1)
 
     def forward(signum, frame) -> None:
         try:
@@ -98,14 +106,42 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
     return 0 if code in (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP) else code
 
 
+STORE_URI_VARIABLE = "GTEP_BACKEND_STORE_URI"  # gtep server's --backend-store-uri, kept out of the command line
+MLFLOW_STORE_VARIABLE = "MLFLOW_BACKEND_STORE_URI"  # what `mlflow server --backend-store-uri` reads instead
+
+
 def mlflow_server_command(backend_store_uri: str, artifacts_destination: str, host: str, port: int,
                           workers: int, auth: bool = False) -> list[str]:
     """The `mlflow server` line `gtep server` runs (README shows it for use without gtep). No secret is ever on
-    it: a command line is in every process listing."""
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_store_uri,
+    it: a command line is in every process listing. A store address with a password goes to MLflow in its
+    environment instead (mlflow_server_environment), which only its owner can read (/proc/PID/environ)."""
+    store = [] if has_password(backend_store_uri) else ["--backend-store-uri", backend_store_uri]
+    return [sys.executable, "-m", "mlflow", "server", *store,
             "--artifacts-destination", artifacts_destination, "--serve-artifacts",
             "--host", host, "--port", str(port), "--workers", str(workers),
             *(["--app-name", "basic-auth"] if auth else [])]
+
+
+def mlflow_server_environment(backend_store_uri: str, environ: dict[str, str]) -> dict[str, str]:
+    """The server's environment: the store address there when the command line leaves it out (a password)."""
+    env = {**environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env.pop(STORE_URI_VARIABLE, None)
+    if has_password(backend_store_uri):
+        env[MLFLOW_STORE_VARIABLE] = backend_store_uri
+    else:
+        env.pop(MLFLOW_STORE_VARIABLE, None)
+    return env
+
+
+def check_store_uri_source(backend_store_uri: str, typed: bool) -> None:
+    """A database password typed on the command line is in gtep's arguments (and the shell's history), where every
+    local user reads it with ps: refused, with the two ways that keep it out."""
+    if typed and has_password(backend_store_uri):
+        raise ConfigError("--backend-store-uri", f"{redact_uri(backend_store_uri)} puts the database password on the "
+                          "command line, where every local user reads it (ps): give the address in "
+                          f"{STORE_URI_VARIABLE} instead (read -rs GTEP_BACKEND_STORE_URI && export "
+                          "GTEP_BACKEND_STORE_URI), or leave the password out of it and keep it in PGPASSWORD or "
+                          "~/.pgpass")
 
 
 def is_loopback(host: str) -> bool:
@@ -121,13 +157,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_bind(host: str, auth: bool, insecure: bool) -> None:
-    """A server without authentication lets whoever reaches its port read, overwrite and delete every study:
-    it listens beyond this machine only with --auth, or --insecure where the network itself is trusted."""
+def check_bind(host: str, auth: bool, insecure: bool, command: str = "server") -> None:
+    """The one bind rule of every server gtep starts (`gtep server`, `gtep ui`): one without authentication lets
+    whoever reaches its port read, overwrite and delete every study, so it listens beyond this machine only with
+    --auth (gtep server), or --insecure where the network itself is trusted."""
     if auth or insecure or is_loopback(host):
         return
-    raise ConfigError("--host", f"{host} opens the server to the network without authentication: add --auth "
-                      "(users and permissions: gtep users), or --insecure if only trusted machines can reach it")
+    fix = ("add --auth (users and permissions: gtep users)" if command == "server" else
+           "share the store through gtep server --auth instead (users and permissions: gtep users)")
+    raise ConfigError("--host", f"{host} opens the {command} to the network without authentication: {fix}, or "
+                      "--insecure if only trusted machines can reach it")
 
 
 AUTH_PERMISSIONS = ("READ", "NO_PERMISSIONS")
@@ -192,18 +231,19 @@ def auth_environment(backend_store_uri: str, artifacts_destination: str, auth_co
         folder = auth_folder(backend_store_uri, artifacts_destination)
         database = environ.get("GTEP_AUTH_DATABASE_URI") or f"sqlite:///{folder / 'basic_auth.db'}"
         new_database = database.startswith("sqlite:///") and not Path(database[len("sqlite:///"):]).exists()
-        env["MLFLOW_AUTH_CONFIG_PATH"] = str(write_auth_config(folder, database, default_permission))
     if new_database and not environ.get("MLFLOW_AUTH_ADMIN_PASSWORD"):
         raise ConfigError("MLFLOW_AUTH_ADMIN_PASSWORD", "a new users database needs its admin: export "
                           "MLFLOW_AUTH_ADMIN_PASSWORD (and MLFLOW_AUTH_ADMIN_USERNAME, default admin) for the "
                           "server's first start, or give admin_password in a private --auth-config file")
+    if auth_config is None:  # written once every check passed: a refused start leaves nothing behind
+        env["MLFLOW_AUTH_CONFIG_PATH"] = str(write_auth_config(folder, database, default_permission))
     return env
 
 
 def write_auth_config(folder: Path, database_uri: str, default_permission: str) -> Path:
     """MLflow's auth INI without the admin password (MLflow takes it from MLFLOW_AUTH_ADMIN_PASSWORD), private
     all the same: GTEP_AUTH_DATABASE_URI may carry a database password."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_folder(folder)
     path = folder / "basic_auth.ini"
     path.touch(mode=0o600, exist_ok=True)
     path.chmod(0o600)
@@ -212,7 +252,7 @@ def write_auth_config(folder: Path, database_uri: str, default_permission: str) 
                     f"database_uri = {database_uri}\n"
                     "admin_username = admin\n"
                     "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
-                    # MLflow checks the password's PBKDF2 hash on every request, a study's writes included;
+                    # MLflow checks the password's hash (werkzeug's scrypt) on every request, a study's writes included;
                     # a credential that passed is trusted for a minute (a password changed through
                     # gtep users is dropped at once by the worker that changed it, by the others within it)
                     f"auth_cache_ttl_seconds = {AUTH_CACHE_SECONDS}\n")
@@ -220,8 +260,13 @@ def write_auth_config(folder: Path, database_uri: str, default_permission: str) 
 
 
 @app.command()
-def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.db", "--backend-store-uri",
-                                                 help="postgresql://user:pass@host:5432/db for a shared server"),
+def server(ctx: typer.Context,
+           backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.db", "--backend-store-uri",
+                                                 envvar=STORE_URI_VARIABLE, show_envvar=True,
+                                                 help="the run store; postgresql://user@host:5432/db for a shared "
+                                                      "server (its password in PGPASSWORD or ~/.pgpass). An address "
+                                                      f"with a password only from {STORE_URI_VARIABLE}: on the command "
+                                                      "line it is refused (every local user reads it with ps)"),
            artifacts_destination: str = typer.Option("gtep-server/mlartifacts", "--artifacts-destination",
                                                      help="a folder, s3://... or gs://... for run artifacts"),
            host: str = typer.Option("127.0.0.1", help="bind address; beyond 127.0.0.1 only with --auth or "
@@ -242,32 +287,43 @@ def server(backend_store_uri: str = typer.Option("sqlite:///gtep-server/mlflow.d
 
     Studies log to it with --tracking-uri http://HOST:PORT. With --auth every request needs a user's
     credentials (MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials); gtep users adds
-    users and grants them READ, EDIT or MANAGE on a study."""
+    users and grants them READ, EDIT or MANAGE on a study. The store and artifact folders it makes here are
+    its owner's only (0700, files 0600)."""
+    source = ctx.get_parameter_source("backend_store_uri")
+    typed = getattr(source, "name", "") == "COMMANDLINE"  # typed, not from GTEP_BACKEND_STORE_URI or the default
+
     def go():
         import importlib.util
 
+        # every check first: a refused option leaves nothing behind
+        check_store_uri_source(backend_store_uri, typed)
         check_port(port)
         check_bind(host, auth, insecure)
+        if workers < 1:
+            raise ConfigError("--workers", f"{workers} worker processes: give 1 or more")
         if auth_config is not None and not auth:
             raise ConfigError("--auth-config", "applies with --auth: add --auth")
-        scheme = backend_store_uri.split(":", 1)[0]
+        scheme = backend_store_uri.split(":", 1)[0].lower()
         driver = "psycopg2" if scheme == "postgresql+psycopg2" else "psycopg"
         if scheme.startswith("postgresql") and importlib.util.find_spec(driver) is None:
             raise ConfigError("--backend-store-uri",
                               f"PostgreSQL needs its driver {driver}: pip install 'gtep[server]'")
-        if scheme == "sqlite":
-            Path(backend_store_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        if "://" not in artifacts_destination:
-            Path(artifacts_destination).mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        check_no_userinfo(artifacts_destination, "--artifacts-destination")
+        env = mlflow_server_environment(backend_store_uri, dict(os.environ))
         if auth:
             env.update(auth_environment(backend_store_uri, artifacts_destination, auth_config, default_permission,
                                         env))
+        if scheme == "sqlite":
+            store = Path(backend_store_uri[len("sqlite:///"):])
+            private_folder(store.parent)  # the database itself: created by the server, under its umask 077
+        if "://" not in artifacts_destination:
+            private_folder(Path(artifacts_destination))
         who = "users of gtep users" if auth else "no authentication"
         console.print(f"MLflow tracking server on http://{host}:{port} ({who}; store "
-                      f"{backend_store_uri.split('@')[-1]}, artifacts {artifacts_destination}); Ctrl-C stops it")
+                      f"{redact_uri(backend_store_uri)}, artifacts {artifacts_destination}); Ctrl-C stops it",
+                      highlight=False, soft_wrap=True)
         cmd = mlflow_server_command(backend_store_uri, artifacts_destination, host, port, workers, auth)
-        raise typer.Exit(serve(cmd, env))
+        raise typer.Exit(serve(cmd, env, private=True))
     run_guarded(go)
 
 

@@ -55,6 +55,7 @@ def with_new_password(username: str, tracking_uri: Optional[str], password_stdin
 
     uri = users.check_server(tracking_uri)
     users.check_username(username)
+    users.check_answers(uri)
     secret = users.check_password(new_password(username, password_stdin), username)
     auth, _ = users.clients(uri)
     getattr(users, action)(auth, uri, username, secret)
@@ -74,6 +75,7 @@ def grant(username: str = typer.Argument(..., help="the user"),
         uri = users.check_server(tracking_uri)
         chosen = users.check_permission(permission)
         users.check_username(username)
+        users.check_answers(uri)
         auth, tracking = users.clients(uri)
         users.grant(auth, tracking, uri, username, study, chosen)
         console.print(f"{username} has {chosen} on study {study} (experiment gtep/{study}) of {uri}", highlight=False)

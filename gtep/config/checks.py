@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 from gtep.config.base import ConfigError
+from gtep.config.uris import check_no_userinfo, redact_uri
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:[0-9]+)?)$")
 TRACKING_SCHEMES = ("sqlite", "file", "http", "https", "postgresql", "mysql", "mssql", "databricks")
@@ -34,13 +35,16 @@ def check_output(output: Path, field: str) -> None:
 
 
 def check_tracking_uri(uri: str, field: str) -> None:
-    """A store MLflow can open: a known scheme, and for sqlite a file whose folder can be made (nothing is written)."""
+    """A store MLflow can open: no password in it (gtep.config.uris, the one rule), a known scheme, and for sqlite a
+    file whose folder can be made (nothing is written)."""
+    check_no_userinfo(uri, field)
     match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", uri)
     if match is None or re.match(r"^[A-Za-z]:[\\/]", uri):
         return  # a plain folder: MLflow's file store
     scheme = match.group(1).split("+", 1)[0].lower()
     if scheme not in TRACKING_SCHEMES:
-        raise ConfigError(field, f"{uri!r} has the unknown scheme {scheme!r}; use sqlite:///PATH/mlflow.db, "
+        raise ConfigError(field, f"{redact_uri(uri)!r} has the unknown scheme {scheme!r}; use "
+                          "sqlite:///PATH/mlflow.db, "
                           "http://HOST:PORT (gtep server) or postgresql://... (MLflow knows "
                           f"{', '.join(TRACKING_SCHEMES)})")
     if scheme == "sqlite":

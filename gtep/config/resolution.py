@@ -67,15 +67,21 @@ class ResolvedExperiment:
         return phase_pipeline(self.config, self.phase(name).dataset)
 
 
+def check_algorithm(name: str, field: str = "algorithm") -> None:
+    """A registered learner (gtep's, or a plugin's): checked where a config is made, not when it runs."""
+    from gtep.algorithms import ALGORITHMS
+
+    if name not in ALGORITHMS:
+        raise ConfigError(field, f"unknown algorithm {name!r}; choose from {ALGORITHMS.names()} (gtep algorithms)")
+
+
 def resolve(cfg: ExperimentConfig) -> ResolvedExperiment:
     """Check every name and constraint; touches only metadata, never trains or writes anything."""
     from gtep.algorithms import ALGORITHMS
     from gtep.models import BACKBONES, backbone_exists
     from gtep.spaces import SearchSpaceError, load_space
 
-    if cfg.algorithm not in ALGORITHMS:
-        raise ConfigError("algorithm", f"unknown algorithm {cfg.algorithm!r}; "
-                          f"choose from {ALGORITHMS.names()} (gtep algorithms)")
+    check_algorithm(cfg.algorithm)
     if not backbone_exists(cfg.backbone):
         raise ConfigError("backbone", f"unknown backbone {cfg.backbone!r}; choose from {BACKBONES.names()}, "
                           "vit_micro_patch4_32, vit_mini_patch4_32 or any timm ViT name")

@@ -9,6 +9,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gtep.config.base import ConfigError, _Strict
 from gtep.config.scenario import OPTION_PROBLEM, ScenarioSpec
+from gtep.config.uris import check_no_userinfo
 
 
 class PhaseDataset(_Strict):
@@ -209,6 +210,18 @@ class ComputeSpec(_Strict):
 class TrackingSpec(_Strict):
     output: Path = Path("gtep-runs")
     tracking_uri: str | None = None  # default sqlite:///<output>/mlflow.db
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_password(cls, value: str | None) -> str | None:
+        """The address is recorded in the manifest and MLflow: never with a password (gtep.config.uris). Every
+        config goes through here: a file, its ${VAR}s, a preset, a manifest read back, the API and the CLI."""
+        if value is not None:
+            try:
+                check_no_userinfo(value, "tracking.tracking_uri")
+            except ConfigError as err:
+                raise ValueError(err.reason) from None
+        return value
 
     @field_validator("output", mode="before")
     @classmethod

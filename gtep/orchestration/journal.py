@@ -43,6 +43,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
+from gtep.config.uris import check_no_userinfo, is_server
 from gtep.orchestration.study import write_atomic
 
 RUN_REF = "@run:"  # a tag value naming another run by key, resolved when applied
@@ -52,10 +53,6 @@ COMPACT_AFTER_BYTES = 1 << 20  # ~700 units' writes: a flush that leaves nothing
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def is_server(tracking_uri: str) -> bool:
-    return tracking_uri.startswith(("http://", "https://"))
 
 
 def tracking_writers() -> int:
@@ -106,6 +103,7 @@ class TrackingJournal:
     @classmethod
     def open(cls, study_root: Path, tracking_uri: str, experiment_id: str) -> "TrackingJournal":
         state_path = study_root / "tracking" / "state.json"
+        check_no_userinfo(tracking_uri, "--tracking-uri")  # the address is stored in state.json
         if state_path.exists():
             state = JournalState(**json.loads(state_path.read_text()))
             state.tracking_uri, state.experiment_id = tracking_uri, experiment_id
@@ -122,6 +120,8 @@ class TrackingJournal:
         state = JournalState(**json.loads(state_path.read_text()))
         if tracking_uri:
             state.tracking_uri = tracking_uri
+        # before any write or message: `gtep sync --tracking-uri` stores the address it is given in state.json
+        check_no_userinfo(state.tracking_uri, "--tracking-uri" if tracking_uri else f"{state_path} tracking_uri")
         return cls(study_root, quiet_http_client(state.tracking_uri), state)
 
     @property

@@ -23,6 +23,8 @@ from mlflow.entities import Metric, Param, Run, ViewType
 from mlflow.tracking import MlflowClient
 
 from gtep.config import ConfigError
+from gtep.config.private import private_folder
+from gtep.config.uris import check_no_userinfo, is_server
 from gtep.protocol.families import FAMILIES, known_metrics
 
 PREFIX = "gtep/"  # a study's experiment is gtep/<study> (gtep.orchestration.tracking)
@@ -102,6 +104,7 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 
 def open_store(tracking_uri: str, option: str = "--tracking-uri") -> RunStore:
     """An existing store. A missing sqlite file is an error naming `option`, not a new empty store."""
+    check_no_userinfo(tracking_uri, option)
     path = sqlite_path(tracking_uri)
     if path is not None and not path.exists():
         raise ConfigError(option, f"there is no MLflow store at {path}; pass the --output folder of the runs "
@@ -264,7 +267,7 @@ class RunStore:
         bulk call loops over the runs too); against a tracking server these round trips are the report's cost at
         a matrix's size (2 x S per study: 1,200 for the paper's 120 studies), so they go HISTORY_THREADS at a
         time; a local store is read one by one (its connection is not shared between threads)."""
-        if not self.tracking_uri.startswith(("http://", "https://")) or len(run_ids) < 2:
+        if not is_server(self.tracking_uri) or len(run_ids) < 2:
             return [self.client.get_metric_history(run_id, key) for run_id in run_ids]
         from concurrent.futures import ThreadPoolExecutor
 
@@ -285,7 +288,8 @@ class RunStore:
         if existing is not None:
             return str(existing.experiment_id)
         path = sqlite_path(self.tracking_uri)
-        location = (path.resolve().parent / "mlartifacts" / "reports").as_uri() if path is not None else None
+        root = None if path is None else private_folder(path.resolve().parent / "mlartifacts")
+        location = None if root is None else (root / "reports").as_uri()
         return str(self.client.create_experiment(REPORTS_EXPERIMENT, artifact_location=location))
 
 

@@ -148,7 +148,13 @@ def prepare_ui(tracking_uri: str, study: str | None = None) -> list[tuple[str, s
         if study is not None and name != study:
             continue
         if any(experiment.tags.get(k) != v for k, v in experiment_tags().items()):
-            set_experiment_tags(client, experiment.experiment_id)
+            try:
+                set_experiment_tags(client, experiment.experiment_id)
+            except Exception as err:  # noqa: BLE001 - a READ user (403) sees the study without its saved views
+                from gtep.orchestration.tracking_auth import refusal
+
+                if refusal(err) != 403:
+                    raise
         out.append((name, experiment.experiment_id))
     return out
 

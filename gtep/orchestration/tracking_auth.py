@@ -13,19 +13,14 @@ from __future__ import annotations
 import configparser
 import os
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from gtep.config import ConfigError
+from gtep.config.uris import REDACTED, check_no_userinfo, is_server, redact_uri, redact_uris
 
 SECRET_VARIABLES = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "MLFLOW_AUTH_ADMIN_PASSWORD")
 CREDENTIALS_FILE = Path("~/.mlflow/credentials")
-REDACTED = "***"
 CHECK_TIMEOUT_S = 10
 WRITER_TAG = "gtep.writer"  # who last started a phase of the study: the write that proves EDIT
-
-
-def is_server(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
 
 
 def credentials_file() -> Path:
@@ -77,24 +72,13 @@ def redact(text: str, uri: str | None = None) -> str:
         text = text.replace(secret, REDACTED)
     if uri is not None:
         text = text.replace(uri, redact_uri(uri))
-    return text
-
-
-def redact_uri(uri: str) -> str:
-    """An address with its password (user:PASSWORD@host) replaced by ***."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{parts.username}:{REDACTED}@{host}"))
+    return redact_uris(text)
 
 
 def refuse_password_in_uri(uri: str, option: str) -> None:
     """A password in the tracking address would be written wherever the address is: the study folder, MLflow's
-    tags, the terminal. It belongs in MLflow's variables or credentials file."""
-    if is_server(uri) and urlsplit(uri).password is not None:
-        raise ConfigError(option, f"{redact_uri(uri)} carries a password: give the address without it and put the "
-                          "credentials in MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD or ~/.mlflow/credentials")
+    tags, the terminal. It belongs in MLflow's variables or credentials file (gtep.config.uris: the one rule)."""
+    check_no_userinfo(uri, option)
 
 
 def _request(uri: str, endpoint: str, method: str, **body):

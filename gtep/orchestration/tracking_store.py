@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from gtep.config import ConfigError, ResolvedExperiment, check_tracking_uri
+from gtep.config.private import private_file, private_folder
+from gtep.config.uris import is_server
 from gtep.orchestration.journal import TrackingJournal, quiet_http_client
 from gtep.orchestration.study import StudyPaths, read_best
 from gtep.orchestration.tracking import ensure_experiment
@@ -19,17 +21,15 @@ from gtep.orchestration.tracking_auth import (
     check_credentials,
     redact,
     refusal_error,
-    refuse_password_in_uri,
 )
 
 
 def check_tracking(uri: str) -> None:
     """A store MLflow cannot open, or a tracking server that does not answer, is refused before Ray starts (an
     outage later is journaled)."""
-    check_tracking_uri(uri, "--tracking-uri")
-    if not uri.startswith(("http://", "https://")):
+    check_tracking_uri(uri, "--tracking-uri")  # first: no password in the address (gtep.config.uris)
+    if not is_server(uri):
         return
-    refuse_password_in_uri(uri, "--tracking-uri")  # before any message below repeats the address
     import urllib.request
 
     try:
@@ -47,8 +47,8 @@ def sqlite_write_ahead_log(path: Path) -> None:
     """Put a local sqlite store in WAL mode (it stays so in the file): a commit costs one sync instead of
     several (a unit's four MLflow writes 53 -> 34 ms here), and the MLflow UI or a parallel cell's driver reads
     while a study writes. WAL needs a local disk; on a network filesystem set GTEP_SQLITE_WAL=0 (or, better,
-    run an MLflow server)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    run an MLflow server). A store it creates is its owner's only (gtep.config.private)."""
+    private_file(path)
     if os.environ.get("GTEP_SQLITE_WAL", "1") == "0":
         return
     import sqlite3
@@ -78,10 +78,10 @@ def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
     artifact_root = None
     if uri.startswith("sqlite:///"):
         sqlite_write_ahead_log(Path(uri[len("sqlite:///"):]))
-        artifact_root = cfg.tracking.output.resolve() / "mlartifacts"
+        artifact_root = private_folder(cfg.tracking.output.resolve() / "mlartifacts")
     client = quiet_http_client(uri)
     check_credentials(uri)  # a refusal (401) is final: no waiting for the server below
-    deadline = time.monotonic() + (server_wait() if uri.startswith(("http://", "https://")) else 0.0)
+    deadline = time.monotonic() + (server_wait() if is_server(uri) else 0.0)
     while True:
         try:
             experiment_id = ensure_experiment(client, cfg.study, artifact_root)
@@ -104,7 +104,7 @@ def open_journal(resolved: ResolvedExperiment, paths: StudyPaths) -> TrackingJou
     client, experiment_id = mlflow_client(resolved)
     journal = TrackingJournal.open(paths.root, resolved.config.tracking_uri, experiment_id)
     journal.client = client
-    if resolved.config.tracking_uri.startswith(("http://", "https://")):
+    if is_server(resolved.config.tracking_uri):
         journal.wait_seconds = server_wait()  # a forced flush (a phase's start and end) outlasts a server restart
     return journal
 

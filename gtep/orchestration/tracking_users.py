@@ -6,12 +6,21 @@ anyone's password; a study's MANAGE holder (its creator, by MLflow's rule) grant
 here to the server and nowhere else."""
 from __future__ import annotations
 
+import functools
 import os
+import re
 from typing import Any, Protocol
 
 from gtep.config import ConfigError
 from gtep.orchestration.tracking import experiment_name
-from gtep.orchestration.tracking_auth import credential_source, is_server, refusal, refuse_password_in_uri
+from gtep.orchestration.tracking_auth import (
+    credential_source,
+    file_credentials,
+    is_server,
+    refusal,
+    refuse_password_in_uri,
+)
+from gtep.orchestration.tracking_auth import username as tracking_username
 
 PERMISSIONS = ("READ", "EDIT", "MANAGE")
 
@@ -29,27 +38,70 @@ class ExperimentFinder(Protocol):
 
 
 def check_server(uri: str | None) -> str:
+    if uri:
+        refuse_password_in_uri(uri, "--tracking-uri")  # first: no message below may repeat a password
     if not uri or not is_server(uri):
         raise ConfigError("--tracking-uri", "give the tracking server's address (http://HOST:5000): users live on "
                           "a server started with gtep server --auth, not in a local store")
-    refuse_password_in_uri(uri, "--tracking-uri")
     return uri.rstrip("/")
 
 
+def check_answers(uri: str) -> None:
+    """The server answers within seconds, and takes our credentials, before anything is asked or typed (MLflow's
+    client would retry a server that does not answer for two minutes, in silence); as gtep ui and replay do."""
+    from gtep.orchestration.tracking_store import check_tracking
+
+    check_tracking(uri)
+
+
 def check_username(username: str) -> str:
-    """A name HTTP basic authentication can carry: not empty, no ':' (it ends the name), no spaces."""
-    if not username or ":" in username or any(c.isspace() for c in username):
-        raise ConfigError("USERNAME", f"{username!r} cannot be a user name: use letters, digits, '.', '_', '-' or "
-                          "'@', without ':' or spaces")
+    """A name HTTP basic authentication can carry and a terminal shows as it is: not empty, no ':' (it ends the
+    name), no spaces, no control characters (an escape sequence in a name would rewrite an admin's terminal)."""
+    if not username or ":" in username or any(c.isspace() or not c.isprintable() for c in username):
+        shown = username.encode("unicode_escape").decode("ascii")
+        raise ConfigError("USERNAME", f"'{shown}' cannot be a user name: use letters, digits, '.', '_', '-' or "
+                          "'@', without ':', spaces or control characters")
     return username
 
 
+MIN_PASSWORD = 12  # MLflow's own minimum
+MIN_DISTINCT = 5  # 'aaaaaaaaaaaa' and 'abcabcabcabc' are 12 characters too
+LEET = str.maketrans("@4310$5!7", "aaeiossit")
+
+
+@functools.lru_cache(maxsize=1)
+def common_passwords() -> frozenset[str]:
+    """The common passwords and stems shipped in the package (gtep/data/bundled/common_passwords.txt)."""
+    from importlib import resources
+
+    text = resources.files("gtep.data").joinpath("bundled/common_passwords.txt").read_text()
+    return frozenset(line.strip().lower() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+def is_common(password: str) -> bool:
+    """One of the common passwords, or one of their stems with digits or symbols around it and letters written
+    as digits or symbols, in any letter case: P@ssw0rd2024! is 'password'."""
+    lowered = password.lower()
+    stem = re.sub(r"^[^a-z]+|[^a-z]+$", "", lowered).translate(LEET)
+    return lowered in common_passwords() or stem in common_passwords()
+
+
 def check_password(password: str, username: str) -> str:
+    """A password a guesser does not try first: MLflow takes any 12 characters, 'aaaaaaaaaaaa' included, and never
+    slows repeated wrong logins down (docs/cluster.md: rate-limit them at the proxy). Never repeated in the error."""
     if not password:
         raise ConfigError("password", "the new password is empty; type one at the prompt or pipe it to "
                           "--password-stdin")
-    if password == username:
-        raise ConfigError("password", "the password equals the user name; choose another")
+    fix = "; choose a longer, less guessable one (a few unrelated words)"
+    if len(password) < MIN_PASSWORD:
+        raise ConfigError("password", f"the new password has {len(password)} characters, fewer than "
+                          f"{MIN_PASSWORD}{fix}")
+    if len(set(password)) < MIN_DISTINCT:
+        raise ConfigError("password", f"the new password repeats fewer than {MIN_DISTINCT} different characters{fix}")
+    if username.lower() in password.lower():
+        raise ConfigError("password", f"the new password contains the user name{fix}")
+    if is_common(password):
+        raise ConfigError("password", f"the new password is a common one (or one with digits added){fix}")
     return password
 
 
@@ -101,8 +153,8 @@ def set_password(client: AuthClient, uri: str, username: str, password: str) -> 
     """An admin sets anyone's; a user changing their own gives their current one (MLflow 3 asks for it), which
     is the password their credentials already hold."""
     check_password(password, check_username(username))
-    current = os.environ.get("MLFLOW_TRACKING_PASSWORD")
-    own = username == os.environ.get("MLFLOW_TRACKING_USERNAME")
+    own = username == tracking_username()
+    current = current_password()
     try:
         if own and current:
             try:
@@ -113,6 +165,12 @@ def set_password(client: AuthClient, uri: str, username: str, password: str) -> 
             client.update_user_password(username, password)
     except Exception as err:  # noqa: BLE001
         raise server_error(err, uri, f"set the password of {username!r}") from None
+
+
+def current_password() -> str | None:
+    """The caller's password where MLflow's client finds it: the environment, else ~/.mlflow/credentials (the
+    one MLflow sends, so a user whose credentials live in the file can change their own password too)."""
+    return os.environ.get("MLFLOW_TRACKING_PASSWORD") or file_credentials()[1]
 
 
 def grant(client: Any, finder: ExperimentFinder, uri: str, username: str, study: str, permission: str) -> str:
