@@ -243,10 +243,45 @@ def check_space_values(resolved: ResolvedExperiment) -> None:
                 raise ConfigError("search.space", f"{space.path}: the space can draw {problem}")
 
 
+def check_learner_limits(resolved: ResolvedExperiment) -> None:
+    """A learner's limits that depend on the scenario (nc_fscil's ETF against the classes the sessions reach,
+    feature_rectification's FR layers against the ViT's depth, cec's episodes against the base session), for
+    every value the search space can give the parameters they concern: one error here, before any compute, not a
+    traceback from a Ray trial. A learner states them as `scenario_limits` (its parameters) and `scenario_problem`."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.models.vit import vit_depth
+    from gtep.spaces import load_space
+
+    cfg = resolved.config
+    algorithm = ALGORITHMS.get(cfg.algorithm)
+    problem_of = getattr(algorithm, "scenario_problem", None)
+    names = tuple(getattr(algorithm, "scenario_limits", ()))
+    if problem_of is None:
+        return
+    space = load_space(cfg.algorithm, resolved.space_path)
+    defaults = dataclasses.asdict(algorithm.Params())
+    facts = {"classes": sum(resolved.increments), "base_classes": resolved.increments[0], "backbone": cfg.backbone,
+             "vit_depth": vit_depth(cfg.backbone)}
+    choices = [space.space.sets.get(name, (defaults[name],)) for name in names]
+    drawn = [name for name in names if name in space.space.sets]
+    candidates = [({**defaults, **dict(zip(names, c))},
+                   f"{space.path} can draw it" if drawn else f"{algorithm.Params.__name__}'s default")
+                  for c in itertools.product(*choices)]
+    candidates += [({**defaults, **chosen}, f"presets.{preset} of {space.path}")
+                   for preset, chosen in space.presets.items() if set(chosen) & set(names)]
+    for values, where in candidates:
+        problem = problem_of(values, facts)
+        if problem:
+            field = "algorithm" if where.endswith("default") else "search.space"
+            raise ConfigError(field, f"{cfg.algorithm}: {problem} ({where}; a search.space file of your own sets "
+                              "it)")
+
+
 def preflight(cfg: ExperimentConfig) -> StudyPlan:
     """resolve(cfg), then everything that needs the data, the files and the paths; before any compute."""
     resolved = resolve(cfg)
     check_space_values(resolved)
+    check_learner_limits(resolved)
     check_study_path(cfg)
     check_device(cfg)
     if cfg.weights is not None:

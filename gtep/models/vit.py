@@ -166,5 +166,21 @@ class PromptableViT(Backbone):
         return {"features": tokens[:, 0], "tokens": tokens, "fmaps": []}
 
 
+def vit_depth(name: str) -> int | None:
+    """A ViT's number of blocks from its name, without building its weights (timm's on the meta device); None for a
+    name that is not a ViT timm knows."""
+    if name in SMALL_VITS:
+        return SMALL_VITS[name][3]
+    if not is_vit(name):
+        return None
+    import timm
+
+    try:
+        with torch.device("meta"):
+            return len(timm.create_model(name, pretrained=False).blocks)
+    except Exception:  # noqa: BLE001 - an unknown name: resolve() reports it
+        return None
+
+
 def is_vit(name: str) -> bool:
     return name in SMALL_VITS or name.startswith(("vit_", "deit_"))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +106,16 @@ class CEC(FrozenPrototypes):
     # frozen_prototypes' tuple is inferred as four strings; this one adds the episodes' values (all in task 1)
     first_task_hparams = (*FrozenPrototypes.first_task_hparams, "way", "low_way",  # type: ignore[assignment]
                           "shots", "queries", "episodes", "meta_epochs", "meta_lr", "dropout")
+    scenario_limits = ("way", "low_way")  # checked before any compute (gtep.preflight)
+
+    @classmethod
+    def scenario_problem(cls, values: dict[str, Any], facts: dict[str, Any]) -> str | None:
+        """An episode holds at least one real and one rotated class, drawn from different base classes (Episodes
+        narrows `way` and `low_way` to the base session, down to one each)."""
+        if facts["base_classes"] < 2:
+            return (f"cec draws episodes of a real and a rotated base class, and the base session has "
+                    f"{facts['base_classes']} class; give the first session at least 2 classes (scenario.increments)")
+        return None
 
     def build_network(self) -> nn.Module:
         p = self.params

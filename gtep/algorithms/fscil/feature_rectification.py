@@ -34,6 +34,7 @@ the paper does not say. The layers' Gaussians are drawn independently, as the pa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -130,6 +131,18 @@ class FeatureRectification(FrozenPrototypes):
     net: FRNet
     uses_pretrained = True
     fixed_first_task = False  # as the other ViT methods: the sampled set trains every session
+
+    scenario_limits = ("fr_layers", "fr_offset")  # checked before any compute (gtep.preflight)
+
+    @classmethod
+    def scenario_problem(cls, values: dict[str, Any], facts: dict[str, Any]) -> str | None:
+        """The FR branches sit on layers below the ViT's last: they must leave at least one (FRNet's layers)."""
+        depth = facts.get("vit_depth")
+        top = None if depth is None else depth - values["fr_offset"]
+        if top is not None and not [layer for layer in range(top - values["fr_layers"] + 1, top + 1) if layer >= 1]:
+            return (f"fr_layers {values['fr_layers']} and fr_offset {values['fr_offset']} leave no layer of the "
+                    f"{depth}-layer {facts['backbone']} below its last; lower fr_offset below {depth - 1}")
+        return None
 
     def build_network(self) -> nn.Module:
         backbone = self.new_backbone()

@@ -21,6 +21,7 @@ backbone is frozen. The reference code's extra base-session augmentations are no
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -109,6 +110,17 @@ class NCFSCIL(IncrementalLearner[NCFSCILParams]):
     fixed_first_task = True
     first_task_hparams = ("etf_classes", "loss_weight")
     net: ETFNet
+
+    # the values a scenario's size limits: checked before any compute by gtep.preflight.check_learner_limits
+    scenario_limits = ("etf_classes",)
+
+    @classmethod
+    def scenario_problem(cls, values: dict[str, Any], facts: dict[str, Any]) -> str | None:
+        """The ETF is fixed before training: it needs a vector for every class the sessions reach."""
+        if values["etf_classes"] < facts["classes"]:
+            return (f"etf_classes {values['etf_classes']} is fewer than the {facts['classes']} classes the sessions "
+                    f"reach; set etf_classes to at least {facts['classes']}")
+        return None
 
     def build_network(self) -> nn.Module:
         return ETFNet(self.new_backbone(), self.params.etf_classes)
