@@ -122,6 +122,7 @@ def regret_table(study_dir: Path, json_out: Optional[Path]) -> None:
     import json
 
     from gtep.orchestration.replay import load_study, protocol_table, set_ranking
+    from gtep.protocol.regret import json_ready
 
     try:
         study = load_study(study_dir)
@@ -139,11 +140,11 @@ def regret_table(study_dir: Path, json_out: Optional[Path]) -> None:
     document: dict[str, Any] = {"study": study.root.name, "criterion": study.criterion.name,
                                 "ranking": ranking.as_dict(), "protocols": [row.as_dict() for row in rows]}
     if json_out is not None and str(json_out) == "-":
-        print(json.dumps(document, indent=1, default=str))
+        print(json.dumps(json_ready(document), indent=1, default=str))
         return
     console.print(render_table(document))
     if json_out is not None:
-        json_out.write_text(json.dumps(document, indent=1, default=str))
+        json_out.write_text(json.dumps(json_ready(document), indent=1, default=str))
         console.print(f"table written to {json_out}")
 
 

@@ -36,6 +36,7 @@ from gtep.orchestration.tracking import MlflowWriter, ordering_result, summarize
 from gtep.orchestration.tracking_store import finish_journal, open_journal
 from gtep.orchestration.trainable import trainable_for
 from gtep.orchestration.trial_job import study_folders
+from gtep.protocol.regret import json_ready
 from gtep.protocol.selection import score_set
 
 REGRET_FILE = "protocol_regret.json"
@@ -141,7 +142,7 @@ def write_regret(paths: StudyPaths, journal: TrackingJournal, phase_key: str) ->
     ranking = set_ranking(study).as_dict()
     table = {"study": paths.root.name, "criterion": study.criterion.name, "ranking": ranking,
              "protocols": [row.as_dict() for row in protocol_table(study)]}
-    write_atomic(paths.root / REGRET_FILE, json.dumps(table, indent=1, default=str))
+    write_atomic(paths.root / REGRET_FILE, json.dumps(json_ready(table), indent=1, default=str))
     journal.log_file(phase_key, paths.root / REGRET_FILE)
     return ranking
 

@@ -28,6 +28,13 @@ FIRST_TASK_K = (1, 2, 3)
 CONVENTIONAL_NOTE = ("tunes on D^E itself: its compute is the full study's on D^E, and its reported score is "
                      "optimistic (selected on the data it reports)")
 RANDOM_NOTE = "the floor: expected regret of a set drawn at random, no tuning"
+TIE_RULE = "lowest set index"  # select_best's rule among equal scores (gtep/protocol/selection.py)
+TIE_TOLERANCE = 1e-12  # scores this close are equal: a shared first task gives bit-identical scores
+# why a field of a stored table is null (JSON has no NaN: JavaScript's JSON.parse refuses it)
+NULL_REASONS = {"kendall_tau": "fewer than two sets scored in both phases, or one phase's scores all equal",
+                "spearman_rho": "fewer than two sets scored in both phases, or one phase's scores all equal",
+                "regret": "no pick: the protocol does not apply, picked no set, or its pick is a tie (see note)",
+                "fraction": "the protocol does not apply to this study (see note)"}
 
 
 def average_ranks(values: Sequence[float]) -> np.ndarray:
@@ -116,16 +123,56 @@ class ProtocolRow:
     fraction: float
     regret: float
     note: str = ""
+    tied: int = 0  # sets sharing the top score under the rule when more than one (the pick is then undefined)
 
     def as_dict(self) -> dict[str, Any]:
         return {"protocol": self.protocol, "options": self.options, "picked": self.picked, "fraction": self.fraction,
-                "regret": self.regret, "note": self.note}
+                "regret": self.regret, "note": self.note, "tied": self.tied}
 
 
-def outcome_row(protocol: str, options: str, outcome: ReplayOutcome, evaluation: Mapping[int, float]) -> ProtocolRow:
-    note = "" if outcome.best_index is not None else "no set eligible"
-    return ProtocolRow(protocol, options, outcome.best_index, outcome.fraction,
-                       regret_of(outcome.best_index, evaluation), note)
+def tied_at_top(scores: Mapping[int, float], picked: int | None) -> list[int]:
+    """The sets whose score equals the picked set's (within TIE_TOLERANCE), the pick among them; [] for no pick."""
+    if picked is None or picked not in scores or math.isnan(scores[picked]):
+        return []
+    top = scores[picked]
+    return [i for i, s in sorted(scores.items()) if not math.isnan(s) and abs(s - top) <= TIE_TOLERANCE]
+
+
+def outcome_row(protocol: str, options: str, outcome: ReplayOutcome, evaluation: Mapping[int, float],
+                reference: bool = False) -> ProtocolRow:
+    """A protocol's row. A pick decided by a tie (several sets at the top score: with the paper's fixed first-task
+    recipe every set sharing task 1 scores the same at k = 1) is no pick: the row reads picked null, regret null
+    and says which sets tie and what the tie rule (TIE_RULE) would have taken; `reference` (the full study) keeps
+    its pick, which is the study's H*, and says that a tie decided it."""
+    if outcome.best_index is None:
+        return ProtocolRow(protocol, options, None, outcome.fraction, math.nan, "no set eligible")
+    regret = regret_of(outcome.best_index, evaluation)
+    tied = tied_at_top(outcome.scores, outcome.best_index)
+    if len(tied) < 2:
+        return ProtocolRow(protocol, options, outcome.best_index, outcome.fraction, regret)
+    names = ", ".join(f"set{i:03d}" for i in tied)
+    rule = f"the tie rule ({TIE_RULE}) takes set{outcome.best_index:03d}, regret {100 * regret:.2f} points"
+    if reference:
+        return ProtocolRow(protocol, options, outcome.best_index, outcome.fraction, regret,
+                           f"decided by a tie of {len(tied)} sets ({names}): {rule}", len(tied))
+    return ProtocolRow(protocol, options, None, outcome.fraction, math.nan,
+                       f"undefined: a tie of {len(tied)} sets at the top score ({names}); {rule}", len(tied))
+
+
+def json_ready(value: Any) -> Any:
+    """A table as standard JSON: every NaN or infinity becomes null (JSON has no NaN, and JavaScript's JSON.parse
+    refuses it), and a mapping that gets one says why beside it, in `nulls` (NULL_REASONS, or the row's note)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        out = {str(k): json_ready(v) for k, v in value.items()}
+        nulled = [str(k) for k, v in value.items() if isinstance(v, float) and not math.isfinite(v)]
+        if nulled and "nulls" not in out:
+            out["nulls"] = {k: NULL_REASONS.get(k, "not a finite number") for k in nulled}
+        return out
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
 
 
 def conventional_row(evaluation: Mapping[int, float]) -> ProtocolRow:
@@ -151,7 +198,7 @@ def protocol_rows(units: list[dict[str, Any]], orderings: int, sets: Iterable[in
     sets = list(sets)
     common: dict[str, Any] = {"criterion": criterion, "selection": selection}
     full = replay(units, orderings, sets, "none", **common)
-    rows = [outcome_row("gtep (full)", f"R={len(sets)}, S={orderings}", full, evaluation),
+    rows = [outcome_row("gtep (full)", f"R={len(sets)}, S={orderings}", full, evaluation, reference=True),
             conventional_row(evaluation)]
     if best_index is not None and full.best_index != best_index:  # the study's own H* is the reference
         rows[0] = ProtocolRow(rows[0].protocol, rows[0].options, best_index, 1.0, regret_of(best_index, evaluation))
