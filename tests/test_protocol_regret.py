@@ -94,3 +94,28 @@ def test_bad_every_set_options_exit_2_naming_the_option_and_the_fix(argv, needle
     assert result.exit_code == 2, result.output
     assert all(n in result.output for n in needles) and "Traceback" not in result.output, result.output
     assert not any(tmp_path.iterdir())
+
+
+def test_a_pick_decided_by_a_tie_is_no_pick_and_the_table_is_standard_json():
+    """Issue 60: sets scoring the same (a first task shared at k = 1) make the pick undefined: null regret, the tie
+    and the tie rule's would-be pick in the note; the full study keeps its H* and says a tie decided it. NaN is
+    written as null with the reason beside it."""
+    import json
+
+    from gtep.protocol.regret import json_ready
+
+    tied = {0: [0.5, 0.5], 1: [0.5, 0.5], 2: [0.4, 0.4]}
+    rows = by_protocol(protocol_rows(study(tied), 2, [0, 1, 2], {0: 0.3, 1: 0.5, 2: 0.4}, tasks=3))
+    full = rows[("gtep (full)", "R=3, S=2")]
+    assert full.picked == 0 and full.tied == 2 and "decided by a tie of 2 sets" in full.note
+    k1 = rows[("first_task", "k=1")]
+    assert k1.picked is None and math.isnan(k1.regret) and k1.tied == 2
+    assert k1.note.startswith("undefined: a tie of 2 sets") and "lowest set index" in k1.note
+    ranking = rank_sets({0: 0.5, 1: 0.5, 2: 0.5}, {0: 0.3, 1: 0.5, 2: 0.4}, 0)
+    document = json_ready({"ranking": ranking.as_dict(), "protocols": [r.as_dict() for r in rows.values()]})
+    text = json.dumps(document, allow_nan=False)
+    assert document["ranking"]["kendall_tau"] is None
+    assert "fewer than two" in document["ranking"]["nulls"]["kendall_tau"]
+    k3 = next(r for r in document["protocols"] if r["options"] == "k=3")
+    assert k3["regret"] is None and "not applicable" in k3["note"] and "regret" in k3["nulls"]
+    assert "NaN" not in text
