@@ -4,6 +4,7 @@ unpacked into an environment with only torch, torchvision, timm and the device i
 default study to the same H* and table as this install (slow group)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -93,3 +94,75 @@ def test_a_python_version_that_is_not_x_y_is_refused_before_anything_is_download
     with pytest.raises(SystemExit):
         bundle.main(["--python", "3"])
     assert "--python 3: give a CPython version as X.Y" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the 3.11 bundle for real (slow group)
+
+def image_site(folder: Path, bundle) -> Path:
+    """What the device image holds of gtep's needs: torch, torchvision, timm and the image's packages that gtep's
+    closure names, as links to this environment's installs (their files, their metadata), and nothing else."""
+    keep = {name for name in bundle.requirement_closure("gtep", "3.11") if name in bundle.IMAGE_PACKAGES}
+    for root in ("torch", "torchvision", "timm"):
+        keep |= {name for name in bundle.requirement_closure(root, "3.11")} | {root}
+    folder.mkdir()
+    for name in sorted(keep):
+        dist = metadata.distribution(name)
+        base = Path(dist.locate_file(""))
+        tops = {Path(f).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in tops:
+            if (base / top).exists() and not (folder / top).exists():
+                (folder / top).symlink_to(base / top)
+    return folder
+
+
+def run_default_study(python: str, output: Path, env: dict[str, str]) -> tuple[str, str]:
+    done = subprocess.run([python, "-m", "gtep", "run", "--trials", "2", "--output", str(output)], env=env,
+                          capture_output=True, text=True, cwd=output.parent, timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout, (output / "omniglot-replay" / "best.yaml").read_text()
+
+
+def table_lines(output: str) -> list[str]:
+    """The phases side by side as printed: its rows, without the lines that name folders."""
+    return [line for line in output.splitlines() if "│" in line or "|" in line]
+
+
+@pytest.mark.slow
+def test_the_311_bundle_runs_the_default_study_as_a_normal_install_does(bundle, tmp_path):
+    """The same script that builds the device's 3.12 bundle builds this machine's 3.11 one; unpacked beside only
+    torch, torchvision, timm and the device image's packages, it runs the default study (`gtep run`, R = 2 of its
+    6 sets: the CI budget) to the same H* and the same table as this install. The build's trace is the GPU
+    study's CPU dry run (benchmarks/gpu_study.py --device cpu --quick): its two studies are checked too."""
+    archive = bundle.build("3.11", retrace=True)
+    manifest = json.loads((bundle.BUNDLE_DIR / "MANIFEST-cp311.json").read_text())
+    assert archive.stat().st_size / 2**20 <= bundle.LIMIT_MIB and manifest["packages"]["ray"]
+    cut = {c["path"] for c in manifest["cut"]}
+    assert {"ray/jars", "ray/rllib"} <= cut, sorted(cut)[:40]  # what a Python-only study never loads
+    trace = json.loads(bundle.TRACE_FILE.read_text())
+    dry = {row["share"]: row for row in trace["dry_run"]["studies"]}
+    assert set(dry) == {1.0, 0.5} and dry[0.5]["trials_at_once"] == 2
+    assert all(row["returncode"] == 0 and row["store"]["passed"] for row in dry.values()), dry
+
+    deps, venv = tmp_path / "deps", tmp_path / "venv"
+    deps.mkdir()
+    subprocess.run(["tar", "-xJf", str(archive), "-C", str(deps)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3.*/site-packages"))
+    (site / "image.pth").write_text(str(image_site(tmp_path / "image", bundle)) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    fresh_env = {**env, "PYTHONPATH": os.pathsep.join([str(deps), str(ROOT)])}
+    python = str(venv / "bin" / "python")
+    # the fresh environment has no Ray of its own: what it imports comes from the bundle
+    probe = subprocess.run([python, "-c", "import ray, mlflow, torch; print(ray.__file__); print(torch.__file__)"],
+                           env=fresh_env, capture_output=True, text=True, check=True).stdout.split()
+    assert probe[0].startswith(str(deps)) and not probe[1].startswith(str(deps))
+    bare = subprocess.run([python, "-c", "import ray"], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True)
+    assert bare.returncode != 0
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    bundled_out, bundled_best = run_default_study(python, tmp_path / "a" / "out", fresh_env)
+    normal_out, normal_best = run_default_study(sys.executable, tmp_path / "b" / "out",
+                                                {**env, "PYTHONPATH": str(ROOT)})
+    assert bundled_best == normal_best
+    assert table_lines(bundled_out) == table_lines(normal_out) and table_lines(normal_out)
