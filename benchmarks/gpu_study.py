@@ -266,8 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--classes", type=int, help="classes in the dataset used, split in two phases (default 40)")
     parser.add_argument("--backbone", help="default resnet32 (resnet8 with --quick)")
     parser.add_argument("--trials", type=int, help="R (default 8: the most trials a GPU holds at share 0.125)")
-    parser.add_argument("--orderings", type=int, default=2, help="S (default 2)")
-    parser.add_argument("--epochs", type=int, help="epochs of every task (default 30; 1 with --quick)")
+    parser.add_argument("--orderings", type=int, help="S (default 1: the call's minutes go to sets, which pack; 2 "
+                                                      "with --quick)")
+    parser.add_argument("--epochs", type=int, help="epochs of every task (default 25; 1 with --quick)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "benchmarks" / "results"
                                                              / "gpu_study"))
     parser.add_argument("--make-data", type=Path, metavar="NPZ", help="write the carried cut of this npz and stop")
@@ -280,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     args.classes = args.classes or (16 if quick else 40)
     args.dataset = args.dataset or ("synthetic:classes=16,train=24,test=8" if quick else f"npz:{DATA_CUT}")
     args.backbone = args.backbone or ("resnet8" if quick else "resnet32")
-    args.epochs = args.epochs or (1 if quick else 30)
+    args.epochs = args.epochs or (1 if quick else 25)
+    args.orderings = args.orderings or (2 if quick else 1)
     args.trials = args.trials or (2 if quick else 8)
     if args.device.startswith("cuda"):
         import torch
