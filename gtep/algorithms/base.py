@@ -275,6 +275,11 @@ class IncrementalLearner(Generic[P]):
     # ResNet methods train task 1 with the paper's fixed recipe (Table 3); the pretrained-model methods of
     # section 4.2 (PILOT) train every task with the sampled hyperparameters.
     fixed_first_task: ClassVar[bool] = True
+    # The engine may train a trial's S orderings of this method as one fused network (compute.fuse_orderings,
+    # gtep/engine/fusion.py): set where an equivalence test shows the fused trial gives the S separate runs'
+    # results (tests/engine/test_fusion.py). Its losses must run under torch.func.vmap: no .item() or
+    # data-dependent Python branching on tensors inside a loss.
+    fuses_orderings: ClassVar[bool] = False
     # The method's own hyperparameters that shape task 1 under the fixed recipe (its network, its first-task
     # loss, its memory): they key the study's shared first-task results. tests/engine/test_first_task.py
     # checks that every other value leaves task 1 bit-identical.

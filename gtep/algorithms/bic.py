@@ -113,6 +113,7 @@ def holdout_mask(y: Tensor, per_class: int) -> Tensor:
 @ALGORITHMS.register("bic")
 class BiC(IncrementalLearner[BiCParams]):
     distills = True
+    fuses_orderings = True
     net: BiasCorrectedNet
 
     def build_network(self) -> nn.Module:

@@ -119,6 +119,7 @@ D = TypeVar("D", bound=DERParams)
 @ALGORITHMS.register("der")
 class DER(IncrementalLearner[D]):
     Params = DERParams
+    fuses_orderings = True
     net: ExpandableNet
     # No snapshot of the old model (distills stays False): the frozen extractors are DER's memory of it.
 

@@ -32,6 +32,7 @@ class ICaRLParams(CommonParams):
 @ALGORITHMS.register("icarl")
 class ICaRL(IncrementalLearner[ICaRLParams]):
     distills = True
+    fuses_orderings = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

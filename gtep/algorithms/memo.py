@@ -63,6 +63,7 @@ def split_backbone(backbone: Backbone) -> tuple[nn.Module, SpecializedBlock]:
 class MEMO(DER[MEMOParams]):
     # the trunk's training shapes task 1; the herding batch does not (eval-mode features are per image)
     first_task_hparams = ("train_base",)
+    fuses_orderings = False  # DER's opt-in is not inherited: MEMO's shared trunk has no equivalence test yet
 
     def __init__(self, *args, **kwargs) -> None:
         self._first_block: SpecializedBlock | None = None

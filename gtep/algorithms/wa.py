@@ -29,6 +29,7 @@ class WAParams(CommonParams):
 @ALGORITHMS.register("wa")
 class WA(IncrementalLearner[WAParams]):
     distills = True
+    fuses_orderings = True
     net: IncrementalNet
 
     def loss(self, x: Tensor, y: Tensor) -> Tensor:

@@ -5,6 +5,7 @@ epoch, so a non-finite loss ends the run (DivergedError) within one epoch of app
 """
 from __future__ import annotations
 
+import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager, Iterable
@@ -20,6 +21,11 @@ from gtep.engine.images import StoredImages
 
 class DivergedError(RuntimeError):
     """The training loss became NaN or infinite."""
+
+
+# In a thread of a fused trial's lockstep (gtep/engine/fusion.py), `parking.fit` takes Trainer.fit's calls, so
+# that the orderings' fits run as one fused network; unset everywhere else.
+parking = threading.local()
 
 
 def make_optimizer(params: list[nn.Parameter], recipe: FitRecipe) -> torch.optim.Optimizer:
@@ -201,6 +207,11 @@ class Trainer:
             modules: Iterable[nn.Module] = (), on_epoch: Callable[[int], None] | None = None,
             plateau: Plateau | None = None) -> None:
         """`plateau`: decay the lr on a plateau of a validation score instead of the recipe's schedule."""
+        parked = getattr(parking, "fit", None)
+        if parked is not None:  # an ordering of a fused trial: the lockstep trains it with its siblings
+            parked(self, parameters, loss_fn, x, y, recipe, augment=augment, modules=modules, on_epoch=on_epoch,
+                   plateau=plateau)
+            return
         params = [p for p in parameters if p.requires_grad]
         if not params or len(x) == 0 or recipe.epochs < 1:
             return
