@@ -181,6 +181,9 @@ class ComputeSpec(_Strict):
     # Rehearse a GPU cluster on CPUs: a trial whose GPUs (Ray's logical ones, `ray start --num-gpus 8`) torch cannot
     # see trains on the CPU and records their ids; off, such a trial stops with an error (docs/cluster.md)
     simulate_gpus: bool = False
+    # Train a trial's orderings as one fused network (gtep/engine/fusion.py, docs/speed.md): off, on (refused for a
+    # learner that does not opt in), auto (on where the learner opts in, on a GPU, with orderings one at a time)
+    fuse_orderings: Literal["off", "on", "auto"] = "off"
 
     @model_validator(mode="after")
     def _simulated_gpus_are_asked_for(self) -> "ComputeSpec":

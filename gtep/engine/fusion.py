@@ -405,3 +405,20 @@ def _run_parked(parked: list[_Worker], stats: LockstepStats) -> None:
         worker._leave()
         stats.alone += 1
         worker.state = "ready"
+
+
+def run_fused_orderings(jobs: Sequence[Any], data: Any, on_task_end: Any = None,
+                        checkpoints: Sequence[Any] | None = None, first_tasks: Any = None,
+                        stats: LockstepStats | None = None) -> list[Any]:
+    """A trial's orderings (OrderingJobs that differ only in `ordering`) trained fused: their outcomes, each that
+    of run_ordering alone. Refuses, in one line, a learner that has not opted in."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.engine.flows import run_ordering
+
+    names = {job.algorithm for job in jobs}
+    for name in names:
+        check_fusable(ALGORITHMS.get(name), name)
+    paths = list(checkpoints) if checkpoints is not None else [None] * len(jobs)
+    return run_in_lockstep([
+        (lambda job=job, path=path: run_ordering(job, data, on_task_end, path, first_tasks))
+        for job, path in zip(jobs, paths)], stats)
