@@ -1,12 +1,17 @@
-"""benchmarks/protocol_atlas.py (issue 49, item 3) without running a study: its table and verdict from hand-made
-study results, and the table docs/tuning-protocols.md shows is the one the stored results give."""
+"""benchmarks/protocol_atlas.py (issues 49 and 60) without running a study: its table and verdict from hand-made
+study results; the tables docs/tuning-protocols.md shows are the ones the stored results give, and every cell of
+them is recomputed from the stored raw results alone by tests/atlas_recompute.py, which imports nothing of gtep."""
 from __future__ import annotations
 
+import json
+import math
+import random
 import re
 from pathlib import Path
 
 import pytest
 
+from tests import atlas_recompute as recompute
 from tests.helpers import benchmark_imports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +52,7 @@ def test_a_shortcut_within_1_point_at_04_in_9_of_10_studies_passes_and_one_at_08
 
 def test_a_protocol_that_does_not_apply_to_every_study_cannot_pass_and_the_premise_is_summarised(atlas):
     applies = {"gtep (full)": (0.0, 1.0), "first_task": (0.0, 0.2)}
-    missing = {"gtep (full)": (0.0, 1.0), "first_task": (float("nan"), 0.2)}
+    missing = {"gtep (full)": (0.0, 1.0), "first_task": (float("nan"), float("nan"))}  # not applicable
     results = [study("a", 1, applies, tau=1.0), study("b", 3, missing, tau=-0.2)]
     table = atlas.summary(results)
     assert next(r for r in table if r["protocol"] == "first_task (k=1)")["studies"] == 1
@@ -59,14 +64,148 @@ def test_a_protocol_that_does_not_apply_to_every_study_cannot_pass_and_the_premi
     assert premise["h_star_best"] == 0.5 and premise["h_star_rank_median"] == 2
 
 
-def test_the_docs_show_the_table_of_the_stored_studies(atlas):
-    results = atlas.stored()
-    assert results, "benchmarks/results/protocol_atlas/ holds the atlas's studies"
+def test_a_tie_is_counted_among_a_protocols_studies_but_never_within_1_point(atlas):
+    tie = study("t", 1, {"gtep (full)": (0.0, 1.0), "first_task": (float("nan"), 0.1)})
+    tie["protocols"][1]["tied"] = 4
+    picked = study("p", 1, {"gtep (full)": (0.0, 1.0), "first_task": (0.002, 0.1)})
+    row = next(r for r in atlas.summary([tie, picked]) if r["protocol"] == "first_task (k=1)")
+    assert row["studies"] == 2 and row["ties"] == 1 and row["within_1_point"] == 0.5
+    assert row["median_regret"] == pytest.approx(0.2) and row["safe_and_cheap"] == 0.5
+
+
+def docs_block(name: str) -> str:
     docs = (ROOT / "docs" / "tuning-protocols.md").read_text()
-    shown = re.search(r"<!-- atlas-table -->\n(.*?)\n<!-- /atlas-table -->", docs, re.S)
-    assert shown, "docs/tuning-protocols.md marks the atlas table with <!-- atlas-table --> ... <!-- /atlas-table -->"
-    assert shown.group(1).strip() == atlas.markdown(results).strip(), (
-        "the docs table differs from the stored studies: paste `protocol_atlas.py --markdown` between the markers")
-    verdict = atlas.verdict(atlas.summary(results), len(results))
-    readme = (ROOT / "README.md").read_text()
-    assert verdict.replace("H*", "H\\*") in readme.replace("\n", " "), "README states the atlas's verdict"
+    shown = re.search(rf"<!-- atlas-table {name} -->\n(.*?)\n<!-- /atlas-table {name} -->", docs, re.S)
+    assert shown, (f"docs/tuning-protocols.md marks the {name} table with <!-- atlas-table {name} --> ... "
+                   f"<!-- /atlas-table {name} -->")
+    return shown.group(1).strip()
+
+
+def test_the_docs_show_the_tables_of_the_stored_studies(atlas):
+    assert atlas.legacy(), "benchmarks/results/protocol_atlas/legacy/ holds the first atlas's studies"
+    for block in atlas.BLOCKS:
+        assert docs_block(block) == atlas.markdown(atlas.stored(block), block).strip(), (
+            f"the docs' {block} table differs from the stored studies: paste `protocol_atlas.py --markdown`")
+    assert docs_block("legacy") == atlas.markdown(atlas.legacy()).strip()
+    readme = (ROOT / "README.md").read_text().replace("\n", " ")
+    for block in atlas.BLOCKS:
+        results = atlas.stored(block)
+        if results:
+            verdict = atlas.verdict(atlas.summary(results), len(results)).replace("H*", "H\\*")
+            assert verdict in readme, f"README states the {block} block's verdict"
+
+
+def shown_rows(block: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in docs_block(block).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] not in ("protocol", "---"):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.mark.parametrize("block", ["r6s3", "paper"])
+def test_every_cell_of_the_docs_table_is_recomputed_from_the_raw_results_alone(block):
+    """tests/atlas_recompute.py recomputes each study's picks, compute, regret, ties and least possible compute
+    from its raw results, then the block's table, and every cell must be the one the docs print."""
+    results = recompute.stored(block)
+    shown = shown_rows(block)
+    if not results:
+        assert not shown, f"the docs show a {block} table but no study of the block has raw results stored"
+        return
+    assert shown == recompute.table(results)
+    premise = recompute.premise(results)
+    text = " ".join(docs_block(block).split())
+    if premise:
+        assert (f"Over the {premise['studies']} studies, Kendall's tau between the sets' tuning and evaluation scores "
+                f"has median {premise['tau']:.2f} (lowest {premise['lowest']:.2f}) and Spearman's rho median "
+                f"{premise['rho']:.2f}; H\\* is the best set on D^E in {premise['best']:.0f} % of them (median rank "
+                f"{premise['rank']:g} of {results[0]['trials']}) and {premise['regret']:.2f} points (median) "
+                "below the best set.") in text
+
+
+def test_the_recomputation_imports_nothing_of_gtep():
+    source = (ROOT / "tests" / "atlas_recompute.py").read_text()
+    assert not re.search(r"^\s*(from|import) (gtep|benchmarks|protocol_atlas)", source, re.M)
+
+
+def test_every_stored_file_is_standard_json():
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} is not JSON")
+
+    paths = sorted((ROOT / "benchmarks" / "results" / "protocol_atlas").rglob("*.json"))
+    assert paths
+    for path in paths:
+        json.loads(path.read_text(), parse_constant=refuse)
+
+
+def synthetic_raw(seed: int, sets: int = 6, orderings: int = 3, tasks: int = 3, groups: int = 2) -> dict:
+    """A study's raw results by hand: sets in `groups` sharing their first task (the same task-1 accuracy and
+    the unit that trained it; the others reuse it), random later tasks, a diverged evaluation now and then."""
+    rng = random.Random(seed)
+    tuning, evaluation = [], {}
+    for o in range(orderings):
+        first = [rng.uniform(0.3, 0.6) for _ in range(groups)]
+        for i in range(sets):
+            g = i % groups
+            matrix = [[first[g], None, None][:tasks]] + [
+                [rng.uniform(0.05, 0.5) for _ in range(t + 1)] + [None] * (tasks - t - 1) for t in range(1, tasks)]
+            counts = [50] * tasks
+            acc_t = [sum(m * c for m, c in zip(row[:t + 1], counts)) / sum(counts[:t + 1])
+                     for t, row in enumerate(matrix)]
+            tuning.append({"set_index": i, "ordering": o, "status": "finished", "acc": acc_t[-1],
+                           "avg_acc": sum(acc_t) / tasks, "acc_matrix": matrix, "test_counts": counts,
+                           "task_seconds": [rng.uniform(1, 3) for _ in range(tasks)],
+                           "first_task": "trained" if i < groups else "reused", "unit_file": f"set{i:03d}-o{o}",
+                           "finished_at": rng.random()})
+    for n, unit in enumerate(sorted(tuning, key=lambda u: (u["finished_at"], u["set_index"], u["ordering"]))):
+        unit["arrival"] = n
+    for i in range(sets):
+        units = [{"set_index": i, "ordering": o, "acc": rng.uniform(0.1, 0.4), "avg_acc": rng.uniform(0.2, 0.5),
+                  "status": "diverged" if rng.random() < 0.05 else "finished"} for o in range(orderings)]
+        finished = [u for u in units if u["status"] == "finished"]
+        summary = {"diverged": len(units) - len(finished),
+                   **{c: (sum(u[c] for u in units) / len(units) if len(finished) == len(units) else None)
+                      for c in ("acc", "avg_acc")}}
+        evaluation[str(i)] = {"units": units, "summary": summary}
+    return {"criterion": "hmean_acc_avgacc", "components": ["acc", "avg_acc"], "combine": "harmonic_mean",
+            "selection": "hmean_of_means", "orderings": orderings, "tasks": tasks, "sets": list(range(sets)),
+            "best_index": None, "tuning": tuning, "evaluation": evaluation}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_independent_recomputation_agrees_with_gtep_on_hand_made_studies(atlas, seed):
+    """The two implementations (gtep's replay code through the atlas's derive, and tests/atlas_recompute.py) agree
+    row by row on studies with shared first tasks (so first_task k = 1 ties), reuse and divergence."""
+    raw = synthetic_raw(seed, sets=6 if seed % 2 else 10, orderings=3 if seed < 3 else 5, tasks=3 + seed % 2)
+    raw["best_index"] = recompute.pick(recompute.scores_of(raw, raw["tuning"]))[0]
+    derived = atlas.derive(raw)
+    result = {"raw": raw, "trials": len(raw["sets"]), **derived}
+    ours = recompute.study_rows(result)
+    theirs = {atlas.key_of(row): row for row in derived["protocols"]}
+    assert set(ours) == {k for k, row in theirs.items() if row["fraction"] is not None}
+    for key, row in ours.items():
+        assert row["fraction"] == pytest.approx(theirs[key]["fraction"], abs=1e-12), key
+        assert row["least"] == pytest.approx(derived["floors"][key], abs=1e-12), key
+        if row["regret"] is None:
+            assert theirs[key]["regret"] is None and (row["tie"] == (theirs[key]["tied"] > 1)), key
+        else:
+            assert row["regret"] == pytest.approx(theirs[key]["regret"], abs=1e-12), key
+    assert ours["first_task (k=1)"]["tie"], "sets sharing task 1 tie at k = 1"
+    ranking = recompute.ranking(result)
+    for mine, gteps in (("tau", "kendall_tau"), ("rho", "spearman_rho")):
+        value = derived["ranking"][gteps]
+        assert (math.isnan(ranking[mine]) and value is None) or ranking[mine] == pytest.approx(value), mine
+    assert ranking["rank"] == derived["ranking"]["best_rank"]
+
+
+def test_the_least_possible_compute_at_r6_s3_is_the_issues(atlas):
+    """With equal set costs ASHA and Hyperband cannot go below 8/18 of the compute at R = 6, S = 3, the median
+    pruner below 10/18 (2 startup sets finish); at the paper's R = 30, S = 5 the first rung is a fifth of a set."""
+    floors = atlas.floors(synthetic_raw(0))
+    assert floors["asha (grace 1, reduction 2)"] == pytest.approx(8 / 18)
+    assert floors["asha (grace 1, reduction 4)"] == pytest.approx(8 / 18)
+    assert floors["optuna-median (defaults)"] == pytest.approx(10 / 18)
+    paper = atlas.floors(synthetic_raw(0, sets=30, orderings=5))
+    assert paper["asha (grace 1, reduction 4)"] == pytest.approx((5 + 29) / 150)
+    assert paper["optuna-median (defaults)"] == pytest.approx((10 + 28) / 150)
