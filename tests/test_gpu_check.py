@@ -4,6 +4,7 @@ call's caller would: the table on stdout and the JSON it leaves."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -128,3 +129,21 @@ def test_the_stored_gpu_run_covers_every_learner_and_the_docs_show_its_rows():
     for name, r in rows.items():
         assert f"| {name} | {r['family']} | {r['backbone']} | {r['seconds']:.1f} |" in page, name
         assert f"| {r['acc']:.3f} |" in page
+
+
+
+def test_the_gpu_test_step_is_sized_for_the_machine_it_runs_on(check, monkeypatch):
+    """On a CPU the dry run's test step takes what this machine takes; on CUDA it keeps the device call's box; a
+    limit given wins. The step runs its tests under that limit (None: subprocess.run waits for them)."""
+    assert check.tests_timeout("cpu", None) is None
+    assert check.tests_timeout("cuda", None) == check.tests_timeout("cuda:1", None) == 240.0
+    assert check.tests_timeout("cpu", 90.0) == 90.0
+    seen = {}
+
+    def fake_run(command, **kwargs):
+        seen.update(kwargs)
+        return subprocess.CompletedProcess(command, 0, "1 passed in 0.1s\n", "")
+
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    done = check.run_gpu_tests("cpu", None)
+    assert seen["timeout"] is None and done["returncode"] == 0 and done["summary"] == "1 passed in 0.1s"
