@@ -211,3 +211,20 @@ def test_the_cifar_and_imagenet_presets_read_the_trees_as_distributed(tmp_path, 
     assert "every pre-flight check passed" in out and "pycil-imagenet" in out
     assert "every pre-flight check passed" in check_preset("imagenet50-cifar50-10tasks", tmp_path, monkeypatch)
 
+
+
+def test_gtep_data_prepare_writes_tinyimagenet_as_the_npz_the_presets_read(tmp_path):
+    from typer.testing import CliRunner
+
+    from gtep.cli import app
+
+    make_tinyimagenet(tmp_path / "tiny-imagenet-200", train=4, val=2)
+    (tmp_path / "tiny-imagenet-200" / "words.txt").write_text("n01443537\tgoldfish, Carassius auratus\n")
+    result = CliRunner().invoke(app, ["data", "prepare", "tinyimagenet", str(tmp_path / "tiny-imagenet-200"),
+                                      str(tmp_path / "tiny.npz"), "--train-per-class", "3"])
+    assert result.exit_code == 0, result.output + result.stderr
+    images = resolve_dataset(f"npz:{tmp_path / 'tiny.npz'}").load()
+    assert images.x_train.shape == (9, 32, 32, 3) and images.x_test.shape == (6, 32, 32, 3)
+    assert images.class_names == ["goldfish", "n01629819", "n01641577"]
+    result = CliRunner().invoke(app, ["data", "prepare", "tinyimagenet", str(tmp_path), str(tmp_path / "x.npz")])
+    assert result.exit_code == 2 and "none of the layouts" in result.stderr, result.output + result.stderr

@@ -24,7 +24,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from gtep.cli import check, cluster, info, matrix, pretrain, replay, report, study, tracking, users
+from gtep.cli import check, cluster, data, info, matrix, pretrain, replay, report, study, tracking, users
 
 
 def reflowed(text: str | None) -> str | None:
@@ -71,5 +71,6 @@ for commands in (study.app, check.app, pretrain.app, tracking.app, cluster.app, 
     app.add_typer(commands)
 app.add_typer(cluster.jobs_app, name="jobs")
 app.add_typer(users.app, name="users")
+app.add_typer(data.app, name="data")
 
 __all__ = ["app"]

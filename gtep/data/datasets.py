@@ -434,15 +434,15 @@ def _cifar_coarse_groups(source: DatasetSource, coarse_names: list[str] | None) 
 def _load_cifar(source: DatasetSource) -> ImageSet:
     """The python version's pickles: 'data' rows of 3072 bytes (1024 red, green, blue, row-major), 'fine_labels'."""
     names, _ = _cifar_metadata(source)
-    arrays = []
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for split in ("train", "test"):
         batch = _cifar_pickle(_cifar_folder(source) / split)
         if "data" not in batch or "fine_labels" not in batch:
             raise DatasetError(f"dataset {source.name!r}: {_cifar_folder(source) / split} has no 'data' and "
                                "'fine_labels'; is it CIFAR-100's python version?")
         x = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-        arrays += [np.ascontiguousarray(x), np.asarray(batch["fine_labels"], dtype=np.int64)]
-    return ImageSet(source.name, *arrays, names)
+        arrays[split] = np.ascontiguousarray(x), np.asarray(batch["fine_labels"], dtype=np.int64)
+    return ImageSet(source.name, *arrays["train"], *arrays["test"], names)
 
 
 @DATASETS.register("cifar100")
