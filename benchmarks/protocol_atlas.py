@@ -476,14 +476,16 @@ def verdict_where_it_applies(table: list[dict[str, Any]], studies: int) -> str |
     return "no protocol that applies to only some studies reaches the bar among those either"
 
 
-def print_table(results: list[dict[str, Any]], title: str) -> None:
+def print_table(results: list[dict[str, Any]], title: str, legacy: bool = False) -> None:
+    """The block's table on the terminal; `legacy`: files that recorded no ties (shown as '?')."""
     table = summary(results)
     print(f"\n{title}: {len(results)} studies; regret in points below the best evaluated set; 'within 1': share of "
           "studies whose pick is within 1 point of the full study's H* on D^E (a tie is no pick)")
     print(f"{'protocol':44s} {'studies':>7s} {'ties':>4s} {'median regret':>13s} {'worst':>7s} {'within 1':>8s} "
           f"{'median compute':>14s} {'least':>6s} {'<=1 pt & <=0.4':>14s}")
     for r in table:
-        print(f"{r['protocol']:44s} {r['studies']:7d} {r['ties']:4d} {cell(r['median_regret'], '13.2f'):>13s} "
+        ties = "?" if legacy else str(r["ties"])
+        print(f"{r['protocol']:44s} {r['studies']:7d} {ties:>4s} {cell(r['median_regret'], '13.2f'):>13s} "
               f"{cell(r['worst_regret'], '7.2f'):>7s} {r['within_1_point']:8.0%} {r['median_compute']:14.2f} "
               f"{cell(r['least_compute'], '6.2f'):>6s} {r['safe_and_cheap']:14.0%}")
     print(f"verdict: {verdict(table, len(results))}")
@@ -562,7 +564,7 @@ def main() -> None:
         if results:
             print_table(results, shape["title"])
     if legacy():
-        print_table(legacy(), "the first atlas (legacy/, no raw results)")
+        print_table(legacy(), "the first atlas (legacy/, no raw results)", legacy=True)
 
 
 if __name__ == "__main__":
