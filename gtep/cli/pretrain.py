@@ -35,7 +35,7 @@ def parse_classes(text: str) -> list[int]:
 
 
 @app.command()
-def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:../shared/data/tinyimagenet200_32.npz"),
+def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:~/data/tinyimagenet200_32.npz"),
              classes: str = typer.Option(..., "--classes",
                                          help="classes to pretrain on, kept out of both phases: 100-199"),
              backbone: str = typer.Option("vit_micro_patch4_32", "--backbone",
