@@ -188,3 +188,21 @@ def test_every_environment_variable_is_in_configuration_md():
     text = CONFIGURATION.read_text()
     missing = sorted(n for n in names if f"`{n}`" not in text)
     assert not missing, f"environment variables docs/configuration.md does not list: {missing}"
+
+
+# ---------------------------------------------------------------- what a reader can follow
+
+UNREACHABLE = {
+    "../shared": re.compile(r"\.\./shared"),  # the development machine's shared folder, not in the repository
+    "an issue number": re.compile(r"\bissues? #?\d+", re.I),  # the project's tracker is not public
+    "a notes or papers file": re.compile(r"\b(?:notes \d{3}|papers/[\w-]+\.txt)"),
+    "a call of the device tool": re.compile(r"^\s*(?:carry|timeout_s):\s*\[?", re.M),
+}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_pages_point_at_nothing_a_reader_cannot_open(page):
+    text = page.read_text()
+    found = [f"{what}: {m.group(0)!r} (line {text[:m.start()].count(chr(10)) + 1})"
+             for what, pattern in UNREACHABLE.items() for m in pattern.finditer(text)]
+    assert not found, f"{page.relative_to(ROOT)} points at what a reader cannot open: {found}"
