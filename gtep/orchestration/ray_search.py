@@ -125,10 +125,15 @@ class ProgressCallback(tune.Callback):
 def run_trials(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, trainable: Any,
                param_space: dict[str, Any], search_alg, num_samples: int, callbacks: list[tune.Callback],
                console: Console) -> Interruption:
-    """The phase's trials on Ray Tune, stopped early by SIGINT/SIGTERM (gtep.orchestration.interrupt)."""
-    with interruptible(console.print) as interruption:
-        run_tuner(resolved, paths, phase, attempt, trainable, param_space, search_alg, num_samples, callbacks,
-                  StopOnSignal(interruption))
+    """The phase's trials on Ray Tune, stopped early by SIGINT/SIGTERM (gtep.orchestration.interrupt); a node lost
+    meanwhile is one line here and Ray's account of it goes to the study's log (gtep.orchestration.node_loss)."""
+    from gtep.orchestration.node_loss import NodeLossCallback, ray_lines_to_study_log
+
+    lost = NodeLossCallback(lambda line: console.print(f"[yellow]{line}[/]", highlight=False, soft_wrap=True),
+                            paths.root, phase)
+    with interruptible(console.print) as interruption, ray_lines_to_study_log(paths.root, lost.lost):
+        run_tuner(resolved, paths, phase, attempt, trainable, param_space, search_alg, num_samples,
+                  [*callbacks, lost], StopOnSignal(interruption))
     return interruption
 
 

@@ -179,6 +179,36 @@ class RayCluster:
         done = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=120)
         return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else []
 
+    def worker_node_id(self) -> str:
+        """The worker node's Ray id: the node whose raylet socket lies in the worker's temp dir."""
+        script = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
+                  "print(json.dumps([(n['NodeID'], n['RayletSocketName']) for n in ray.nodes() if n['Alive']]))"
+                  % self.address)
+        done = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=120)
+        nodes = json.loads(done.stdout.strip().splitlines()[-1])
+        node, = [node for node, socket in nodes if socket.startswith(str(self.temp_dirs[1]))]
+        return node
+
+    def worker_processes(self) -> list[int]:
+        """The worker node's processes: those of the session its `ray start` made (raylet, agents, the Ray workers
+        running trials) and any naming its temp dir."""
+        listing = subprocess.run(["ps", "-eo", "pid=,sid=,args="], capture_output=True, text=True).stdout
+        found = []
+        for line in listing.splitlines():
+            pid, sid, args = (line.split(None, 2) + [""])[:3]
+            if int(sid) == self.sessions[1] or str(self.temp_dirs[1]) in args:
+                found.append(int(pid))
+        return found
+
+    def kill_worker(self) -> None:
+        """SIGKILL every process of the worker node at once, as a preempted machine goes."""
+        for pid in self.worker_processes():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_for(lambda: not self.worker_processes(), 30, "the worker node's processes to end")
+
     def stop(self) -> None:
         for temp in self.temp_dirs:  # each node's processes: by their session, and by their temp dir
             subprocess.run(["pkill", "-9", "-f", str(temp)], check=False)
