@@ -334,3 +334,15 @@ def test_sbatch_starts_workers_in_a_loop_and_waits_for_all_nodes_before_the_driv
         "no wait loop that fails the job on a timeout"
     wait_all = code.index("$SLURM_JOB_NUM_NODES")
     assert worker < wait_all < code.index("gtep run"), "the driver must start after every node has joined"
+
+
+def test_sbatch_asks_for_gpus_per_machine_and_gives_ray_what_slurm_allocated():
+    """GPUs the SLURM way (--gpus-per-node or --gres=gpu:N, per machine), and every Ray node gets the count SLURM
+    gave its machine, not a number of its own. tests/cluster/test_slurm.py runs the script on real SLURM."""
+    text = SBATCH.read_text()
+    assert re.search(r"^#SBATCH --(gpus-per-node=\d+|gres=gpu:\d+)$", text, re.M)
+    assert "--gpus-per-task" not in text
+    code = sbatch_code()
+    assert re.search(r'^gpus=\$\{SLURM_GPUS_ON_NODE:-0\}$', code, re.M)
+    starts = [line for line in code.splitlines() if "ray start" in line]
+    assert starts and all('--num-gpus="$gpus"' in line for line in starts)
