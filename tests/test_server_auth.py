@@ -351,9 +351,8 @@ def nginx_blocks(text: str) -> dict[str, list[str]]:
             assert not statement.strip(), f"a statement without ';' before '}}': {statement.strip()!r}"
             assert stack, "an unopened '}'"
             stack.pop()
-        elif char == ";":
-            assert stack, f"a statement outside any block: {statement.strip()!r}"
-            blocks[stack[-1]].append(" ".join(statement.split()))
+        elif char == ";":  # a statement outside any block is in nginx's http context (conf.d is included there)
+            blocks.setdefault(stack[-1] if stack else "http", []).append(" ".join(statement.split()))
             statement = ""
         else:
             statement += char
@@ -369,6 +368,11 @@ def test_the_tls_proxy_example_parses_and_passes_to_the_loopback_server():
     assert "proxy_pass http://gtep_mlflow" in blocks["location /"]
     https = blocks["server"]  # the last server block: the one on 443
     assert "listen 443 ssl" in https and any(s.startswith("ssl_certificate ") for s in https)
+    # wrong logins are counted and slowed per client address (MLflow never does); the study's requests are not
+    assert "limit_req_zone $binary_remote_addr zone=gtep_failed_logins:10m rate=6r/m" in blocks["http"]
+    assert "error_page 401 = @refused" in blocks["location /"] and "proxy_intercept_errors on" in blocks["location /"]
+    assert "limit_req zone=gtep_failed_logins burst=10" in blocks["location @refused"]
+    assert "return 401" in blocks["location @refused"] and not any("limit_req " in s for s in blocks["location /"])
     # the server command it names listens on loopback, where the upstream points
     command = next(line for line in text.splitlines() if "#   gtep server" in line)
     assert "--auth" in command and "--host 127.0.0.1" in command and "--port 5000" in command
