@@ -277,10 +277,29 @@ def check_learner_limits(resolved: ResolvedExperiment) -> None:
                               "it)")
 
 
+def check_fusion(cfg: ExperimentConfig) -> None:
+    """compute.fuse_orderings: on asks for a learner that opts in (gtep/engine/fusion.py) and orderings that run one
+    after another in the trial's process."""
+    if cfg.compute.fuse_orderings != "on":
+        return
+    from gtep.algorithms import ALGORITHMS
+    from gtep.engine.fusion import FusionRefused, check_fusable
+
+    try:
+        check_fusable(ALGORITHMS.get(cfg.algorithm), cfg.algorithm)
+    except FusionRefused as err:
+        raise ConfigError("compute.fuse_orderings", f"is on, but {err}") from None
+    if cfg.compute.parallel_orderings(cfg.search.orderings) > 1:
+        raise ConfigError("compute.fuse_orderings", "is on, which trains a trial's orderings together in its one "
+                          "process, but cpus_per_ordering/gpus_per_ordering run them as parallel tasks; leave those "
+                          "out, or set fuse_orderings: off")
+
+
 def preflight(cfg: ExperimentConfig) -> StudyPlan:
     """resolve(cfg), then everything that needs the data, the files and the paths; before any compute."""
     resolved = resolve(cfg)
     check_space_values(resolved)
+    check_fusion(cfg)
     check_learner_limits(resolved)
     check_study_path(cfg)
     check_device(cfg)

@@ -271,6 +271,9 @@ def _train_orderings(pending: list[int], set_index: int, hparams: dict[str, Any]
     """Trains a set's pending orderings, one at a time or `resources.parallel` at once, reporting each unit."""
     tasks = job.tasks
     parallel = job.resources.parallel
+    if job.fuse_orderings and len(pending) > 1:
+        _train_fused(pending, set_index, hparams, phase_data, job, report)
+        return
     if parallel <= 1:
         per_task = interim_reporter(done, tasks, job) if job.fidelity == "tasks" else None
         while pending:
@@ -292,6 +295,19 @@ def _train_orderings(pending: list[int], set_index: int, hparams: dict[str, Any]
         for ref in ready:
             running.pop(ref)
             report(ray.get(ref), not pending and not running)  # the trial's last unit
+
+
+def _train_fused(pending: list[int], set_index: int, hparams: dict[str, Any], phase_data: ImageSet, job: TrialJob,
+                 report: Callable[[dict[str, Any], bool], None]) -> None:
+    """The set's pending orderings trained as one fused network (gtep/engine/fusion.py): each ordering's unit runs
+    as it runs alone (its unit file, checkpoint, first task and events), their fits fused; the units are reported
+    in ordering order once all have finished (no per-task interim reports)."""
+    from gtep.engine.fusion import check_fusable, run_in_lockstep
+
+    check_fusable(ALGORITHMS.get(job.scenario.algorithm), job.scenario.algorithm)
+    records = run_in_lockstep([(lambda s=s: run_unit(set_index, hparams, s, phase_data, job)) for s in pending])
+    for i, record in enumerate(records):
+        report(record, i == len(records) - 1)
 
 
 def trainable_for(resolved: ResolvedExperiment, phase: str, folders: StudyFolders) -> Any:

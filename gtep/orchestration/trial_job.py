@@ -55,6 +55,8 @@ class TrialJob:
     checkpoint_every_seconds: float = 0.0
     # compute.simulate_gpus: a trial given GPUs that torch cannot see trains on the CPU (engine.device.trial_device)
     simulate_gpus: bool = False
+    # compute.fuse_orderings as it applies to this phase's trials: the orderings trained as one fused network
+    fuse_orderings: bool = False
 
     def ordering(self, hparams: dict[str, Any], s: int) -> OrderingJob:
         """The engine's job for one (set, ordering) unit."""
@@ -118,7 +120,21 @@ def trial_job(resolved: ResolvedExperiment, phase: str, folders: StudyFolders | 
                     resources=ordering_resources(resolved), folders=folders,
                     report_every_seconds=report_every_seconds(resolved, phase),
                     checkpoint_every_seconds=max(0.0, float(os.environ.get("GTEP_CHECKPOINT_EVERY_SECONDS", 10.0))),
-                    simulate_gpus=resolved.config.compute.simulate_gpus)
+                    simulate_gpus=resolved.config.compute.simulate_gpus,
+                    fuse_orderings=fused_orderings(resolved))
+
+
+def fused_orderings(resolved: ResolvedExperiment) -> bool:
+    """Whether a trial's orderings train as one fused network (compute.fuse_orderings; gtep/engine/fusion.py)."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.engine.fusion import fusion_wanted
+
+    cfg = resolved.config
+    device = cfg.training.device
+    if device == "auto":
+        device = "cuda" if cfg.compute.gpus_per_trial > 0 else "cpu"
+    return fusion_wanted(cfg.compute.fuse_orderings, ALGORITHMS.get(cfg.algorithm), device,
+                         cfg.compute.parallel_orderings(cfg.search.orderings))
 
 
 def report_every_seconds(resolved: ResolvedExperiment, phase: str) -> float:
