@@ -35,7 +35,12 @@ def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", parser=output_
     --insecure (the UI has no authentication: a team shares gtep server --auth). Each study's table puts its phase runs'
     Acc/AvgAcc/HM side by side, and its orderings are charted by phase."""
     uri = tracking_uri or f"sqlite:///{output.resolve()}/mlflow.db"
-    run_guarded(lambda: (check_no_userinfo(uri, "--tracking-uri"), check_bind(host, False, insecure, "ui")))
+
+    def refuse() -> None:  # before anything repeats the address or starts: the address rule, the bind rule
+        check_no_userinfo(uri, "--tracking-uri")
+        check_bind(host, False, insecure, "ui")
+
+    run_guarded(refuse)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).exists():
         fail(f"--output: no MLflow store at {uri[len('sqlite:///'):]}; run gtep run first or pass --output")
 

@@ -138,8 +138,10 @@ class FeatureRectification(FrozenPrototypes):
     def scenario_problem(cls, values: dict[str, Any], facts: dict[str, Any]) -> str | None:
         """The FR branches sit on layers below the ViT's last: they must leave at least one (FRNet's layers)."""
         depth = facts.get("vit_depth")
-        top = None if depth is None else depth - values["fr_offset"]
-        if top is not None and not [layer for layer in range(top - values["fr_layers"] + 1, top + 1) if layer >= 1]:
+        if depth is None:
+            return None
+        top = depth - values["fr_offset"]
+        if not [layer for layer in range(top - values["fr_layers"] + 1, top + 1) if layer >= 1]:
             return (f"fr_layers {values['fr_layers']} and fr_offset {values['fr_offset']} leave no layer of the "
                     f"{depth}-layer {facts['backbone']} below its last; lower fr_offset below {depth - 1}")
         return None
