@@ -66,7 +66,7 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
     It samples R hyperparameter sets, trains each over the same S class orderings of the tuning classes D^HT
     and writes the best-scoring set, H*, to best.yaml."""
     def go():
-        check_protocol(protocol, ("gtep", "first_task", "conventional"))
+        check_protocol(protocol, ("gtep", "first_task"))
         if through_ray_client(address, config):
             return
         overrides = dict(output=output, tracking_uri=tracking_uri, address=address, trials=trials,
