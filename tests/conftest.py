@@ -52,6 +52,7 @@ SHARED_SCOPES = {
 PER_TEST = ("tests/algorithms/test_contract_regression.py", "tests/orchestration/test_phases.py")
 # the longest scopes (docs/development.md's measurements), handed out first so that no worker starts one at the end
 LONGEST_FIRST = ("tests/orchestration/test_matrix.py", "tests/cluster/test_paper_scale.py", "postgres",
+                 "tests/cluster/test_slurm.py", "tests/test_install.py",
                  "tests/orchestration/test_cheap_study.py", "tests/report/test_report_store.py",
                  "tests/cluster/test_tracking_server.py", "tests/cluster/test_resume.py", "tiny-study",
                  "tests/orchestration/test_interrupt.py", "tests/orchestration/test_speed.py",
