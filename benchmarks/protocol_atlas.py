@@ -382,14 +382,18 @@ def summary(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
+def counted(n: int) -> str:
+    return f"{n} {'study' if n == 1 else 'studies'}"
+
+
 def verdict(table: list[dict[str, Any]], studies: int) -> str:
     passing = [r["protocol"] for r in table if r["protocol"] not in REFERENCE and r["studies"] == studies
                and r["safe_and_cheap"] >= SHARE]
     if passing:
         return (f"within 1 point of the full study's H* at <= {MAX_COMPUTE} of its compute in >= {SHARE:.0%} of the "
-                f"{studies} studies: {', '.join(passing)}")
+                f"{counted(studies)}: {', '.join(passing)}")
     return (f"no protocol reaches an H* within 1 point of the full study's at <= {MAX_COMPUTE} of its compute in "
-            f">= {SHARE:.0%} of the {studies} studies")
+            f">= {SHARE:.0%} of the {counted(studies)}")
 
 
 def premise(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -445,7 +449,7 @@ def markdown(results: list[dict[str, Any]], block: str | None = None) -> str:
     trials = results[0]["trials"] if results else R
     p = premise(results)
     if p["studies"]:
-        lines += ["", f"Over the {p['studies']} studies, Kendall's tau between the sets' tuning and evaluation scores "
+        lines += ["", f"Over the {counted(p['studies'])}, Kendall's tau between the sets' tuning and evaluation scores "
                   f"has median {p['median_kendall_tau']:.2f} (lowest {p['lowest_kendall_tau']:.2f}) and Spearman's "
                   f"rho median {p['median_spearman_rho']:.2f}; H\\* is the best set on D^E in "
                   f"{100 * p['h_star_best']:.0f} % of them (median rank {p['h_star_rank_median']:g} of {trials}) and "

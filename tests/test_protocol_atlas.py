@@ -87,7 +87,7 @@ def test_the_docs_show_the_tables_of_the_stored_studies(atlas):
         assert docs_block(block) == atlas.markdown(atlas.stored(block), block).strip(), (
             f"the docs' {block} table differs from the stored studies: paste `protocol_atlas.py --markdown`")
     assert docs_block("legacy") == atlas.markdown(atlas.legacy()).strip()
-    readme = (ROOT / "README.md").read_text().replace("\n", " ")
+    readme = " ".join((ROOT / "README.md").read_text().split())
     for block in atlas.BLOCKS:
         results = atlas.stored(block)
         if results:
@@ -117,7 +117,8 @@ def test_every_cell_of_the_docs_table_is_recomputed_from_the_raw_results_alone(b
     premise = recompute.premise(results)
     text = " ".join(docs_block(block).split())
     if premise:
-        assert (f"Over the {premise['studies']} studies, Kendall's tau between the sets' tuning and evaluation scores "
+        studies = f"{premise['studies']} {'study' if premise['studies'] == 1 else 'studies'}"
+        assert (f"Over the {studies}, Kendall's tau between the sets' tuning and evaluation scores "
                 f"has median {premise['tau']:.2f} (lowest {premise['lowest']:.2f}) and Spearman's rho median "
                 f"{premise['rho']:.2f}; H\\* is the best set on D^E in {premise['best']:.0f} % of them (median rank "
                 f"{premise['rank']:g} of {results[0]['trials']}) and {premise['regret']:.2f} points (median) "
