@@ -100,6 +100,12 @@ def test_imagenet_r_as_released_is_split_seeded_80_20(tmp_path):
     one, again = (resolve_dataset(f"imagefolder:{tmp_path / 'imagenet-r'}?split=0&size=8").load() for _ in range(2))
     other = resolve_dataset(f"imagefolder:{tmp_path / 'imagenet-r'}?split=1&size=8").load()
     assert np.array_equal(one.x_test, again.x_test) and not np.array_equal(one.x_test, other.x_test)
+    # the split is part of the dataset's name, so a study's manifest (its config) records it
+    from gtep.config import ExperimentConfig
+
+    cfg = ExperimentConfig.model_validate({"study": "r", "algorithm": "replay", "scenario": {"increments": "1x2"},
+                                           "datasets": {"split": {"dataset": f"imagefolder:{tmp_path}/r?split=0"}}})
+    assert "?split=0" in cfg.model_dump_json()
 
 
 def test_split_is_refused_where_the_tree_has_its_own(tmp_path):
