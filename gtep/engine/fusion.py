@@ -195,14 +195,14 @@ def fit_fused(requests: Sequence[FitRequest]) -> list[BaseException | None]:
 
 
 def stacked_loss(template: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
-                 backend: str | None = None) -> Callable[..., Tensor]:
+                 backend: str | None = None, mode: str | None = None) -> Callable[..., Tensor]:
     """(trained, fixed, x, y) with a leading ordering axis -> the S losses: `loss_fn`, which reads the
     modules under `template`, run once over the axis with each ordering's tensors swapped in."""
     def one(trained: dict[str, Tensor], fixed: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
         return _call(template, trained, fixed, loss_fn, x, y)
 
     fused = vmap(one, in_dims=(0, 0, 0, 0), randomness="different")
-    return torch.compile(fused, backend=backend) if backend else fused
+    return torch.compile(fused, backend=backend, mode=mode) if backend else fused
 
 
 def _call(template: nn.Module, trained: dict[str, Tensor], fixed: dict[str, Tensor],
@@ -233,7 +233,8 @@ def _fused_loop(requests: Sequence[FitRequest], template: nn.Module, leaves: dic
     params = list(leaves.values())
     if not params or len(first.x) == 0 or recipe.epochs < 1:
         return errors
-    losses = stacked_loss(template, first.loss_fn, trainer.compile_backend)
+    # compile_mode: torch.compile's mode where a caller set one on the trainer (benchmarks/fusion.py: CUDA graphs)
+    losses = stacked_loss(template, first.loss_fn, trainer.compile_backend, getattr(trainer, "compile_mode", None))
     precision = trainer.precision
     optimizer = make_optimizer(params, recipe)  # type: ignore[arg-type]
     scheduler = make_scheduler(optimizer, recipe)
