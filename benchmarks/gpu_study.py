@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     print(f"share {share:g}{' (MPS)' if mps else ''}: {row['trials_at_once']} trials at once, tune "
                           f"{row['tune'].get('window_s')} s, {row.get('images_per_s_per_gpu')} images/s per GPU, "
-                          f"GPU util {row.get('gpu', {}).get('util_mean')}%, store check "
+                          f"GPU util {row.get('gpu', {}).get('util_mean') or 'n/a'} %, store check "
                           f"{'passed' if row['store']['passed'] else 'FAILED'}", flush=True)
             finally:
                 ray.stop()
