@@ -22,8 +22,8 @@ from tests.studies import CONFIG
 pytestmark = pytest.mark.cluster
 
 ADMIN = ("admin", "admin-Pa55word-0000")
-ALICE = ("alice", "alice-Pa55word-1111")  # the study's owner
-BOB = ("bob", "bob-Pa55word-22222")       # a teammate: the server's default READ on alice's study
+ALICE = ("alice", "Tulip-Harbor-1111")  # the study's owner (gtep users refuses a password holding the name)
+BOB = ("bob", "Granite-Violin-2222")    # a teammate: the server's default READ on alice's study
 PASSWORDS = [ADMIN[1], ALICE[1], BOB[1], "wrong-Pa55word-3333"]
 STUDY = "team"
 SEARCH = {"trials": 2, "orderings": 1}
@@ -218,5 +218,109 @@ def test_a_study_runs_both_phases_into_an_authenticated_postgresql_backed_server
         assert code == 0, output[-3000:]
         assert_both_phases(server.uri, "team-pg")
         assert files_containing([tmp_path, ray_session_logs()], PASSWORDS) == []
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------- issue 57, end to end on the real server
+
+def mode(path: Path) -> int:
+    return path.stat().st_mode & 0o777
+
+
+def test_the_servers_stores_are_their_owners_only(team):
+    root = team["root"]
+    assert mode(root / "server.db") == 0o600 and mode(root / "basic_auth.db") == 0o600  # runs; password hashes
+    artifacts = root / "artifacts"
+    assert mode(artifacts) == 0o700
+    made = [p for p in artifacts.rglob("*")]
+    assert made and all(mode(p) & 0o077 == 0 for p in made), [(p, oct(mode(p))) for p in made if mode(p) & 0o077]
+    study_store = root / "out"  # alice's study folder (its store is the server's): nothing of the store in it
+    assert not (study_store / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("scheme", ["HTTP", "Http"])
+def test_a_scheme_in_capitals_gets_the_same_checks(team, tmp_path, scheme):
+    uri = team["server"].uri.replace("http", scheme, 1)
+    # the credentials check runs (before: HTTP:// skipped it, and the permission check with it)
+    code, output = gtep((ALICE[0], PASSWORDS[3]), "report", STUDY, "--tracking-uri", uri, "--no-log", "--out",
+                        str(tmp_path / "r"))
+    assert code == 2 and "refused the credentials from MLFLOW_TRACKING_USERNAME" in refused(output), output
+    # a password in it is refused without repeating it, and nothing is asked of the server
+    code, output = gtep(ALICE, "sync", str(team["root"] / "out" / STUDY), "--tracking-uri",
+                        uri.replace("://", f"://alice:{ALICE[1]}@"))
+    assert code == 2 and ALICE[1] not in output and "alice:***@" in output
+
+
+def test_a_user_with_a_credentials_file_changes_their_own_password(team, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".mlflow").mkdir(parents=True)
+    creds = home / ".mlflow" / "credentials"
+    creds.write_text(f"[mlflow]\nmlflow_tracking_username = bob\nmlflow_tracking_password = {BOB[1]}\n")
+    creds.chmod(0o600)
+    monkeypatch.setenv("HOME", str(home))
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    new = "Copper-Lantern-5555"
+    result = CliRunner().invoke(app, ["users", "password", "bob", "--tracking-uri", team["server"].uri,
+                                      "--password-stdin"], input=new + "\n")
+    assert result.exit_code == 0, result.output  # before: MLflow asked for the current password, found none
+    code, output = gtep(("bob", new), "report", STUDY, "--tracking-uri", team["server"].uri, "--no-log", "--out",
+                        str(tmp_path / "r"))
+    assert code == 0, output
+    code, output = gtep(("bob", new), "users", "password", "bob", "--tracking-uri", team["server"].uri,
+                        "--password-stdin", stdin=BOB[1] + "\n")  # back, for the module's other tests
+    assert code == 0, output
+
+
+def test_a_read_users_ui_lists_studies_it_may_not_tag(team):
+    from gtep.orchestration.tracking import prepare_ui
+
+    uri = team["server"].uri
+    with as_user(ALICE):  # a study without gtep's saved views (as one made before them)
+        client_as(uri).create_experiment("gtep/untagged")
+    with as_user(BOB):  # READ on it: may not write its tags
+        found = dict(prepare_ui(uri))  # before: a 403 traceback
+    assert "untagged" in found and STUDY in found
+
+
+def test_gtep_users_refuse_a_weak_password_on_the_real_server(team):
+    code, output = gtep(ADMIN, "users", "add", "carol", "--tracking-uri", team["server"].uri, "--password-stdin",
+                        stdin="aaaaaaaaaaaa\n")
+    assert code == 2 and "error: password" in output and "aaaaaaaaaaaa" not in output
+
+
+def test_no_database_password_in_any_process_arguments(tmp_path):
+    """The store address with a password from GTEP_BACKEND_STORE_URI: the server answers (MLflow got it from
+    its environment) and no process of the machine has it in its arguments (gtep's, mlflow server's, its
+    workers'). PostgreSQL's trust authentication takes any password, so the test's address gets one."""
+    import subprocess
+
+    uri = os.environ.get("GTEP_TEST_POSTGRES_URI")
+    if not uri:
+        if os.environ.get("CI"):
+            pytest.fail("GTEP_TEST_POSTGRES_URI is not set: run the tests through tests/with-postgres.sh")
+        pytest.skip("no PostgreSQL: run through tests/with-postgres.sh")
+    secret = "Db-Secret-7913"
+    user, rest = uri.split("://", 1)[1].split("@", 1)
+    with_password = f"postgresql://{user.split(':')[0]}:{secret}@{rest}"
+
+    class EnvironmentStore(AuthServer):
+        def arguments(self) -> list[str]:
+            args = super().arguments()
+            at = args.index("--backend-store-uri")
+            return args[:at] + args[at + 2:]
+
+        def environment(self) -> dict[str, str]:
+            return {**super().environment(), "GTEP_BACKEND_STORE_URI": with_password}
+
+    server = EnvironmentStore(tmp_path, backend_store_uri=with_password).start()
+    try:
+        listing = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
+        assert secret not in listing
+        pids = subprocess.run(["pgrep", "-s", str(server.process.pid)], capture_output=True, text=True).stdout.split()
+        assert len(pids) >= 2  # gtep server, mlflow server and its workers
+        environs = [Path(f"/proc/{pid}/environ").read_bytes() for pid in pids if Path(f"/proc/{pid}").exists()]
+        assert any(secret.encode() in env for env in environs)  # it reached MLflow through the environment
     finally:
         server.stop()
