@@ -51,12 +51,15 @@ def make_imagenet(root: Path, wnids=("n01440764", "n01443537", "n01484850"), lab
             stem = f"ILSVRC2012_val_{2 * k + i + 1:08d}"
             image(root / "val" / f"{stem}.JPEG")
             lines.append(f"{stem},{wnid} 10 10 40 40")
+    if labels == "val_labels.txt":  # "<image> <wnid>" lines
+        lines = [f"{line.split(',')[0]}.JPEG {line.split(',')[1].split()[0]}" for line in lines[1:]]
     if labels:
         (root / labels).write_text("\n".join(lines) + "\n")
 
 
-def test_imagenet_train_folders_and_flat_val_with_its_labels_file(tmp_path):
-    make_imagenet(tmp_path / "imagenet")
+@pytest.mark.parametrize("labels", ["LOC_val_solution.csv", "val_labels.txt"])
+def test_imagenet_train_folders_and_flat_val_with_its_labels_file(tmp_path, labels):
+    make_imagenet(tmp_path / "imagenet", labels=labels)
     (tmp_path / "two.txt").write_text("n01484850\nn01440764\n")
     images = resolve_dataset(f"imagefolder:{tmp_path / 'imagenet'}?size=8&classes={tmp_path / 'two.txt'}").load()
     assert images.class_names == ["n01484850", "n01440764"]
