@@ -138,6 +138,8 @@ def test_cub_with_its_own_split_files(tmp_path):
     assert source.class_names == ["001.Black_footed_Albatross", "002.Laysan_Albatross"]
     assert source.facts.train_counts.tolist() == [3, 3] and source.facts.test_counts.tolist() == [2, 2]
     assert source.load().x_test.shape == (4, 8, 8, 3)
+    pilot = resolve_dataset(f"imagefolder:{tmp_path / 'CUB_200_2011'}?split=0").facts  # PILOT's 80/20, seeded
+    assert pilot.train_counts.tolist() == [4, 4] and pilot.test_counts.tolist() == [1, 1]
     (tmp_path / "CUB_200_2011" / "train_test_split.txt").unlink()
     with pytest.raises(DatasetError, match="lacks train_test_split.txt"):
         resolve_dataset(f"imagefolder:{tmp_path / 'CUB_200_2011'}").class_names

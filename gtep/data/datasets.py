@@ -461,9 +461,10 @@ def _layout(source: DatasetSource) -> Layout:
         layout = layout_of(source.root)
     except LayoutError as err:
         raise DatasetError(f"dataset {source.name!r}: {err}") from None
-    if "split" in source.options and layout.name != "classes":
+    if "split" in source.options and layout.name not in ("classes", "cub"):
         raise DatasetError(f"dataset {source.name!r}: {source.root} has its own train/test split ({layout.name} "
-                           "layout); drop ?split=, which splits one folder of class folders (ImageNet-R/A as released)")
+                           "layout); drop ?split=, which splits one folder of class folders (ImageNet-R/A as released) "
+                           "or CUB-200-2011 in PILOT's proportions")
     return layout
 
 

@@ -9,7 +9,7 @@ from the files that only it has; a folder that is almost one of them is refused 
 - `tinyimagenet` (tiny-imagenet-200.zip): ROOT/wnids.txt, ROOT/train/<wnid>/images/*, ROOT/val/images/* labelled by
   ROOT/val/val_annotations.txt; val/ is the test split (Tiny ImageNet's test/ has no labels)
 - `cub` (CUB_200_2011.tgz): ROOT/images/<class>/*.jpg with images.txt, image_class_labels.txt, classes.txt and the
-  dataset's own train_test_split.txt
+  dataset's own train_test_split.txt (or, with `split=SEED`, PILOT's 80/20 proportions, seeded)
 - `classes` (ImageNet-R, ImageNet-A as released): ROOT/<class>/*, no split; `split=SEED` holds out a seeded 20% of
   each class for testing (the 80/20 proportions of the split PILOT trains on)
 """
@@ -151,10 +151,15 @@ def _cub_classes(root: Path) -> list[str]:
     return [table[k].strip() for k in sorted(table, key=int)]
 
 
-def _cub_files(root: Path, names: list[str], split: str, _: dict) -> Files:
+def _cub_files(root: Path, names: list[str], split: str, options: dict) -> Files:
+    """The dataset's own split (train_test_split.txt), or with split=SEED a seeded 20% of each class held out, the
+    proportions of PILOT's CUB download (9,430 / 2,358 images)."""
     images, is_train = _table(root / "images.txt"), _table(root / "train_test_split.txt")
     labels = _table(root / "image_class_labels.txt")
     classes = _cub_classes(root)
+    if "split" in options:
+        return _held_out_files(names, [(root / "images" / images[i].strip(), classes[int(labels[i]) - 1])
+                                       for i in images], split, int(options["split"]))
     want = "1" if split == "train" else "0"
     pairs = [(root / "images" / images[i].strip(), classes[int(labels[i]) - 1]) for i in images
              if is_train[i].strip() == want]
@@ -175,16 +180,22 @@ def held_out(count: int, seed: int, label: int) -> np.ndarray:
     return chosen
 
 
+def _held_out_files(names: list[str], pairs: list[tuple[Path, str]], split: str, seed: int) -> Files:
+    """One split of (file, class) pairs, each class's files (in sorted order) divided by held_out."""
+    files: Files = []
+    for label, name in enumerate(names):
+        images = sorted(f for f, c in pairs if c == name)
+        test = held_out(len(images), seed, label)
+        files += [(f, label) for f, t in zip(images, test) if t == (split == "test")]
+    return files
+
+
 def _classes_files(root: Path, names: list[str], split: str, options: dict) -> Files:
     if "split" not in options:
         raise LayoutError(f"{root} is one folder of class folders with no train/val split (ImageNet-R and "
                           "ImageNet-A as released): add ?split=0 to hold out a seeded 20% of each class for testing")
-    files: Files = []
-    for label, name in enumerate(names):
-        images = _images(root / name)
-        test = held_out(len(images), int(options["split"]), label)
-        files += [(f, label) for f, t in zip(images, test) if t == (split == "test")]
-    return files
+    return _held_out_files(names, [(f, name) for name in names for f in _images(root / name)], split,
+                           int(options["split"]))
 
 
 CLASSES = Layout("classes", _subfolders, _classes_files)
