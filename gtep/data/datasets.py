@@ -528,11 +528,13 @@ def _listing_key(source: DatasetSource, names: list[str], side: int, resample: s
                 if folder.is_dir():
                     folders.append([split, name, len(os.listdir(folder)), folder.stat().st_mtime_ns])
     else:
-        files = [(str(f), label) for split in ("train", "test") for f, label in _split_files(source, names, split)]
+        listing = hashlib.sha256()
+        for split in ("train", "test"):
+            for f, label in _split_files(source, names, split):
+                listing.update(f"{split}\t{f}\t{label}\n".encode())
         index = [[n, (source.root / n).stat().st_size, (source.root / n).stat().st_mtime_ns]
                  for n in layout.index_files if (source.root / n).exists()]
-        folders = [layout.name, source.options.get("split"), index,
-                   hashlib.sha256(json.dumps(files).encode()).hexdigest()]
+        folders = [layout.name, source.options.get("split"), index, listing.hexdigest()]
     payload = json.dumps([str(source.root.resolve()), names, side, resample, folders])
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
 
