@@ -414,6 +414,9 @@ class Calibration:
     batch_size: int  # the set's batch size it ran with (the median of the sampled sets')
     threads: int
     device: str  # as a person reads it: 'cpu' or 'cuda:0 (NVIDIA ...)'
+    # a fused trial's seconds over its orderings' one after another (compute.fuse_orderings, timed on the same two
+    # tasks of S orderings both ways); 1 where the study's orderings are not fused
+    fusion: float = 1.0
 
     def image_epoch_seconds(self, task_index: int) -> float:
         if task_index == 0:
@@ -540,12 +543,52 @@ def _timed_tasks(plan: StudyPlan, phase: PhasePlan, slots: TrialSlots) -> Calibr
     first, later = (min((r[i] for r in repeats), key=lambda t: t.fit + t.outside_fit + t.test)
                     for i in (0, len(repeats[0]) - 1))
     timings = [first, later] if later is not first else [first]
+    fusion = fusion_ratio(job, data, plan) if fused_study(plan.resolved.config, slots) else 1.0
     return Calibration(
         first_task=first.fit / first.trained, later_tasks=later.fit / later.trained,
         growth=max(0.0, (later.parameters - first.parameters) / later.parameters),
         outside_fit=sum(t.outside_fit for t in timings) / sum(t.trained for t in timings),
         test=sum(t.test for t in timings) / max(1, sum(t.tested for t in timings)),
-        batch_size=params.batch_size, threads=slots.threads, device=describe_device(warm_up.device))
+        batch_size=params.batch_size, threads=slots.threads, device=describe_device(warm_up.device), fusion=fusion)
+
+
+def fused_study(cfg: ExperimentConfig, slots: TrialSlots) -> bool:
+    """Whether the study's trials train their orderings fused (as gtep/orchestration/trial_job.py decides)."""
+    from gtep.algorithms import ALGORITHMS
+    from gtep.engine.fusion import fusion_wanted
+
+    compute = cfg.compute
+    return fusion_wanted(compute.fuse_orderings, ALGORITHMS.get(cfg.algorithm), slots.device,
+                         compute.parallel_orderings(cfg.search.orderings)) and cfg.search.orderings > 1
+
+
+def fusion_ratio(job: Any, data: Any, plan: StudyPlan) -> float:
+    """A fused trial's seconds over its S orderings' one after another: the calibration's first two tasks of S
+    orderings (search.orderings), trained both ways after the warm-up."""
+    import time
+
+    import torch
+
+    from gtep.engine.fusion import run_in_lockstep
+    from gtep.engine.runner import OrderingRun
+
+    jobs = [replace(job, ordering=s) for s in range(plan.resolved.config.search.orderings)]
+
+    def two_tasks(spec: Any) -> None:
+        run = OrderingRun(spec, data)
+        for task in run.tasks[:2]:
+            run.train_task(task)
+
+    def timed(fn: Any) -> float:
+        tic = time.perf_counter()
+        fn()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        return time.perf_counter() - tic
+
+    alone = timed(lambda: [two_tasks(spec) for spec in jobs])
+    fused = timed(lambda: run_in_lockstep([(lambda spec=spec: two_tasks(spec)) for spec in jobs]))
+    return fused / alone if alone > 0 else 1.0
 
 
 def _two_tasks(run: Any, memory_size: int) -> list[TaskTiming]:
@@ -890,7 +933,8 @@ def compute_estimate(plan: StudyPlan, calibration: Calibration | None = None) ->
         evaluation += sum(ordering_seconds(plan, plan.evaluation, params, evaluation_calibration)) / len(sets)
     slots = trial_slots(cfg)
     at_once = min(slots.slots, trials)
-    tuning *= orderings * trials / len(sets)
+    tuning *= orderings * trials / len(sets) * calibration.fusion  # a fused trial counts as what it costs
+    evaluation *= evaluation_calibration.fusion
     return {"seconds_per_image": calibration.later_tasks, "calibration": calibration, "slots": slots,
             "tuning_seconds": tuning, "evaluation_seconds": evaluation * orderings,
             "tuning_wall_seconds": tuning * -(-trials // at_once) / trials, "trials_at_once": at_once,

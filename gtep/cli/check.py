@@ -118,6 +118,10 @@ def print_estimate(plan) -> None:
                   f"{_duration(estimate['unit_seconds'])} a unit; "
                   f"tuning about {_duration(estimate['tuning_seconds'])}, "
                   f"evaluation about {_duration(estimate['evaluation_seconds'])} of training", highlight=False)
+    if cal.fusion != 1.0:
+        console.print(f"fused orderings: a trial's {cfg.search.orderings} orderings trained as one network take "
+                      f"{cal.fusion:.2f}x the time of training them one after another (timed); counted so above",
+                      highlight=False)
     console.print(f"trial slots: {estimate['trials_at_once']} trial(s) at a time with {slots.threads} CPU thread(s) "
                   f"each; {slots.slots} trial slot(s) on this machine ({slots.counted}) -> tuning wall about "
                   f"{_duration(estimate['tuning_wall_seconds'])}", highlight=False)

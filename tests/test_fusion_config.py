@@ -1,0 +1,58 @@
+"""compute.fuse_orderings: the pre-flight pass's refusals, where auto fuses, and the estimate of a fused trial."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gtep import api
+from gtep.config import ConfigError
+from gtep.orchestration.trial_job import fused_orderings
+from gtep.preflight import Calibration, compute_estimate, preflight
+
+
+def plan(tmp_path, algorithm: str = "replay", orderings: int = 2, **fields):
+    cfg = api.experiment(preset="default", trials=1, orderings=orderings, output=tmp_path / "runs",
+                         algorithm=algorithm, backbone="resnet8", fields=fields)
+    return preflight(cfg)
+
+
+def test_fusion_is_off_unless_asked_for(tmp_path):
+    assert api.experiment(preset="default").compute.fuse_orderings == "off"
+    assert not fused_orderings(plan(tmp_path).resolved)
+
+
+def test_on_is_refused_for_a_learner_that_does_not_opt_in(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        plan(tmp_path, "podnet", **{"compute.fuse_orderings": "on"})
+    assert "compute.fuse_orderings" in str(err.value) and "podnet" in str(err.value)
+
+
+def test_on_is_refused_with_orderings_run_as_parallel_tasks(tmp_path):
+    with pytest.raises(ConfigError, match="parallel tasks"):
+        plan(tmp_path, **{"compute.fuse_orderings": "on", "compute.cpus_per_trial": 2, "compute.cpus_per_ordering": 1})
+
+
+def test_on_fuses_and_auto_fuses_only_on_a_gpu(tmp_path):
+    assert fused_orderings(plan(tmp_path, **{"compute.fuse_orderings": "on"}).resolved)
+    assert not fused_orderings(plan(tmp_path, **{"compute.fuse_orderings": "auto"}).resolved)  # a CPU study
+    assert not fused_orderings(plan(tmp_path, "podnet", **{"compute.fuse_orderings": "auto"}).resolved)
+
+
+def test_the_estimate_counts_a_fused_trial_as_what_it_costs(tmp_path):
+    study = plan(tmp_path, **{"compute.fuse_orderings": "on"})
+    alone = Calibration(first_task=1.0, later_tasks=1.0, growth=0.0, outside_fit=0.0, test=0.0, batch_size=32,
+                        threads=1, device="cpu")
+    separate = compute_estimate(study, alone)
+    fused = compute_estimate(study, replace(alone, fusion=0.4))
+    assert fused["tuning_seconds"] == pytest.approx(0.4 * separate["tuning_seconds"])
+    assert fused["evaluation_seconds"] == pytest.approx(0.4 * separate["evaluation_seconds"])
+
+
+@pytest.mark.slow  # two minutes on a shared 2-core machine: the default preset's calibration, twice
+def test_calibrate_times_a_fused_trial(tmp_path):
+    from gtep.preflight import calibrate
+
+    cal = calibrate(plan(tmp_path, **{"compute.fuse_orderings": "on"}))
+    assert cal.fusion != 1.0 and 0 < cal.fusion < 10
+    assert calibrate(plan(tmp_path)).fusion == 1.0
