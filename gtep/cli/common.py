@@ -56,9 +56,9 @@ RunProtocolOpt = typer.Option("gtep", "--protocol", help="gtep; conventional: al
                               "first_task: compare sets on the first --protocol-tasks tasks only (Lee et al. 2024), "
                               "then evaluate H* on the whole scenario")
 TuneProtocolOpt = typer.Option(None, "--protocol", help="gtep, or first_task: compare sets on the first "
-                               "--protocol-tasks tasks only (Lee et al. 2024) [sets search.protocol]. Not conventional, "
-                               "which search.protocol also takes: its row of H* re-run on the tuning classes comes after "
-                               "tuning (gtep run or gtep evaluate --protocol conventional)")
+                               "--protocol-tasks tasks only (Lee et al. 2024) [sets search.protocol]. Not "
+                               "conventional, which search.protocol also takes: its row of H* re-run on the tuning "
+                               "classes comes after tuning (gtep run or gtep evaluate --protocol conventional)")
 ProtocolTasksOpt = typer.Option(None, "--protocol-tasks", help="k, the tasks first_task compares sets on "
                                 "[sets search.protocol_tasks]")
 SchedulerOpt = typer.Option(None, "--scheduler", help="none, asha or hyperband: stop hopeless sets early on the "
