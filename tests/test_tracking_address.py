@@ -106,6 +106,18 @@ def test_check_and_matrix_and_report_and_ui_refuse_it(tmp_path, uri):
 
 
 @pytest.mark.parametrize("uri", ADDRESSES[:4], ids=IDS[:4])
+@pytest.mark.parametrize("form", ["separate", "joined"])
+def test_submit_refuses_it_before_asking_the_cluster(tmp_path, uri, form, monkeypatch):
+    from gtep.orchestration import jobs
+
+    monkeypatch.setattr(jobs, "client", lambda address: pytest.fail("the cluster was asked"))
+    option = ["--tracking-uri", uri] if form == "separate" else [f"--tracking-uri={uri}"]
+    # the entrypoint (gtep run --config ... --tracking-uri ...) is what Ray's dashboard shows everyone
+    assert_refused(invoke("submit", "--config", str(config_file(tmp_path)), "--address", "http://127.0.0.1:1",
+                          *option))
+
+
+@pytest.mark.parametrize("uri", ADDRESSES[:4], ids=IDS[:4])
 @pytest.mark.parametrize("args", [["add", "alice", "--password-stdin"], ["password", "alice", "--password-stdin"],
                                   ["grant", "alice", "tiny", "READ"]], ids=["add", "password", "grant"])
 def test_users_refuse_it(uri, args):

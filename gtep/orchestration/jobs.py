@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 from urllib.parse import urlparse
 
 from gtep.config import ConfigError, load_config
+from gtep.config.uris import check_no_userinfo
 
 PHASES = ("tune", "evaluate", "run")
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
@@ -70,6 +71,7 @@ def submit(address: str | None, config: Path, phase: str, extra_args: list[str])
     if phase not in PHASES:
         raise ConfigError("--phase", f"{phase!r} is not one of {list(PHASES)}")
     load_config(config)  # a bad config is refused here, before the cluster is asked anything
+    refuse_secret_addresses(extra_args)  # the entrypoint is shown to everyone who opens the dashboard
     jobs = client(address)
     with tempfile.TemporaryDirectory(prefix="gtep-job-") as workdir:
         name = package(config, Path(workdir))
@@ -78,6 +80,16 @@ def submit(address: str | None, config: Path, phase: str, extra_args: list[str])
                                     runtime_env={"working_dir": workdir, "env_vars": JOB_ENV},
                                     metadata={"gtep.phase": phase, "gtep.config": str(config)})
     return Submission(job_id, entrypoint, jobs.get_address())
+
+
+def refuse_secret_addresses(args: list[str]) -> None:
+    """A --tracking-uri for the phase command with a password in it (gtep.config.uris' rule), refused here: the
+    job's entrypoint, which carries it, is stored by Ray and shown in its dashboard and `ray job list`."""
+    for index, arg in enumerate(args):
+        if arg == "--tracking-uri" and index + 1 < len(args):
+            check_no_userinfo(args[index + 1], "--tracking-uri")
+        elif arg.startswith("--tracking-uri="):
+            check_no_userinfo(arg.split("=", 1)[1], "--tracking-uri")
 
 
 def _submit_when_ready(jobs, wait_seconds: float = 90, **job) -> str:
