@@ -566,6 +566,7 @@ def fusion_ratio(job: Any, data: Any, plan: StudyPlan) -> float:
     """A fused trial's seconds over its S orderings' one after another: the calibration's first two tasks of S
     orderings (search.orderings), trained both ways after the warm-up."""
     import time
+    from functools import partial
 
     import torch
 
@@ -586,8 +587,12 @@ def fusion_ratio(job: Any, data: Any, plan: StudyPlan) -> float:
             torch.cuda.synchronize()
         return time.perf_counter() - tic
 
-    alone = timed(lambda: [two_tasks(spec) for spec in jobs])
-    fused = timed(lambda: run_in_lockstep([(lambda spec=spec: two_tasks(spec)) for spec in jobs]))
+    def one_after_another() -> None:
+        for spec in jobs:
+            two_tasks(spec)
+
+    alone = timed(one_after_another)
+    fused = timed(lambda: run_in_lockstep([partial(two_tasks, spec) for spec in jobs]))
     return fused / alone if alone > 0 else 1.0
 
 

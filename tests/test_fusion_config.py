@@ -56,3 +56,24 @@ def test_calibrate_times_a_fused_trial(tmp_path):
     cal = calibrate(plan(tmp_path, **{"compute.fuse_orderings": "on"}))
     assert cal.fusion != 1.0 and 0 < cal.fusion < 10
     assert calibrate(plan(tmp_path)).fusion == 1.0
+
+
+@pytest.mark.slow  # seconds alone, but two minutes on the shared 2-core machine it was written on
+def test_a_fused_trial_reports_each_ordering_as_its_own_unit(tmp_path, monkeypatch):
+    """The trainable with fuse_orderings: each ordering's unit runs as alone (its record, its ordering), the fits
+    fused, the units reported in ordering order once all have finished."""
+    from gtep.orchestration import trainable
+    from gtep.orchestration.trial_job import trial_job
+    from tests.helpers import small_job
+
+    scenario, data = small_job("replay", epochs=1, dataset="synthetic:classes=10,train=16,test=20")
+    job = replace(trial_job(plan(tmp_path, **{"compute.fuse_orderings": "on"}).resolved, "tune", None),
+                  scenario=scenario, report_every_seconds=0.0)
+    assert job.fuse_orderings
+    sent: list[dict] = []
+    monkeypatch.setattr(trainable.tune, "report", sent.append)
+    trainable.train_set({"trial": {"set_index": 0, "hparams": dict(scenario.hparams)}, "orderings": [0, 1]}, data, job)
+    assert [r["ordering"] for r in sent] == [0, 1] and all(r["status"] == "finished" for r in sent)
+    # each its own ordering's classes (tests/engine/test_fusion.py compares fused results with runs alone)
+    assert [r["class_order"] for r in sent] == [list(job.ordering(scenario.hparams, s).tasks()[-1].seen_classes)
+                                                 for s in (0, 1)]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import torch
@@ -420,6 +421,5 @@ def run_fused_orderings(jobs: Sequence[Any], data: Any, on_task_end: Any = None,
     for name in names:
         check_fusable(ALGORITHMS.get(name), name)
     paths = list(checkpoints) if checkpoints is not None else [None] * len(jobs)
-    return run_in_lockstep([
-        (lambda job=job, path=path: run_ordering(job, data, on_task_end, path, first_tasks))
-        for job, path in zip(jobs, paths)], stats)
+    return run_in_lockstep([partial(run_ordering, job, data, on_task_end, path, first_tasks)
+                            for job, path in zip(jobs, paths)], stats)

@@ -302,10 +302,12 @@ def _train_fused(pending: list[int], set_index: int, hparams: dict[str, Any], ph
     """The set's pending orderings trained as one fused network (gtep/engine/fusion.py): each ordering's unit runs
     as it runs alone (its unit file, checkpoint, first task and events), their fits fused; the units are reported
     in ordering order once all have finished (no per-task interim reports)."""
+    from functools import partial
+
     from gtep.engine.fusion import check_fusable, run_in_lockstep
 
     check_fusable(ALGORITHMS.get(job.scenario.algorithm), job.scenario.algorithm)
-    records = run_in_lockstep([(lambda s=s: run_unit(set_index, hparams, s, phase_data, job)) for s in pending])
+    records = run_in_lockstep([partial(run_unit, set_index, hparams, s, phase_data, job) for s in pending])
     for i, record in enumerate(records):
         report(record, i == len(records) - 1)
 
