@@ -177,7 +177,8 @@ def vit_depth(name: str) -> int | None:
 
     try:
         with torch.device("meta"):
-            return len(timm.create_model(name, pretrained=False).blocks)
+            model: Any = timm.create_model(name, pretrained=False)  # timm's VisionTransformer: .blocks by name
+            return len(model.blocks)
     except Exception:  # noqa: BLE001 - an unknown name: resolve() reports it
         return None
 
