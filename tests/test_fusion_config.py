@@ -77,3 +77,12 @@ def test_a_fused_trial_reports_each_ordering_as_its_own_unit(tmp_path, monkeypat
     # each its own ordering's classes (tests/engine/test_fusion.py compares fused results with runs alone)
     assert [r["class_order"] for r in sent] == [list(job.ordering(scenario.hparams, s).tasks()[-1].seen_classes)
                                                  for s in (0, 1)]
+
+
+def test_yaml_on_and_off_unquoted_mean_on_and_off():
+    """YAML 1.1 reads `fuse_orderings: on` as true."""
+    import yaml
+
+    for text, mode in (("on", "on"), ("off", "off")):
+        fields = {"compute.fuse_orderings": yaml.safe_load(text)}
+        assert api.experiment(preset="default", fields=fields).compute.fuse_orderings == mode

@@ -185,6 +185,12 @@ class ComputeSpec(_Strict):
     # learner that does not opt in), auto (on where the learner opts in, on a GPU, with orderings one at a time)
     fuse_orderings: Literal["off", "on", "auto"] = "off"
 
+    @field_validator("fuse_orderings", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        """YAML 1.1 reads an unquoted on/off as true/false: they mean on and off here."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
     @model_validator(mode="after")
     def _simulated_gpus_are_asked_for(self) -> "ComputeSpec":
         if self.simulate_gpus and not self.gpus_per_trial:
