@@ -330,8 +330,11 @@ class _Worker:
             torch.cuda.set_rng_state_all(self.cuda_rng)
 
     def _leave(self) -> None:
+        # CUDA's generators too (a head grown on the GPU draws from them), from the moment CUDA is up: each ordering
+        # seeds them itself before it builds its network (OrderingRun.learner), which brings CUDA up in its turn
         self.rng = torch.get_rng_state()
-        self.cuda_rng = torch.cuda.get_rng_state_all() if self.cuda_rng is not None else None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self.cuda_rng = torch.cuda.get_rng_state_all()
 
 
 @dataclass
