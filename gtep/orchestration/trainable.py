@@ -122,8 +122,8 @@ def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageS
         checkpoint.unlink()  # the unit file is the record now; checkpoints can be large (RanPAC)
     log_event(job, "unit_trained", set_index=set_index, ordering=int(s), node=record["node"],
               resumed_tasks=record["resumed_tasks"], status=record["status"], first_task=record["first_task"],
-              gpu_ids=list(placed.gpu_ids), images_trained=record["images_trained"],
-              train_seconds=record["train_seconds"])
+              gpu_ids=list(placed.gpu_ids), images_trained=record.get("images_trained"),
+              train_seconds=record.get("train_seconds"))
     return record
 
 
