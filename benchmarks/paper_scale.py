@@ -150,10 +150,20 @@ def gtep_command(*args: str) -> list[str]:
 
 # ---- processes: the Ray cluster, the MLflow server, and ending what was started -------------------------------
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port on 127.0.0.1 that this process has not handed out before: once a probe socket is closed the OS
+    may give the same port to the next probe, and two agents of one Ray node then collide ('runtime_env_agent is
+    trying to use a port number ... that is used by other components', seen in a clean-clone cluster run)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.5):

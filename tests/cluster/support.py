@@ -45,10 +45,20 @@ def write_config(folder: Path, config: dict) -> Path:
     return path
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port on 127.0.0.1 that this process has not handed out before: once a probe socket is closed the OS
+    may give the same port to the next probe, and two agents of one Ray node then collide ('runtime_env_agent is
+    trying to use a port number ... that is used by other components', seen in a clean-clone cluster run)."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def gtep(*args: str, log: Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.Popen:
