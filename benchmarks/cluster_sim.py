@@ -41,10 +41,9 @@ from typing import Any
 
 import yaml
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+from gtep.testing import MlflowServer, RayCluster, end_processes, gtep_command, plugin_environment
 
-from paper_scale import MlflowServer, RayCluster, end_processes, free_port, gtep_command, wait_until  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 SPACE = {"algorithm": "sleep", "space": {"lr": [0.01, 0.05, 0.1], "batch_size": [32, 64], "weight_decay": [0.0005]}}
@@ -90,42 +89,8 @@ class Options:
 
 def environment(opt: Options) -> dict[str, str]:
     """The sleep learner for the driver and (through `ray start`) every node's workers, with its task time."""
-    plugins = ",".join(filter(None, [os.environ.get("GTEP_PLUGINS", ""), "sleep_learner"]))
-    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
-    return {**os.environ, "GTEP_PLUGINS": plugins, "PYTHONPATH": path, "RAY_AUTH_MODE": "disabled",
-            "HF_HUB_OFFLINE": "1", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "RAY_CHDIR_TO_TRIAL_DIR": "0",
-            "PYTHONUNBUFFERED": "1", "GTEP_SLEEP_TASK_SECONDS": str(opt.unit_seconds / TASKS),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return plugin_environment("sleep_learner", HERE, GTEP_SLEEP_TASK_SECONDS=str(opt.unit_seconds / TASKS))
 
-
-class SimulatedCluster(RayCluster):
-    """`ray start --head` and `ray start --address` on 127.0.0.1, each node declaring `gpus` GPUs it does not have,
-    each with its own temp dir and agent ports, in sessions of their own that stop() ends (paper_scale's
-    RayCluster, with any number of nodes and GPUs)."""
-
-    def __init__(self, nodes: int, gpus: int, cpus: int, env: dict[str, str]) -> None:
-        super().__init__(cpus, env)
-        self.nodes, self.gpus = nodes, gpus
-
-    def start(self) -> "SimulatedCluster":
-        def node(index: int) -> list[str]:
-            return [f"--temp-dir={self.temp / str(index)}", "--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}",
-                    f"--num-gpus={self.gpus}", "--disable-usage-stats",
-                    f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-                    f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
-        self._ray("start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                  f"--ray-client-server-port={free_port()}", *node(0))
-        for index in range(1, self.nodes):
-            self._ray("start", f"--address={self.address}", *node(index))
-        wait_until(lambda: self.resources().get("GPU") == self.nodes * self.gpus, 300, "every Ray node", interval=2)
-        return self
-
-    def resources(self) -> dict[str, float]:
-        script = ("import json, ray; ray.init(address=%r, logging_level='ERROR'); "
-                  "print(json.dumps(ray.cluster_resources()))" % self.address)
-        done = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True, text=True,
-                              timeout=300)
-        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else {}
 
 def study_config(opt: Options, plan: StudyPlan, folder: Path) -> Path:
     space = folder / "sleep.yaml"
@@ -494,11 +459,12 @@ def simulate(opt: Options) -> dict[str, Any]:
                     "trials_per_slot": opt.trials_per_slot},
         "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()},
         "python_startup": python_startup(env, opt.startup_repeats) if opt.startup_repeats else {}, "studies": {}}
-    cluster = SimulatedCluster(opt.nodes, opt.gpus_per_node, opt.cpus_per_node, env)
+    cluster = RayCluster(opt.cpus_per_node, nodes=opt.nodes, gpus_per_node=opt.gpus_per_node, env=env)
     server = None
     if opt.tracking == "server":
         figures["tracking"] = "server"
-        server = MlflowServer(f"sqlite:///{opt.out / 'server.db'}", opt.out / "artifacts", opt.out, env)
+        server = MlflowServer(opt.out, f"sqlite:///{opt.out / 'server.db'}", artifacts=opt.out / "artifacts", env=env,
+                              workers=2)
     try:
         if server is not None:
             server.start()

@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,8 +38,6 @@ for _key, _value in (("RAY_AUTH_MODE", "disabled"), ("MLFLOW_SERVER_ENABLE_JOB_E
 # Before gtep.algorithms is imported here and before Ray starts: Ray's workers inherit the environment.
 os.environ["GTEP_PLUGINS"] = ",".join(filter(None, [os.environ.get("GTEP_PLUGINS", ""), "noop_learner"]))
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
 
 import yaml  # noqa: E402
 from rich.console import Console  # noqa: E402

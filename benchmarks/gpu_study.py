@@ -37,12 +37,13 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the neighbouring scripts: cluster_sim's Ray, paper_scale's store
+# the neighbouring scripts (this script's folder is first on sys.path): gpu_throughput's FLOPs, paper_scale's store
+from gpu_throughput import flops_per_image, make_task, peak_tflops
+from paper_scale import store_figures
 
-from cluster_sim import SimulatedCluster  # noqa: E402
-from gpu_throughput import flops_per_image, make_task, peak_tflops  # noqa: E402
-from paper_scale import store_figures  # noqa: E402
+from gtep.testing import RayCluster
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DATA_CUT = ROOT / ".device-data" / "tinyimagenet40_32.npz"
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -322,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"CUDA MPS did not start ({failure}); the MPS studies are skipped", flush=True)
                     facts["mps_error"] = failure
                     break
-            ray = SimulatedCluster(1, gpus, cpus, env).start()  # started after MPS, so its workers are MPS clients
+            # started after MPS, so its workers are MPS clients
+            ray = RayCluster(cpus, nodes=1, gpus_per_node=gpus, env=env).start()
             try:
                 for share in args.shares:
                     if mps and share >= 1:

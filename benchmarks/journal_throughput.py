@@ -16,17 +16,12 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from paper_scale import MlflowServer  # noqa: E402 - the rehearsal's server, started the same way
-
-from gtep.orchestration.journal import TrackingJournal, quiet_http_client  # noqa: E402
+from gtep.orchestration.journal import TrackingJournal, quiet_http_client
+from gtep.testing import MlflowServer
 
 
 def journal_units(journal: TrackingJournal, units: int, metrics_per_task: int = 10) -> None:
@@ -72,7 +67,7 @@ def main() -> None:
         root = Path(scratch)
         backend = os.environ.get("GTEP_TEST_POSTGRES_URI") or f"sqlite:///{root / 'mlflow.db'}"
         env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-        server = MlflowServer(backend, root / "artifacts", root, env, workers=args.server_workers).start()
+        server = MlflowServer(root, backend, env=env, workers=args.server_workers).start()
         try:
             measure(server.uri, root, 20, args.writers, "warm-up")
             rates: dict[int, list[float]] = {1: [], args.writers: []}

@@ -50,25 +50,22 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import urllib.parse
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+from paper_scale_learners import PROFILES  # a neighbour: this script's folder is first on sys.path
+
+from gtep import testing
+from gtep.testing import MlflowServer, RayCluster, gtep_command, kill_group
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from paper_scale_learners import PROFILES  # noqa: E402
 
 SPACE = {"lr": [0.001, 0.003, 0.01, 0.03, 0.05, 0.1, 0.2, 0.5], "batch_size": [16, 32, 64, 128, 256],
          "weight_decay": [0.0001, 0.0005, 0.001], "epochs": [30, 70, 120, 170], "milestone_num": [2, 3],
@@ -123,11 +120,8 @@ def matrix_document(folder: Path, scale: float = 1.0, algorithms: int = 15, cell
 
 
 def plugin_environment() -> dict[str, str]:
-    """GTEP_PLUGINS and PYTHONPATH so that the driver and Ray's workers register the ps_ learners."""
-    plugins = ",".join(filter(None, [os.environ.get("GTEP_PLUGINS", ""), "paper_scale_learners"]))
-    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH", "")]))
-    return {**os.environ, "GTEP_PLUGINS": plugins, "PYTHONPATH": path, "RAY_AUTH_MODE": "disabled",
-            "HF_HUB_OFFLINE": "1"}
+    """The environment in which the driver and Ray's workers register the ps_ learners."""
+    return testing.plugin_environment("paper_scale_learners", HERE)
 
 
 def units(document: dict) -> tuple[int, int]:
@@ -142,153 +136,6 @@ def write_matrix(folder: Path, scale: float, algorithms: int, cell_count: int) -
     path = folder / "paper-scale.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return path, document
-
-
-def gtep_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gtep.cli", *args]
-
-
-# ---- processes: the Ray cluster, the MLflow server, and ending what was started -------------------------------
-
-_HANDED_OUT: set[int] = set()
-
-
-def free_port() -> int:
-    """A free port on 127.0.0.1 that this process has not handed out before: once a probe socket is closed the OS
-    may give the same port to the next probe, and two agents of one Ray node then collide ('runtime_env_agent is
-    trying to use a port number ... that is used by other components', seen in a clean-clone cluster run)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def session_of(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[4])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def end_processes(sessions: list[int], marker: str | None = None) -> None:
-    """SIGKILL every process of the given sessions (each started here with start_new_session) and any process
-    whose command line names `marker` (a temp dir made here): only what this benchmark started."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        pid = int(entry.name)
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if session_of(pid) in sessions or (marker and marker in cmdline):
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-
-
-class RayCluster:
-    """`ray start --head` and a second `ray start --address` on 127.0.0.1, each with its own CPUs and temp dir
-    (as tests/cluster/support.py starts one), in the plugin environment so that workers register the learners."""
-
-    def __init__(self, cpus_per_node: int, env: dict[str, str]) -> None:
-        self.cpus, self.env = cpus_per_node, env
-        self.port = free_port()
-        self.temp = Path(tempfile.mkdtemp(prefix="gtep-ps-ray-"))  # short: Ray's socket paths
-        self.sessions: list[int] = []
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _ray(self, *args: str) -> None:
-        # Ray's CLI as a module: an install without its console script (a wheel unpacked with --target) has it too
-        process = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", *args], env=self.env, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        self.sessions.append(process.pid)
-        output, _ = process.communicate(timeout=300)
-        if process.returncode != 0:
-            raise RuntimeError(f"ray {' '.join(args[:2])} failed:\n{output[-3000:]}")
-
-    def start(self) -> "RayCluster":
-        def ports() -> list[str]:
-            return [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
-                    f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
-        common = ["--node-ip-address=127.0.0.1", f"--num-cpus={self.cpus}", "--num-gpus=0", "--disable-usage-stats"]
-        self._ray("start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                  f"--ray-client-server-port={free_port()}", f"--temp-dir={self.temp / 'h'}", *ports(), *common)
-        self._ray("start", f"--address={self.address}", f"--temp-dir={self.temp / 'w'}", *ports(), *common)
-        wait_until(lambda: self.alive_nodes() == 2, 180, "both Ray nodes", interval=2)
-        return self
-
-    def alive_nodes(self) -> int:
-        script = ("import ray; ray.init(address=%r, logging_level='ERROR'); "
-                  "print(sum(n['Alive'] for n in ray.nodes()))" % self.address)
-        done = subprocess.run([sys.executable, "-c", script], env=self.env, capture_output=True, text=True,
-                              timeout=180)
-        return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else 0
-
-    def stop(self) -> None:
-        end_processes(self.sessions, str(self.temp))
-        shutil.rmtree(self.temp, ignore_errors=True)
-
-
-class MlflowServer:
-    """`gtep server` on a free port; stop() then start() on the same port and store is an outage."""
-
-    def __init__(self, backend: str, artifacts: Path, log_dir: Path, env: dict[str, str], workers: int = 2) -> None:
-        self.backend, self.artifacts, self.log_dir, self.env, self.workers = backend, artifacts, log_dir, env, workers
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
-        self.starts = 0
-
-    @property
-    def uri(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def start(self) -> "MlflowServer":
-        self.starts += 1
-        log = self.log_dir / f"server-{self.starts}.log"
-        self.process = subprocess.Popen(
-            gtep_command("server", "--backend-store-uri", self.backend, "--artifacts-destination", str(self.artifacts),
-                         "--port", str(self.port), "--workers", str(self.workers)),
-            env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-        wait_until(lambda: self.healthy() or self.process.poll() is not None, 180, f"the MLflow server ({log})")
-        if not self.healthy():
-            raise RuntimeError(f"the MLflow server did not start:\n{log.read_text()[-3000:]}")
-        return self
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        end_processes([self.process.pid])
-        self.process.wait(timeout=30)
-        self.process = None
 
 
 # ---- what is measured ---------------------------------------------------------------------------------------
@@ -666,9 +513,7 @@ def matrix_run(command: list[str], env: dict[str, str], log: Path, events: UnitE
         sampler.done.set()
         sampler.join()
         if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            kill_group(process)
     done_s = None if cells_done is None else round(cells_done, 1)
     out.update(returncode=process.returncode, wall_s=round(time.perf_counter() - start, 1),
                units_after=events.poll(), memory=sampler.figures(done_s), memory_check=sampler.growth_check(done_s),
@@ -721,8 +566,6 @@ def rehearse(opt: Options) -> dict[str, Any]:
     path, document = write_matrix(folder, opt.scale, opt.algorithms, opt.cells)
     studies, expected = units(document)
     env = plugin_environment()
-    env.update(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", RAY_CHDIR_TO_TRIAL_DIR="0", PYTHONUNBUFFERED="1",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     postgres = os.environ.get("GTEP_TEST_POSTGRES_URI") or os.environ.get("PAPER_SCALE_POSTGRES_URI")
     backend = own_database(postgres) if postgres else f"sqlite:///{folder / 'server' / 'mlflow.db'}"
     if not postgres:
@@ -737,8 +580,9 @@ def rehearse(opt: Options) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}}
     print(f"{path}: {studies} studies, {expected} units; Ray: 2 nodes x {opt.cpus_per_node} CPU; "
           f"MLflow store {figures['matrix']['store']}", flush=True)
-    cluster = RayCluster(opt.cpus_per_node, env)
-    server = MlflowServer(backend, folder / "server" / "artifacts", folder / "server", env, opt.server_workers)
+    cluster = RayCluster(opt.cpus_per_node, env=env)
+    server = MlflowServer(folder / "server", backend, artifacts=folder / "server" / "artifacts", env=env,
+                          workers=opt.server_workers)
     try:
         started = time.perf_counter()
         cluster.start()

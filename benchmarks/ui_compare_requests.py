@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
-import sys
 import tempfile
 import time
 import urllib.parse
 from collections import Counter
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from paper_scale import MlflowServer  # noqa: E402
+from gtep.testing import MlflowServer
 
 
 def fill(uri: str, experiments: int) -> list[str]:
@@ -89,11 +86,8 @@ def main() -> None:
                         help="how many experiments the view spans, one measurement each")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="gtep-ui-compare-"))
-    server = MlflowServer(f"sqlite:///{folder / 'mlflow.db'}", folder / "artifacts", folder, env={}, workers=1)
+    server = MlflowServer(folder, f"sqlite:///{folder / 'mlflow.db'}", env=dict(os.environ), workers=1)
     try:
-        import os
-
-        server.env = dict(os.environ)
         server.start()
         ids = fill(server.uri, max(args.experiments))
         for count in sorted(args.experiments):

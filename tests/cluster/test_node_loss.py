@@ -12,7 +12,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.cluster.support import RayCluster, events, finish, gtep, tiny_study, wait_for, write_config
+from tests.cluster.support import ENV, RayCluster, events, finish, gtep, tiny_study, wait_for, write_config
 
 pytestmark = pytest.mark.cluster
 
@@ -37,7 +37,7 @@ def running_on(study_dir, node: str):
 def studies(tmp_path_factory):
     root = tmp_path_factory.mktemp("node-loss")
     config = write_config(root, CONFIG)
-    cluster = RayCluster(root)
+    cluster = RayCluster(env=ENV)
     try:
         cluster.start()
         worker = cluster.worker_node_id()

@@ -19,7 +19,7 @@ QUICK = {"epoch_scale": 0.05, "memory_size": 18}
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    cluster = RayCluster(tmp_path_factory.mktemp("ray")).start()
+    cluster = RayCluster(env=ENV, dashboard=True).start()
     yield cluster
     cluster.stop()
 

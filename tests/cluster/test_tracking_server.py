@@ -13,7 +13,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.cluster.support import MlflowServer, count, finish, gtep, tiny_study, wait_for, write_config
+from tests.cluster.support import ENV, MlflowServer, count, finish, gtep, tiny_study, wait_for, write_config
 
 pytestmark = pytest.mark.cluster
 
@@ -54,7 +54,7 @@ def postgres_uri():
 
 
 def test_a_study_logs_its_lineage_to_a_postgresql_backed_server(tmp_path, postgres_uri):
-    server = MlflowServer(tmp_path, backend_store_uri=postgres_uri).start()
+    server = MlflowServer(tmp_path, backend_store_uri=postgres_uri, env=ENV).start()
     try:
         config = write_config(tmp_path, tiny_study("pg", trials=2, orderings=2, epochs=20, training=QUICK))
         output = finish(gtep("run", "--config", str(config), "--output", str(tmp_path / "out"),
@@ -81,7 +81,7 @@ def test_a_study_logs_its_lineage_to_a_postgresql_backed_server(tmp_path, postgr
 
 
 def test_a_server_outage_mid_study_costs_no_metric(tmp_path):
-    server = MlflowServer(tmp_path).start()
+    server = MlflowServer(tmp_path, env=ENV).start()
     study_dir = tmp_path / "out" / "outage"
     try:
         # units of several seconds, so that the study is still running when the server is back (trials reuse
@@ -105,7 +105,7 @@ def test_a_server_outage_mid_study_costs_no_metric(tmp_path):
 
 
 def test_gtep_sync_writes_what_a_study_could_not(tmp_path):
-    server = MlflowServer(tmp_path).start()
+    server = MlflowServer(tmp_path, env=ENV).start()
     study_dir = tmp_path / "out" / "later"
     try:
         config = write_config(tmp_path, tiny_study("later", trials=2, orderings=2, epochs=20, training=QUICK))
