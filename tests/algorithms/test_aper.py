@@ -1,7 +1,6 @@
 """APER with adapters (Adam-Adapter): adapters tuned on task 1 only, prototypes on [pretrained ; adapted]."""
 import copy
 
-import pytest
 import torch
 
 from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
@@ -10,14 +9,6 @@ from gtep.spaces import load_space
 from tests.helpers import VIT, run_small_vit
 
 DIM, DEPTH = 96, 4  # vit_micro_patch4_32
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def run_tasks(algorithm: str, hparams: dict, increments=(4, 3, 3), per_class: int = 8):

@@ -9,21 +9,8 @@ from gtep.algorithms import ALGORITHMS
 from gtep.algorithms.bic import holdout_mask
 from gtep.engine import runner
 from gtep.spaces import load_space
+from tests.algorithms.support import assert_keeps_more_old_classes, tiny_learner, tiny_task
 from tests.helpers import load, run_small
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two threads on the shared 2-core machine run ~8x slower than one when other jobs are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def finetune():
-    return run_small("finetune")
 
 
 @pytest.fixture(scope="module")
@@ -107,26 +94,7 @@ def test_holdout_takes_the_same_count_from_every_class():
 
 def test_keeps_more_old_classes_than_finetuning(bic_run, finetune):
     out, _ = bic_run
-    assert out.metrics["acc_t"][0] > 0.6
-    assert out.metrics["old_acc"] > finetune.metrics["old_acc"] + 0.3
-    assert out.metrics["acc"] > finetune.metrics["acc"]
-
-
-def test_adaptive_weight_is_known_over_total():
-    params = ALGORITHMS.get("bic").Params(T=2.0, lambda_kd=0.0)
-    learner = ALGORITHMS.get("bic")(params, "resnet8", 0, torch.device("cpu"))
-    learner.known, learner.total = 3, 5
-    learner.net.expand(3)
-    learner.old_net = learner.frozen_copy(learner.net)
-    learner.net.expand(5)
-    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1, 2, 3, 4, 4])
-    learner.net.eval()
-    logits, old = learner.net(x)["logits"], learner.old_net(x)["logits"]
-    ce = torch.nn.functional.cross_entropy(logits, y)
-    kd = -(torch.softmax(old / 2, 1) * torch.log_softmax(logits[:, :3] / 2, 1)).sum(1).mean()
-    assert torch.allclose(learner.loss(x, y), 0.6 * kd + 0.4 * ce)
-    learner.params = ALGORITHMS.get("bic").Params(T=2.0, lambda_kd=1.5)
-    assert torch.allclose(learner.loss(x, y), ce + 1.5 * kd)
+    assert_keeps_more_old_classes(out, finetune)
 
 
 def test_search_space_and_original_preset():
@@ -141,18 +109,10 @@ def test_pycils_bias_stage_trains_only_the_layer_on_images_in_train_mode():
     """bias_stage "pycil" (an ablation for benchmarks/reference_compare.py): stage 2 sees augmented images with
     the network in train mode, so the BatchNorm statistics follow the split while every weight but (alpha, beta)
     stays, and everything trains again in the next task's stage 1."""
-    from gtep.algorithms import FitRecipe, TaskData
-    from gtep.engine.loop import Trainer
 
-    params = ALGORITHMS.get("bic").Params(bias_epochs=2, bias_stage="pycil")
-    learner = ALGORITHMS.get("bic")(params, "resnet8", 8, torch.device("cpu"))
-    trainer = Trainer(torch.device("cpu"), seed=0, augment=True)
-    recipe = FitRecipe(epochs=1, lr=0.01, batch_size=8, weight_decay=5e-4, scheduler="constant", milestones=(),
-                       lr_decay=0.1)
+    learner, trainer = tiny_learner("bic", bias_epochs=2, bias_stage="pycil", augment=True)
     for index in range(2):
-        g = torch.Generator().manual_seed(index)
-        y = torch.arange(2 * index, 2 * index + 2).repeat_interleave(8)
-        task = TaskData(index, 2 * index, 2 * index + 2, torch.randn(len(y), 3, 32, 32, generator=g), y, recipe)
+        task = tiny_task(index, 2 * index, 2 * index + 2, per_class=8)
         learner.begin_task(task)
         if index == 1:
             stage2 = []

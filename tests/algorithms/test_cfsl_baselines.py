@@ -25,14 +25,8 @@ PRETRAIN, HELD_OUT = tuple(range(20)), tuple(range(20, 30))
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
-
-
 @pytest.fixture(scope="module")
 def weights(tmp_path_factory) -> str:
-    torch.set_num_threads(1)
     source = resolve_dataset(DATA)
     out = Path(tmp_path_factory.mktemp("cfsl-weights")) / "resnet8.safetensors"
     pretrain(default_spec("resnet8", PRETRAIN, epochs=2, batch_size=32, device="cpu"), source.load(), source.name, out)

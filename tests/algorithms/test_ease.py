@@ -11,14 +11,6 @@ from tests.algorithms.test_aper import DEPTH, DIM, run_tasks, same, state
 from tests.helpers import run_small_vit
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def complement_by_pairs(protos, class_task, old_task, target, pool_from):
     """PILOT's loops, pair by pair: the old task's classes in subspace `target`, from the classes of tasks
     >= pool_from, weighted by softmax of their cosine similarity in the old task's own subspace."""

@@ -12,7 +12,6 @@ from gtep.engine.loop import Precision, Trainer
 from gtep.models import create_backbone
 from gtep.protocol.families.fluid.generator import UNSEEN
 
-torch.set_num_threads(1)
 CPU = torch.device("cpu")
 RECIPE = FitRecipe(epochs=3, lr=0.1, batch_size=8, weight_decay=0.0, scheduler="constant", milestones=(), lr_decay=0.1)
 

@@ -20,15 +20,6 @@ RECIPE = FitRecipe(epochs=4, lr=0.05, batch_size=32, weight_decay=5e-4, schedule
                    lr_decay=0.1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two threads on the shared 2-core machine run ~8x slower than one when other jobs are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def images(split: str, classes: list[int], per_class: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The synthetic images of `classes` (the first `per_class` of each), normalised, labelled by class."""
     return class_images(DATA, split, classes, per_class)

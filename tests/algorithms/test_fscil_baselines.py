@@ -17,14 +17,6 @@ from tests.helpers import VIT, VIT_DATASET, class_images, learn, pretrained_vit,
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def recipe(epochs: int, lr: float = 0.05) -> FitRecipe:
     return FitRecipe(epochs=epochs, lr=lr, batch_size=32, weight_decay=5e-4, scheduler="cosine", milestones=(),
                      lr_decay=0.1)

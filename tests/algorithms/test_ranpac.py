@@ -18,15 +18,6 @@ M = 256  # the paper's 10000 is a 10000 x 10000 solve: fine for the code, slow f
 CPU = torch.device("cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two intra-op threads on the shared 2-core machine cost far more CPU under load than one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def clone(tensors):
     return {k: v.detach().clone() for k, v in tensors.items()}
 

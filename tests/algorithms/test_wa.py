@@ -9,21 +9,8 @@ from gtep.algorithms import ALGORITHMS
 from gtep.engine import runner
 from gtep.models.heads import LinearHead, align_weights
 from gtep.spaces import load_space
+from tests.algorithms.support import assert_keeps_more_old_classes
 from tests.helpers import run_small
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two threads on the shared 2-core machine run ~8x slower than one when other jobs are busy."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def finetune():
-    return run_small("finetune")
 
 
 @pytest.fixture(scope="module")
@@ -78,27 +65,7 @@ def test_align_weights_uses_the_ratio_of_mean_norms():
 
 def test_keeps_more_old_classes_than_finetuning(wa_run, finetune):
     out, _ = wa_run
-    assert out.status == "finished"
-    assert out.metrics["acc_t"][0] > 0.6
-    assert out.metrics["old_acc"] > finetune.metrics["old_acc"] + 0.3
-    assert out.metrics["acc"] > finetune.metrics["acc"]
-
-
-def test_adaptive_weight_is_known_over_total():
-    params = ALGORITHMS.get("wa").Params(T=2.0, lambda_kd=0.0)
-    learner = ALGORITHMS.get("wa")(params, "resnet8", 0, torch.device("cpu"))
-    learner.known, learner.total = 3, 5
-    learner.net.expand(3)
-    learner.old_net = learner.frozen_copy(learner.net)
-    learner.net.expand(5)
-    x, y = torch.randn(6, 3, 16, 16), torch.tensor([0, 1, 2, 3, 4, 4])
-    learner.net.eval()
-    logits, old = learner.net(x)["logits"], learner.old_net(x)["logits"]
-    ce = torch.nn.functional.cross_entropy(logits, y)
-    kd = -(torch.softmax(old / 2, 1) * torch.log_softmax(logits[:, :3] / 2, 1)).sum(1).mean()
-    assert torch.allclose(learner.loss(x, y), 0.4 * ce + 0.6 * kd)
-    learner.params = ALGORITHMS.get("wa").Params(T=2.0, lambda_kd=2.0)
-    assert torch.allclose(learner.loss(x, y), ce + 2.0 * kd)
+    assert_keeps_more_old_classes(out, finetune)
 
 
 def test_search_space_and_original_preset():

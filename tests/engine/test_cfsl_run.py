@@ -1,5 +1,6 @@
-"""The CFSL data flow (gtep/engine/flows/continual_few_shot.py) and its learners: support sets seen once each, the target set scored
-after the last, ATM and MACs as the learner's state and operations, the same metrics for the same seed."""
+"""The CFSL data flow (gtep/engine/flows/continual_few_shot.py) and its learners: support sets seen once each, the
+target set scored after the last, ATM and MACs as the learner's state and operations, the same metrics for the
+same seed."""
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -19,11 +20,6 @@ from tests.helpers import load
 DATA = "synthetic:classes=12,train=16,test=6"
 OPTIONS = {"support_sets": 4, "ways": 2, "shots": 1, "target_shots": 2, "class_change_interval": 2,
            "overwrite": False, "tasks_per_ordering": 2}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    torch.set_num_threads(1)
 
 
 def job(algorithm: str, hparams: dict | None = None, ordering: int = 0, **options) -> OrderingJob:
@@ -221,7 +217,8 @@ def test_a_class_incremental_algorithm_is_refused_for_the_cfsl_family():
 
     doc = load_preset("omniglot-cfsl").model_dump(mode="python")
     doc["algorithm"] = "replay"
-    with pytest.raises(ConfigError, match="cfsl_finetune, cfsl_fomaml, cfsl_proto_tune, cfsl_protonet, cfsl_prototypes"):
+    learners = "cfsl_finetune, cfsl_fomaml, cfsl_proto_tune, cfsl_protonet, cfsl_prototypes"
+    with pytest.raises(ConfigError, match=learners):
         resolve(validate_config(doc, "test"))
     assert "continual_few_shot" not in ALGORITHMS.get("replay").data_flows
 

@@ -37,14 +37,6 @@ SCENARIO = "synthetic:classes=10,train=16,test=20"
 GOLDEN_SAMPLES = 12  # the golden records' tolerance: test images an accuracy may move by rounding alone
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def norm_relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     keys = [k for k in a if not k.endswith("num_batches_tracked")]
     wa = torch.cat([a[k].detach().flatten().float() for k in keys])
