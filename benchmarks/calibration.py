@@ -1,7 +1,7 @@
 """`gtep check --calibrate` against what the tuning unit then takes (issue 45, item 1).
 
 For the default preset and one preset of each scenario family, with `--trials 1 --orderings 1`: the calibration's
-estimate of the tuning unit's training seconds (gtep/preflight.py: compute_estimate), then the unit itself trained
+estimate of the tuning unit's training seconds (gtep/preflight/calibration.py: estimate), then the unit itself trained
 through gtep's engine as a trial trains it (its job from gtep/orchestration/trial_job.py, the trial's threads, the
 phase's data), without Ray, and the estimate again: the mean of the two is compared with the measurement (the
 machine's load drifts). Where the preset has a pretrain section, its pretraining runs first (into the run's own
@@ -64,12 +64,11 @@ def table(rows: list[Row]) -> str:
 
 def estimate_unit(plan: Any) -> tuple[float | None, str]:
     """The calibration's seconds for one tuning unit, or None and why not (what `gtep check` says)."""
-    from gtep.preflight import FLOW_UNITS, compute_estimate, compute_flow_estimate, no_estimate_reason
+    from gtep.preflight import estimate, no_estimate_reason
 
     reason = no_estimate_reason(plan)
     if reason is not None:
         return None, reason
-    estimate = compute_flow_estimate if plan.resolved.family.data_flow in FLOW_UNITS else compute_estimate
     return float(estimate(plan)["unit_seconds"]), ""
 
 

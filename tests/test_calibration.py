@@ -20,18 +20,17 @@ from gtep.cli import app
 from gtep.config import ConfigError
 from gtep.config.files import preset_text
 from gtep.engine.loop import Trainer
-from gtep.preflight import (
+from gtep.preflight.calibration import (
     FLOW_FIT_BATCHES,
     Calibration,
     FlowCalibration,
     _SampledFit,
-    check_device,
     compute_estimate,
     compute_flow_estimate,
-    preflight,
     pretrain_estimate,
     sampled_params,
 )
+from gtep.preflight.checks import check_device, preflight
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import calibration as bench  # noqa: E402
@@ -69,8 +68,9 @@ def test_check_calibrates_with_the_trials_threads_and_the_sets_batch_size_and_na
         return real_fit(self, parameters, loss_fn, x, y, recipe, **kwargs)
 
     monkeypatch.setattr(Trainer, "fit", spy)
-    monkeypatch.setattr("gtep.preflight.CALIBRATION_REPEATS", 1)  # one batch a task, once: seconds, not a minute
-    monkeypatch.setattr("gtep.preflight.CALIBRATION_BATCHES", 1)
+    # one batch a task, once: seconds, not a minute
+    monkeypatch.setattr("gtep.preflight.calibration.CALIBRATION_REPEATS", 1)
+    monkeypatch.setattr("gtep.preflight.calibration.CALIBRATION_BATCHES", 1)
     path = config_file(tmp_path, compute={"cpus_per_trial": 1})
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # torch's own count, as on a 2-core machine
@@ -195,7 +195,7 @@ def test_check_estimates_the_iirc_cfsl_and_fluid_families(tmp_path, monkeypatch,
     """Each flow family gets an estimate from a part of its real run, with the scaling rule said, where
     `gtep check` used to print a reason instead; a pretrain section not cached yet gets its own line."""
     monkeypatch.setenv("GTEP_CACHE", str(tmp_path / "cache"))  # an empty cache: the pretraining is to come
-    monkeypatch.setattr("gtep.preflight.FLOW_FIT_BATCHES", 2)
+    monkeypatch.setattr("gtep.preflight.calibration.FLOW_FIT_BATCHES", 2)
     study_file, flow = FLOW_STUDIES[family]
     result = runner.invoke(app, ["check", "-c", str(study_file(tmp_path)), "--trials", "1", "--orderings", "1",
                                  "--output", str(tmp_path / "runs"), "--calibrate"], env={"COLUMNS": "300"})
@@ -258,7 +258,7 @@ def test_the_pretraining_estimate_is_its_images_times_its_epochs(tmp_path, monke
     training images) times its epochs."""
     from gtep.orchestration.pretraining import pretrain_spec
 
-    monkeypatch.setattr("gtep.preflight.linear_cost", lambda train, device, batch, images: (0.0, 1e-3))
+    monkeypatch.setattr("gtep.preflight.calibration.linear_cost", lambda train, device, batch, images: (0.0, 1e-3))
     plan = preflight(api.experiment(preset="omniglot-cfsl", output=tmp_path / "runs"))
     spec = pretrain_spec(plan.resolved)
     cost = pretrain_estimate(plan, spec)

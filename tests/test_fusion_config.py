@@ -8,7 +8,8 @@ import pytest
 from gtep import api
 from gtep.config import ConfigError
 from gtep.orchestration.trial_job import fused_orderings
-from gtep.preflight import Calibration, compute_estimate, preflight
+from gtep.preflight.calibration import Calibration, calibrate, compute_estimate
+from gtep.preflight.checks import preflight
 
 
 def plan(tmp_path, algorithm: str = "replay", orderings: int = 2, **fields):
@@ -51,8 +52,6 @@ def test_the_estimate_counts_a_fused_trial_as_what_it_costs(tmp_path):
 
 @pytest.mark.slow  # two minutes on a shared 2-core machine: the default preset's calibration, twice
 def test_calibrate_times_a_fused_trial(tmp_path):
-    from gtep.preflight import calibrate
-
     cal = calibrate(plan(tmp_path, **{"compute.fuse_orderings": "on"}))
     assert cal.fusion != 1.0 and 0 < cal.fusion < 10
     assert calibrate(plan(tmp_path)).fusion == 1.0

@@ -1,4 +1,4 @@
-"""The pre-flight pass (gtep/preflight.py, issue 31): every input the data, the files or the paths cannot satisfy is
+"""The pre-flight pass (gtep/preflight/, issue 31): every input the data, the files or the paths cannot satisfy is
 refused before compute. PREFLIGHT is one table of command lines, checked as tests/test_cli_errors.py checks its
 own (the same sandbox): exit status 2, one `error:` line holding the field or option and the fix, nothing written
 in --output or the working directory, and Ray never started. The rows cover the loaders (dtype, range, NaN,
@@ -103,9 +103,12 @@ def imagefolder(damaged: bool = False, empty_val: bool = False) -> Callable[[Inp
 
 
 LONG = "s" * 300
-MATRIX_ON: Callable[[Callable[[Inputs], str]], Callable[[Inputs], str]] = lambda dataset: lambda i: i.yaml(
-    {**MATRIX, "pairings": {"syn": {"similarity": "high", "datasets": {"split": {
+
+
+def MATRIX_ON(dataset: Callable[[Inputs], str]) -> Callable[[Inputs], str]:
+    return lambda i: i.yaml({**MATRIX, "pairings": {"syn": {"similarity": "high", "datasets": {"split": {
         "dataset": dataset(i), "classes_per_phase": 6}}}}}, "m.yaml")
+
 
 # (command line, needles the one error line must contain)
 PREFLIGHT: list = [
@@ -140,7 +143,8 @@ PREFLIGHT: list = [
     pytest.param(C("run", "-c", on(npz(y_train=np.arange(24) % 11, class_names=np.array([f"c{k}" for k in range(12)]),
                                         y_test=np.arange(12)))),
                  ["datasets.split.dataset", "no training images"], id="class-without-training-images"),
-    pytest.param(C("run", "-c", fscil(shots=3)), ["scenario.fscil.shots", "3 shots", "has 2", "(6 classes short)", "lower shots"],
+    pytest.param(C("run", "-c", fscil(shots=3)),
+                 ["scenario.fscil.shots", "3 shots", "has 2", "(6 classes short)", "lower shots"],
                  id="fscil-shots-above-class-images"),
     pytest.param(C("tune", "-c", fscil(shots=3, fixed_order=True)), ["scenario.fscil.shots", "(4 classes short)"],
                  id="fscil-fixed-order-session-class-short"),

@@ -1,6 +1,9 @@
 """gtep check: the pre-flight pass alone. Everything a study needs of its config, data, files and paths is checked
-(gtep/preflight.py), and what the study will do is printed: phases, classes, tasks and images, units, orderings,
-the data flow and, with --calibrate, an estimate of the training compute. Nothing is trained or written."""
+(gtep/preflight/), and what the study will do is printed: phases, classes, tasks and images, units, orderings,
+the data flow and, with --calibrate, an estimate of the training compute. Nothing is trained or written.
+
+gtep.preflight is imported inside the functions: it imports torch and the engine, which `gtep --help` and every other
+command's start need not wait for."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,7 +52,8 @@ def _runs(tasks: tuple[tuple[str, int], ...]) -> str:
 
 
 def print_plan(plan, calibrate: bool) -> None:
-    from gtep.preflight import plan_summary
+    from gtep.preflight.calibration import no_estimate_reason, study_flow
+    from gtep.preflight.checks import plan_summary
 
     resolved = plan.resolved
     cfg = resolved.config
@@ -88,13 +92,11 @@ def print_plan(plan, calibrate: bool) -> None:
     if not calibrate:
         console.print("compute: add --calibrate for an estimate from a short calibration on this machine")
         return
-    from gtep.preflight import no_estimate_reason
-
     reason = no_estimate_reason(plan)
     if reason is not None:
         console.print(f"compute: no estimate for the {family.name} family: {escape(reason)}; time one unit with "
                       "`gtep tune --trials 1 --orderings 1` instead", highlight=False)
-    elif family.data_flow == "class_incremental":
+    elif study_flow(plan).by_image_epochs:
         print_estimate(plan)
     else:
         print_flow_estimate(plan)
@@ -104,7 +106,7 @@ def print_plan(plan, calibrate: bool) -> None:
 
 def print_estimate(plan) -> None:
     """The calibration's costs, what they come to per phase, and the trial slots the wall time assumes."""
-    from gtep.preflight import compute_estimate, image_epochs
+    from gtep.preflight.calibration import compute_estimate, image_epochs
 
     cfg = plan.resolved.config
     estimate = compute_estimate(plan)
@@ -128,9 +130,9 @@ def print_estimate(plan) -> None:
 
 
 def print_flow_estimate(plan) -> None:
-    """A multi_label, stream or continual_few_shot study: the part of ordering 0 the calibration ran, its costs,
-    the scaling rule and what it comes to per phase."""
-    from gtep.preflight import compute_flow_estimate
+    """A study whose flow is timed in part (multi_label, stream, continual_few_shot, a plugin's): the part of
+    ordering 0 the calibration ran, its costs, the scaling rule and what it comes to per phase."""
+    from gtep.preflight.calibration import compute_flow_estimate
 
     cfg = plan.resolved.config
     estimate = compute_flow_estimate(plan)
@@ -156,7 +158,7 @@ def print_flow_estimate(plan) -> None:
 def print_pretraining(plan) -> None:
     """The pretrain section: done once per study and cached; its cost where the cache has no file for it yet."""
     from gtep.orchestration.pretraining import pretrain_spec, pretrained_path
-    from gtep.preflight import pretrain_estimate
+    from gtep.preflight.calibration import pretrain_estimate
 
     path = pretrained_path(plan.resolved)
     if path.exists():
@@ -181,7 +183,7 @@ def check(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt,
     """Run the pre-flight checks and print the study's plan; trains and writes nothing."""
 
     def go() -> None:
-        from gtep.preflight import preflight
+        from gtep.preflight.checks import preflight
 
         overrides = dict(output=output, trials=trials, orderings=orderings, seed=seed, algorithm=algorithm,
                          study=study, backbone=backbone, weights=weights)

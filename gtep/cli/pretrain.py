@@ -52,6 +52,7 @@ def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:~/data
         from rich.progress import Progress
 
         from gtep.data import DatasetError, resolve_dataset
+        from gtep.engine.device import DeviceUnavailableError, choose_device
         from gtep.engine.pretrain import default_spec
         from gtep.engine.pretrain import pretrain as run_pretrain
         from gtep.models import BACKBONES, backbone_exists
@@ -64,8 +65,11 @@ def pretrain(dataset: str = typer.Option(..., "--dataset", help="e.g. npz:~/data
         if lr is not None and not lr > 0:
             raise ConfigError("--lr", f"must be > 0, got {lr:g}")
         check_device(device, "--device")
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError("--device", f"{device} was asked for but CUDA is not available here; use cpu or auto")
+        try:  # outside a trial: 'auto' is CUDA where torch sees it, as the pretraining resolves it
+            choose_device(device, torch.cuda.is_available())
+        except DeviceUnavailableError:
+            raise ConfigError("--device", f"{device} was asked for but CUDA is not available here; use cpu or "
+                              "auto") from None
         ids = parse_classes(classes)
         try:
             source = resolve_dataset(dataset)

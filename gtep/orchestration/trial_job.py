@@ -13,8 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gtep.algorithms import ALGORITHMS
 from gtep.config import ResolvedExperiment
 from gtep.engine import FirstTaskSpec, OrderingJob
+from gtep.engine.device import choose_device
+from gtep.engine.fusion import fusion_wanted
 from gtep.orchestration.study import StudyPaths
 
 
@@ -92,12 +95,17 @@ def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, a
         first_task_dir=paths.first_tasks if resolved.config.training.reuse_first_task else None)
 
 
+def trials_device(resolved: ResolvedExperiment) -> str:
+    """The device the driver names for the study's trials (engine.device.choose_device: 'auto' is CUDA for a trial
+    with GPUs, the CPU for one without); whether torch sees it is the worker's to check (trainable.placed_device)."""
+    cfg = resolved.config
+    return choose_device(cfg.training.device, None, trial_gpus=cfg.compute.gpus_per_trial)
+
+
 def phase_scenario(resolved: ResolvedExperiment, phase: str) -> OrderingJob:
     """The engine's job of the phase, every field from the config (hparams and ordering set per unit)."""
     cfg = resolved.config
-    device = cfg.training.device
-    if device == "auto":
-        device = "cuda" if cfg.compute.gpus_per_trial > 0 else "cpu"
+    device = trials_device(resolved)
     spec = resolved.phase(phase)
     first_task = FirstTaskSpec(**{**cfg.first_task.model_dump(), "milestones": tuple(cfg.first_task.milestones)})
     family_options = {k: v for k, v in cfg.scenario.family_options.items() if k != "increments"}
@@ -126,14 +134,8 @@ def trial_job(resolved: ResolvedExperiment, phase: str, folders: StudyFolders | 
 
 def fused_orderings(resolved: ResolvedExperiment) -> bool:
     """Whether a trial's orderings train as one fused network (compute.fuse_orderings; gtep/engine/fusion.py)."""
-    from gtep.algorithms import ALGORITHMS
-    from gtep.engine.fusion import fusion_wanted
-
     cfg = resolved.config
-    device = cfg.training.device
-    if device == "auto":
-        device = "cuda" if cfg.compute.gpus_per_trial > 0 else "cpu"
-    return fusion_wanted(cfg.compute.fuse_orderings, ALGORITHMS.get(cfg.algorithm), device,
+    return fusion_wanted(cfg.compute.fuse_orderings, ALGORITHMS.get(cfg.algorithm), trials_device(resolved),
                          cfg.compute.parallel_orderings(cfg.search.orderings))
 
 

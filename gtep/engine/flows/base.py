@@ -1,8 +1,12 @@
-"""The registry of data flows: how one ordering of a family's data is run (a family's `data_flow` names one)."""
+"""The registry of data flows: how one ordering of a family's data is run (a family's `data_flow` names one), and
+what a flow tells the calibration of `gtep check --calibrate` about its work (gtep/preflight/calibration.py)."""
 from __future__ import annotations
 
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, ClassVar
 
 from gtep.data import ImageSet
 from gtep.engine.first_task import FirstTaskStore
@@ -12,13 +16,54 @@ from gtep.registry import Registry
 TaskHook = Callable[[int, OrderingOutcome], None]
 
 
-class Flow(Protocol):
-    """One ordering of a job on a phase's data, never raising for a diverged run. `on_task_end(t, outcome)` after
-    each unit of work; `checkpoint` and `first_tasks` where the flow can resume a task or share a first task (the
-    class-incremental flow; the others take and ignore them, and a retried ordering restarts)."""
+@dataclass(frozen=True)
+class TimedPart:
+    """The part of an ordering a calibration ran: its units of work and the seconds they took."""
 
-    def __call__(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
-                 checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome: ...
+    units: int
+    seconds: float
+
+
+class Flow(ABC):
+    """A data flow: one ordering of a job on a phase's data, and what its work is, so that nothing outside the flow
+    branches on its name (DESIGN.md: phases, flows and the ordering axis).
+
+    A flow builds a run object for one ordering (`start`: its state between units of work), runs an ordering to its
+    outcome (`run`), counts an ordering's units of work on its run object (`units`) and runs the part of an
+    ordering the calibration times (`time_part`). A new flow subclasses Flow, implements `start` and `run` (and
+    `units`, `time_part` where its units are not tasks), and registers an instance: `FLOWS.register(name)(MyFlow())`;
+    a family names it as its `data_flow` (docs/extending.md, tests/engine/test_flow_extension.py)."""
+
+    unit: ClassVar[str] = "task"  # one unit of work, as `gtep check` names it
+    # a unit's `fit` work grows with units ** fit_power (a FLUID update trains on every sample seen so far: 2)
+    fit_power: ClassVar[int] = 1
+    # True where the work is tasks of classes, images x epochs (the class-incremental flow, whose run object is an
+    # OrderingRun): the calibration then trains two tasks of synthetic images through the learner's every stage and
+    # scales by each task's images and epochs (compute_estimate). False: a part of ordering 0 on the phase's own
+    # images (`time_part`), scaled to the units an ordering holds (compute_flow_estimate).
+    by_image_epochs: ClassVar[bool] = False
+
+    @abstractmethod
+    def start(self, job: OrderingJob, data: ImageSet) -> Any:
+        """The run object of one ordering, as `run` builds it (the calibration counts and times its units)."""
+
+    @abstractmethod
+    def run(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
+            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
+        """One ordering of `job` on a phase's data, never raising for a diverged run. `on_task_end(t, outcome)` after
+        each unit of work; `checkpoint` and `first_tasks` where the flow can resume a task or share a first task
+        (the class-incremental flow; the others take and ignore them, and a retried ordering restarts)."""
+
+    def units(self, run: Any) -> int:
+        """Units of work of the ordering `run` holds (by default its tasks)."""
+        return len(run.tasks)
+
+    def time_part(self, run: Any) -> TimedPart:
+        """Run the part of the ordering the calibration times, as a trial runs it (by default every task)."""
+        tic = time.perf_counter()
+        for task in run.tasks:
+            run.train_task(task)
+        return TimedPart(len(run.tasks), time.perf_counter() - tic)
 
 
 FLOWS: Registry[Flow] = Registry("data flow")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, cast
+from typing import Callable, ClassVar, Iterator, Sequence, cast
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import FirstTaskStore
-from gtep.engine.flows.base import FLOWS
+from gtep.engine.flows.base import FLOWS, Flow, TaskHook, TimedPart
 from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors
 from gtep.protocol.families.cfsl import CONTINUAL_FEW_SHOT, with_aliases
 from gtep.protocol.families.cfsl import metrics as cfsl_metrics
@@ -162,19 +162,40 @@ class CfslRun:
         return outcome
 
 
-@FLOWS.register(CONTINUAL_FEW_SHOT)
-def run_cfsl_ordering(job: OrderingJob, data: ImageSet,
-                      on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
-                      checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
-    """Run one CFSL ordering's tasks one by one; never raises for a diverged run (module docstring)."""
-    run = CfslRun(job, data)
-    for task in run.tasks:
-        try:
-            run.run_task(task)
-        except FloatingPointError as err:
-            run.outcome.status, run.outcome.message = "diverged", f"task {task.index + 1}: {err}"
-            break
-        if on_task_end is not None:
-            on_task_end(task.index, run.outcome)
-    return run.finish()
+class ContinualFewShotFlow(Flow):
+    """CFSL's support sets seen once, then a target set: its units are support sets; the calibration runs task 1
+    as the warm-up and times the next `calibration_tasks` tasks."""
 
+    unit = "support set"
+    calibration_tasks: ClassVar[int] = 1
+
+    def start(self, job: OrderingJob, data: ImageSet) -> CfslRun:
+        return CfslRun(job, data)
+
+    def run(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
+            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
+        """Run one CFSL ordering's tasks one by one; never raises for a diverged run (module docstring)."""
+        run = self.start(job, data)
+        for task in run.tasks:
+            try:
+                run.run_task(task)
+            except FloatingPointError as err:
+                run.outcome.status, run.outcome.message = "diverged", f"task {task.index + 1}: {err}"
+                break
+            if on_task_end is not None:
+                on_task_end(task.index, run.outcome)
+        return run.finish()
+
+    def units(self, run: CfslRun) -> int:
+        return sum(len(task.support) for task in run.tasks)
+
+    def time_part(self, run: CfslRun) -> TimedPart:
+        run.run_task(run.tasks[0])  # the warm-up: kernels, allocator, the learner's first reset
+        timed = run.tasks[1: 1 + self.calibration_tasks] or run.tasks[:1]
+        tic = time.perf_counter()
+        for task in timed:
+            run.run_task(task)
+        return TimedPart(sum(len(task.support) for task in timed), time.perf_counter() - tic)
+
+
+FLOWS.register(CONTINUAL_FEW_SHOT)(ContinualFewShotFlow())

@@ -45,7 +45,7 @@ from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import FirstTaskStore
-from gtep.engine.flows.base import FLOWS
+from gtep.engine.flows.base import FLOWS, Flow, TaskHook
 from gtep.engine.loop import DivergedError, Plateau, Precision, Trainer
 from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
 from gtep.protocol.families.iirc import (
@@ -229,18 +229,25 @@ class MultiLabelRun:
         return outcome
 
 
-@FLOWS.register(MULTI_LABEL)
-def run_multilabel_ordering(job: OrderingJob, data: ImageSet,
-                            on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
-                            checkpoint: Path | None = None,
-                            first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
-    """Train one multi-label ordering task by task; never raises for a diverged run (module docstring)."""
-    run = MultiLabelRun(job, data)
-    for task in run.tasks:
-        run.train_task(task)
-        if run.outcome.diverged:
-            break
-        if on_task_end is not None:
-            on_task_end(task.index, run.outcome)
-    return run.finish()
+class MultiLabelFlow(Flow):
+    """IIRC's tasks of incompletely labelled images: its units are tasks; the calibration times every task."""
 
+    unit = "task"
+
+    def start(self, job: OrderingJob, data: ImageSet) -> MultiLabelRun:
+        return MultiLabelRun(job, data)
+
+    def run(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
+            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
+        """Train one multi-label ordering task by task; never raises for a diverged run (module docstring)."""
+        run = self.start(job, data)
+        for task in run.tasks:
+            run.train_task(task)
+            if run.outcome.diverged:
+                break
+            if on_task_end is not None:
+                on_task_end(task.index, run.outcome)
+        return run.finish()
+
+
+FLOWS.register(MULTI_LABEL)(MultiLabelFlow())

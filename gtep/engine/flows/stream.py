@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable, ClassVar, cast
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import FirstTaskStore
-from gtep.engine.flows.base import FLOWS
+from gtep.engine.flows.base import FLOWS, Flow, TaskHook, TimedPart
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, Precision, Trainer
 from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
@@ -147,13 +147,35 @@ class StreamRun:
             self.options.head_cut, self.options.window, self.meter.gmacs))
 
 
-@FLOWS.register(STREAM)
-def run_stream_ordering(job: OrderingJob, data: ImageSet,
-                        on_task_end: Callable[[int, OrderingOutcome], None] | None = None,
-                        checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
-    """Run one FLUID sequence; never raises for a diverged run (module docstring)."""
-    outcome = StreamRun(job, data).run()
-    if on_task_end is not None and not outcome.diverged:
-        on_task_end(0, outcome)
-    return outcome
+class StreamFlow(Flow):
+    """FLUID's predict-then-reveal stream: its units are samples; the calibration times the stream's first
+    `calibration_steps` samples, and an update's `fit` grows with the square of the samples seen."""
 
+    unit = "stream sample"
+    fit_power = 2
+    # a stream longer than this is timed on its first this-many samples and scaled to its length
+    calibration_steps: ClassVar[int] = 1000
+
+    def start(self, job: OrderingJob, data: ImageSet) -> StreamRun:
+        return StreamRun(job, data)
+
+    def run(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
+            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
+        """Run one FLUID sequence; never raises for a diverged run (module docstring)."""
+        outcome = self.start(job, data).run()
+        if on_task_end is not None and not outcome.diverged:
+            on_task_end(0, outcome)
+        return outcome
+
+    def units(self, run: StreamRun) -> int:
+        return len(run.stream)
+
+    def time_part(self, run: StreamRun) -> TimedPart:
+        steps = min(len(run.stream), self.calibration_steps)
+        tic = time.perf_counter()
+        for t in range(steps):
+            run.step(t)
+        return TimedPart(steps, time.perf_counter() - tic)
+
+
+FLOWS.register(STREAM)(StreamFlow())

@@ -1,345 +1,47 @@
-"""The pre-flight pass: what a study needs of its config, data, files and paths, checked before any compute.
+"""The calibration of `gtep check --calibrate`: how long a study's training should take on this machine, from a
+few real training steps of its learner timed as a trial runs them (the trial's threads and device).
 
-Every command that trains (gtep tune | evaluate | run, each cell of gtep matrix) runs `preflight` before Ray or
-MLflow start, and `gtep check` runs it alone and prints the plan. It adds to `resolve` (names, classes, the
-protocol's constraints: gtep/config/) what needs the data and the files:
+- trial slots: a trial's threads and device (as gtep/orchestration/trial_job.py gives them) and the trials this
+  machine runs at once;
+- a flow whose work is tasks of classes (Flow.by_image_epochs: the class-incremental flow): two tasks of synthetic
+  images through the learner's every stage, scaled by each task's images x epochs (`compute_estimate`);
+- any other flow: the part of ordering 0 the flow says to time (Flow.time_part) on the phase's own images, `fit`
+  sampled, scaled to the units of work the flow counts in an ordering (Flow.units: `compute_flow_estimate`);
+- the pretrain section: a few of its steps, scaled to its epochs x images (`pretrain_estimate`).
 
-- each phase's data as its loader will hand it over (gtep/data/datasets.py: dtype and range, NaN, shapes,
-  labels), with any conversion said in the plan, the log and the runs' params (`gtep.data_conversion`);
-- what the scenario family needs of each phase's classes (ScenarioFamily.check: images to train and test
-  every class, FSCIL's K shots and its shot index file, CFSL's samples per class, ...);
-- every value of the search space within the ranges the learner's parameters declare (gtep/algorithms/base.py);
-- the backbone weights: a readable file whose tensors fit the backbone;
-- the study's folder: a name the filesystem takes, a path short enough for what gtep writes inside it, and a
-  parent it can create;
-- the device: `training.device: cuda` where torch finds no CUDA (a local study).
-
-Every failure is one ConfigError naming the field and the fix; nothing is written. `gtep check --calibrate` also
-estimates the training time (compute_estimate: a few real training steps of the learner, timed as a trial runs).
+Nothing here branches on a flow's name: a flow states its unit, its units and the part to time (gtep/engine/flows).
 """
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import os
+import time
 from dataclasses import dataclass, replace
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import numpy as np
+import torch
+from torch import nn
 
-from gtep.config import ConfigError, ExperimentConfig, PhaseSpec, ResolvedExperiment, resolve
-from gtep.data import DataFacts, DatasetError, resolve_dataset
-from gtep.protocol.families import PhaseData
+from gtep.algorithms import ALGORITHMS
+from gtep.algorithms._episodic import train_prototypical
+from gtep.config import ExperimentConfig
+from gtep.data import ImageSet, resolve_dataset
+from gtep.engine.device import choose_device, describe_device, resolve_device
+from gtep.engine.flows import FLOWS, Flow, flow_of
+from gtep.engine.fusion import fusion_wanted, run_in_lockstep
+from gtep.engine.pretrain import pretraining_pipeline, train_supervised, training_subset
+from gtep.engine.runner import FirstTaskSpec, OrderingJob, PhaseTensors, task_recipe
+from gtep.models import create_backbone
+from gtep.preflight.checks import PhasePlan, StudyPlan
+from gtep.protocol.sampling import sample_sets
+from gtep.spaces import load_space
 
-# What gtep and Ray write below a study folder, at most (Ray's trial folders carry the trial's parameters,
-# truncated, and a timestamp): the study's path must leave this much room under the system's path limit.
-NESTED_PATH_ROOM = 400
-# MLflow names the study's experiment "gtep/<study>" in a column of 256 characters.
-MLFLOW_NAME_ROOM = 250
-
-
-@dataclass(frozen=True)
-class PhasePlan:
-    """One phase as the pre-flight pass found it."""
-
-    spec: PhaseSpec
-    facts: DataFacts
-    tasks: tuple[tuple[str, int], ...]  # (what a task holds, training images) for ordering 0
-
-    @property
-    def train_images(self) -> int:
-        return int(sum(self.facts.train_counts[list(self.spec.classes)]))
-
-    @property
-    def test_images(self) -> int:
-        return int(sum(self.facts.test_counts[list(self.spec.classes)]))
-
-
-@dataclass(frozen=True)
-class StudyPlan:
-    """A study checked against its data: the resolved experiment and each phase's plan."""
-
-    resolved: ResolvedExperiment
-    tuning: PhasePlan
-    evaluation: PhasePlan
-
-
-def dataset_field(cfg: ExperimentConfig, phase: str) -> str:
-    if cfg.datasets.split is not None:
-        return "datasets.split.dataset"
-    return f"datasets.{'tuning' if phase == 'tune' else 'evaluation'}.dataset"
-
-
-def phase_facts(cfg: ExperimentConfig, spec: PhaseSpec) -> DataFacts:
-    try:
-        return resolve_dataset(spec.dataset).facts
-    except DatasetError as err:
-        raise ConfigError(dataset_field(cfg, spec.phase), str(err)) from None
-
-
-def phase_data(spec: PhaseSpec, facts: DataFacts, extra: tuple[int, ...] = ()) -> PhaseData:
-    """The phase's classes and their image counts, and the counts of the `extra` classes its family shows besides
-    them (FLUID's pretrain classes: ScenarioFamily.data_classes)."""
-    counts = {c: (int(facts.train_counts[c]), int(facts.test_counts[c])) for c in (*spec.classes, *extra)}
-    return PhaseData(spec.phase, spec.dataset, spec.classes, {c: n[0] for c, n in counts.items()},
-                     {c: n[1] for c, n in counts.items()}, facts.train_labels)
-
-
-def check_phases(resolved: ResolvedExperiment) -> tuple[PhasePlan, PhasePlan]:
-    """Both phases' data as their family needs it (ScenarioFamily.check: the first problem is the error), and
-    what ordering 0 of each will do."""
-    cfg = resolved.config
-    options = cfg.scenario.family_options
-    extra = resolved.family.data_classes(options)
-    specs = (resolved.tuning, resolved.evaluation)
-    facts = [phase_facts(cfg, spec) for spec in specs]
-    data = [phase_data(spec, fact, extra) for spec, fact in zip(specs, facts)]
-    problems = resolved.family.check(data, options)
-    if problems:
-        problem = problems[0]
-        field = dataset_field(cfg, problem.phase) if problem.field == "datasets" else problem.field
-        raise ConfigError(field, problem.message)
-    tuning, evaluation = (PhasePlan(spec, fact, tuple(resolved.family.describe(phase, options, cfg.seed)))
-                          for spec, fact, phase in zip(specs, facts, data))
-    return tuning, evaluation
-
-
-def check_pretrain_data(resolved: ResolvedExperiment) -> None:
-    """The pretrain section's classes have training images to learn from."""
-    plan = resolved.pretraining
-    if plan is None:
-        return
-    try:
-        facts = resolve_dataset(plan.dataset).facts
-    except DatasetError as err:
-        raise ConfigError("pretrain.dataset", str(err)) from None
-    empty = [c for c in plan.classes if facts.train_counts[c] == 0]
-    if empty:
-        raise ConfigError("pretrain.classes", f"classes {empty[:5]} have no training images in {plan.dataset}; "
-                          "pretrain on classes that have some")
-    check_pretrain_episodes(resolved, facts.train_counts)
-
-
-def check_pretrain_episodes(resolved: ResolvedExperiment, train_counts: np.ndarray) -> None:
-    """protonet pretraining draws `ways` classes an episode, each with shots + queries training images (those the
-    family's holdout leaves to pretraining): too few such classes is refused here, not as a traceback inside the
-    pretraining step (gtep.algorithms._episodic.class_indices)."""
-    section, plan = resolved.config.pretrain, resolved.pretraining
-    if section is None or plan is None or section.method != "protonet":
-        return
-    from gtep.protocol.holdout import held_out_count
-
-    share, held_classes = resolved.family.pretrain_holdout(resolved.config.scenario.family_options)
-    need = section.shots + section.queries
-    usable = {c: int(train_counts[c]) - (held_out_count(int(train_counts[c]), share) if c in held_classes else 0)
-              for c in plan.classes}
-    enough = [c for c, n in usable.items() if n >= need]
-    if len(enough) < section.ways:
-        fewest = min(usable.values())
-        left = " (after the scenario's pretrain_holdout)" if share else ""
-        raise ConfigError("pretrain.ways", f"is {section.ways}, but only {len(enough)} of the {len(plan.classes)} "
-                          f"pretrain classes have shots + queries = {need} training images{left} (the fewest has "
-                          f"{fewest}); lower pretrain.ways, shots or queries, or pretrain on more classes")
-
-
-def check_weights_fit(weights: Path, backbone: str) -> None:
-    """The weights file loads into the backbone: every tensor has its place and shape (a file of another network,
-    a damaged file or a pickle that is not a state dict is refused here, not inside a trial)."""
-    from gtep.models import create_backbone
-
-    try:
-        create_backbone(backbone, str(weights))
-    except Exception as err:  # noqa: BLE001 - safetensors, torch.load and load_state_dict each raise their own
-        reason = str(err).splitlines()[0][:200] if str(err) else err.__class__.__name__
-        raise ConfigError("weights", f"{weights} is not a readable weights file for {backbone} ({reason}); give "
-                          f"a safetensors file or a state dict of {backbone} (gtep pretrain writes one)") from None
-
-
-def _existing_ancestor(path: Path) -> Path:
-    for candidate in (path, *path.parents):
-        try:
-            if candidate.exists():
-                return candidate
-        except OSError:  # a name too long for the filesystem: check_study_path says so
-            continue
-    return Path("/")
-
-
-def check_study_path(cfg: ExperimentConfig) -> None:
-    """The study's folder can be made and holds what gtep writes: a name the filesystem and MLflow take, a path
-    with room for Ray's trial folders, and a writable existing parent."""
-    study_dir = Path(os.path.abspath(os.path.expanduser(cfg.study_dir)))
-    anchor = _existing_ancestor(study_dir)
-    try:
-        name_max = os.pathconf(anchor, "PC_NAME_MAX")
-        path_max = os.pathconf(anchor, "PC_PATH_MAX")
-    except (OSError, ValueError):
-        name_max, path_max = 255, 4096
-    limit = min(name_max, MLFLOW_NAME_ROOM)
-    if len(cfg.study.encode()) > limit:
-        raise ConfigError("study", f"is {len(cfg.study.encode())} bytes long; the filesystem and MLflow take "
-                          f"names of at most {limit}: shorten it")
-    too_long = [p.name for p in (study_dir, *study_dir.parents) if len(p.name.encode()) > name_max]
-    if too_long:
-        raise ConfigError("tracking.output", f"holds the folder name {too_long[0][:40]}..., longer than the "
-                          f"filesystem's {name_max} bytes; give a shorter path")
-    if len(str(study_dir).encode()) + NESTED_PATH_ROOM > path_max:
-        raise ConfigError("tracking.output", f"the study folder {str(study_dir)[:60]}... is {len(str(study_dir))} "
-                          f"characters long; with what gtep writes inside it, paths would pass the system's limit "
-                          f"of {path_max}: give a shorter --output or study name")
-    if anchor.is_dir() and not os.access(anchor, os.W_OK):
-        raise ConfigError("tracking.output", f"{anchor} is not writable, so {study_dir} cannot be made there; "
-                          "give a folder you can write")
-
-
-def check_device(cfg: ExperimentConfig) -> None:
-    """`training.device: cuda` on a machine without CUDA: every trial would fail once Ray has started. Only the
-    device asked for by name, and only where trials run on this machine (a cluster's workers may have GPUs the
-    driver lacks); `auto` falls back on the CPU, and gpus_per_trial is Ray's business."""
-    import torch
-
-    device = cfg.training.device
-    if device.startswith("cuda") and cfg.compute.ray_address is None and not torch.cuda.is_available():
-        raise ConfigError("training.device", f"{device!r} asks for CUDA, but this machine has no CUDA device "
-                          "torch can use; set training.device to 'auto' (a trial's GPUs when it has some, else "
-                          "the CPU) or 'cpu'")
-
-
-def data_conversions(plan: StudyPlan) -> dict[str, str]:
-    """Phase -> what its loader converted to reach uint8 pixels (only phases whose data needed it)."""
-    return {p.spec.phase: p.facts.conversion for p in (plan.tuning, plan.evaluation) if p.facts.conversion}
-
-
-def check_space_values(resolved: ResolvedExperiment) -> None:
-    """Every value of the search space and of its presets within the ranges the learner's Params declare, and every
-    combination the space can draw within their rules across hyperparameters (top_k at most pool_size). A value
-    the learner refuses would fail inside a Ray trial, after the study folder is written; one it takes but cannot
-    use (an empty A-GEM memory batch) would train another method under its name."""
-    from gtep.algorithms import ALGORITHMS
-    from gtep.spaces import load_space
-
-    algorithm = resolved.config.algorithm
-    params = ALGORITHMS.get(algorithm).Params
-    space = load_space(algorithm, resolved.space_path)
-    fix = f"give values {algorithm} accepts (the ranges of {params.__name__}, gtep/algorithms)"
-    for name, values in space.space.sets.items():
-        for value in values:
-            problem = params.range_problem(name, value)
-            if problem:
-                raise ConfigError("search.space", f"{space.path}: in space.{name}, {problem}; {fix}")
-    defaults = dataclasses.asdict(params())
-    for preset, chosen in space.presets.items():
-        problem = next((p for p in (params.range_problem(k, v) for k, v in chosen.items()) if p), None)
-        problem = problem or next((p for p in (c.problem({**defaults, **chosen}) for c in params.all_constraints())
-                                   if p), None)
-        if problem:
-            raise ConfigError("search.space", f"{space.path}: in presets.{preset}, {problem}; {fix}")
-    for rule in params.all_constraints():
-        choices = [space.space.sets.get(name, (defaults[name],)) for name in rule.names]
-        for combination in itertools.product(*choices):
-            problem = rule.problem({**defaults, **dict(zip(rule.names, combination))})
-            if problem:
-                raise ConfigError("search.space", f"{space.path}: the space can draw {problem}")
-
-
-def check_learner_limits(resolved: ResolvedExperiment) -> None:
-    """A learner's limits that depend on the scenario (nc_fscil's ETF against the classes the sessions reach,
-    feature_rectification's FR layers against the ViT's depth, cec's episodes against the base session), for
-    every value the search space can give the parameters they concern: one error here, before any compute, not a
-    traceback from a Ray trial. A learner states them as `scenario_limits` (its parameters) and `scenario_problem`."""
-    from gtep.algorithms import ALGORITHMS
-    from gtep.models.vit import vit_depth
-    from gtep.spaces import load_space
-
-    cfg = resolved.config
-    algorithm = ALGORITHMS.get(cfg.algorithm)
-    problem_of = getattr(algorithm, "scenario_problem", None)
-    names = tuple(getattr(algorithm, "scenario_limits", ()))
-    if problem_of is None:
-        return
-    space = load_space(cfg.algorithm, resolved.space_path)
-    defaults = dataclasses.asdict(algorithm.Params())
-    facts = {"classes": sum(resolved.increments), "base_classes": resolved.increments[0], "backbone": cfg.backbone,
-             "vit_depth": vit_depth(cfg.backbone)}
-    choices = [space.space.sets.get(name, (defaults[name],)) for name in names]
-    drawn = [name for name in names if name in space.space.sets]
-    candidates = [({**defaults, **dict(zip(names, c))},
-                   f"{space.path} can draw it" if drawn else f"{algorithm.Params.__name__}'s default")
-                  for c in itertools.product(*choices)]
-    candidates += [({**defaults, **chosen}, f"presets.{preset} of {space.path}")
-                   for preset, chosen in space.presets.items() if set(chosen) & set(names)]
-    for values, where in candidates:
-        problem = problem_of(values, facts)
-        if problem:
-            field = "algorithm" if where.endswith("default") else "search.space"
-            raise ConfigError(field, f"{cfg.algorithm}: {problem} ({where}; a search.space file of your own sets "
-                              "it)")
-
-
-def check_fusion(cfg: ExperimentConfig) -> None:
-    """compute.fuse_orderings: on asks for a learner that opts in (gtep/engine/fusion.py) and orderings that run one
-    after another in the trial's process."""
-    if cfg.compute.fuse_orderings != "on":
-        return
-    from gtep.algorithms import ALGORITHMS
-    from gtep.engine.fusion import FusionRefused, check_fusable
-
-    try:
-        check_fusable(ALGORITHMS.get(cfg.algorithm), cfg.algorithm)
-    except FusionRefused as err:
-        raise ConfigError("compute.fuse_orderings", f"is on, but {err}") from None
-    if cfg.compute.parallel_orderings(cfg.search.orderings) > 1:
-        raise ConfigError("compute.fuse_orderings", "is on, which trains a trial's orderings together in its one "
-                          "process, but cpus_per_ordering/gpus_per_ordering run them as parallel tasks; leave those "
-                          "out, or set fuse_orderings: off")
-
-
-def preflight(cfg: ExperimentConfig) -> StudyPlan:
-    """resolve(cfg), then everything that needs the data, the files and the paths; before any compute."""
-    resolved = resolve(cfg)
-    check_space_values(resolved)
-    check_fusion(cfg)
-    check_learner_limits(resolved)
-    check_study_path(cfg)
-    check_device(cfg)
-    if cfg.weights is not None:
-        check_weights_fit(cfg.weights, cfg.backbone)
-    check_pretrain_data(resolved)
-    tuning, evaluation = check_phases(resolved)
-    plan = StudyPlan(resolved, tuning, evaluation)
-    resolved = replace(resolved, data_conversions=data_conversions(plan))
-    return replace(plan, resolved=resolved)
-
-
-def training_images(plan: PhasePlan) -> int:
-    return sum(images for _, images in plan.tasks)
-
-
-def plan_summary(plan: StudyPlan) -> dict[str, Any]:
-    """The numbers `gtep check` prints (and tests read): units, orderings, images."""
-    cfg = plan.resolved.config
-    trials, orderings = cfg.search.trials, cfg.search.orderings
-    return {"tuning_units": trials * orderings, "evaluation_units": orderings,
-            "tuning_images_per_ordering": training_images(plan.tuning),
-            "evaluation_images_per_ordering": training_images(plan.evaluation),
-            "classes": {p.spec.phase: len(p.spec.classes) for p in (plan.tuning, plan.evaluation)},
-            "tasks": {p.spec.phase: len(p.tasks) for p in (plan.tuning, plan.evaluation)},
-            "conversions": data_conversions(plan), "data_flow": plan.resolved.family.data_flow,
-            "mean_image_shape": np.asarray(plan.tuning.facts.image_shape).tolist()}
-
-
-# ---------------------------------------------------------------- an estimate of the training compute
 
 def image_epochs(plan: StudyPlan, phase: PhasePlan) -> float:
     """Training images x epochs of one ordering, averaged over the R sets the study will draw (the same seed
     draws the same sets): each task's images, plus the exemplar memory a later task replays, times the epochs
     its recipe gives (Table 3's first task, the set's epochs after it)."""
-    from gtep.algorithms import ALGORITHMS
-    from gtep.engine.runner import FirstTaskSpec, task_recipe
-    from gtep.protocol.sampling import sample_sets
-    from gtep.spaces import load_space
-
     cfg = plan.resolved.config
     algorithm = ALGORITHMS.get(cfg.algorithm)
     space = load_space(cfg.algorithm, plan.resolved.space_path).space
@@ -381,14 +83,11 @@ class TrialSlots:
 
 
 def trial_slots(cfg: ExperimentConfig) -> TrialSlots:
-    import torch
-
     compute = cfg.compute
     parallel = compute.parallel_orderings(cfg.search.orderings)
     cpus = compute.cpus_per_ordering if parallel > 1 and compute.cpus_per_ordering else compute.cpus_per_trial
-    device = cfg.training.device
-    if device == "auto":  # a trial without GPUs trains on the CPU, whatever the machine has
-        device = "cuda" if compute.gpus_per_trial > 0 else "cpu"
+    # the device's name as the driver gives it to the trial (trial_job.phase_scenario): its workers check CUDA
+    device = choose_device(cfg.training.device, None, trial_gpus=compute.gpus_per_trial)
     machine_cpus = os.cpu_count() or 1
     slots = int(machine_cpus // compute.cpus_per_trial)
     counted = f"{machine_cpus} CPUs / compute.cpus_per_trial {compute.cpus_per_trial:g}"
@@ -431,10 +130,6 @@ class _Stopwatch:
         self.fn, self.device, self.seconds = fn, device, 0.0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        import time
-
-        import torch
-
         tic = time.perf_counter()
         out = self.fn(*args, **kwargs)
         if self.device.type == "cuda":  # kernels run asynchronously: wait for them
@@ -445,20 +140,15 @@ class _Stopwatch:
 
 def sampled_params(plan: StudyPlan) -> list[tuple[Any, dict[str, Any]]]:
     """The Params of the R sets the study will draw (the same seed draws the same sets)."""
-    from gtep.algorithms import ALGORITHMS
-    from gtep.protocol.sampling import sample_sets
-    from gtep.spaces import load_space
-
     cfg = plan.resolved.config
     algorithm = ALGORITHMS.get(cfg.algorithm)
     space = load_space(cfg.algorithm, plan.resolved.space_path).space
     return [(algorithm.Params.from_mapping(h), h) for h in sample_sets(space, cfg.search.trials, cfg.seed)]
 
 
-def phase_job(plan: StudyPlan, phase: PhasePlan, hparams: dict[str, Any], device: str, epoch_scale: float) -> Any:
+def phase_job(plan: StudyPlan, phase: PhasePlan, hparams: dict[str, Any], device: str,
+              epoch_scale: float) -> OrderingJob:
     """The engine's job of one ordering of the phase, as gtep/orchestration/trial_job.py builds a trial's."""
-    from gtep.engine.runner import FirstTaskSpec, OrderingJob
-
     resolved = plan.resolved
     cfg = resolved.config
     options = {k: v for k, v in cfg.scenario.family_options.items()
@@ -474,11 +164,9 @@ def phase_job(plan: StudyPlan, phase: PhasePlan, hparams: dict[str, Any], device
         family_options=tuple(sorted(options.items())), max_tasks=protocol_tasks)
 
 
-def synthetic_images(job: Any, phase: PhasePlan, batch_sizes: tuple[int, int]) -> Any:
+def synthetic_images(job: OrderingJob, phase: PhasePlan, batch_sizes: tuple[int, int]) -> ImageSet:
     """Random images of the phase's stored size: for each class of the first two tasks enough that its task fills
     CALIBRATION_BATCHES batches of its batch size (and its shots); one for every other class."""
-    from gtep.data import ImageSet
-
     per_class = dict.fromkeys(job.classes, 1)
     for task, batch in zip(job.tasks()[:2], batch_sizes):
         wanted = max(-(-CALIBRATION_BATCHES * batch // max(1, len(task.new_classes))), task.shots or 0)
@@ -495,17 +183,13 @@ def synthetic_images(job: Any, phase: PhasePlan, batch_sizes: tuple[int, int]) -
 
 def calibration_device(slots: TrialSlots) -> str:
     """The trial's device; the CPU where a trial would get simulated GPUs on a machine without CUDA."""
-    import torch
-
-    return slots.device if not slots.device.startswith("cuda") or torch.cuda.is_available() else "cpu"
+    return choose_device(slots.device, torch.cuda.is_available(), simulate=True)
 
 
 def calibrate(plan: StudyPlan, phase: PhasePlan | None = None) -> Calibration:
     """Time the study's learner as a trial trains it: the trial's threads (torch's count restored after) and
     device, the phase's pipeline, the sampled sets' median batch size and the learner's every stage, on the
     first two tasks of the phase's (the tuning phase's) ordering 0 with synthetic images and one epoch each."""
-    import torch
-
     slots = trial_slots(plan.resolved.config)
     before = torch.get_num_threads()
     torch.set_num_threads(slots.threads)
@@ -529,16 +213,14 @@ class TaskTiming:
 
 
 def _timed_tasks(plan: StudyPlan, phase: PhasePlan, slots: TrialSlots) -> Calibration:
-    from gtep.engine.device import describe_device
-    from gtep.engine.runner import OrderingRun
-
     sets = sorted(sampled_params(plan), key=lambda pair: pair[0].batch_size)
     params, hparams = sets[len(sets) // 2]
     job = phase_job(plan, phase, hparams, calibration_device(slots), ONE_EPOCH_SCALE)
     data = synthetic_images(job, phase, (job.first_task.batch_size, params.batch_size))
-    warm_up = OrderingRun(job, data)
+    start = study_flow(plan).start  # the class-incremental flow's OrderingRun
+    warm_up = start(job, data)
     warm_up.train_task(warm_up.tasks[0])
-    repeats = [_two_tasks(OrderingRun(job, data), job.memory_size) for _ in range(CALIBRATION_REPEATS)]
+    repeats = [_two_tasks(start(job, data), job.memory_size) for _ in range(CALIBRATION_REPEATS)]
     # each task's quickest repeat: a burst of other work on a shared machine slows one repeat, not every one
     first, later = (min((r[i] for r in repeats), key=lambda t: t.fit + t.outside_fit + t.test)
                     for i in (0, len(repeats[0]) - 1))
@@ -554,9 +236,6 @@ def _timed_tasks(plan: StudyPlan, phase: PhasePlan, slots: TrialSlots) -> Calibr
 
 def fused_study(cfg: ExperimentConfig, slots: TrialSlots) -> bool:
     """Whether the study's trials train their orderings fused (as gtep/orchestration/trial_job.py decides)."""
-    from gtep.algorithms import ALGORITHMS
-    from gtep.engine.fusion import fusion_wanted
-
     compute = cfg.compute
     return fusion_wanted(compute.fuse_orderings, ALGORITHMS.get(cfg.algorithm), slots.device,
                          compute.parallel_orderings(cfg.search.orderings)) and cfg.search.orderings > 1
@@ -565,18 +244,10 @@ def fused_study(cfg: ExperimentConfig, slots: TrialSlots) -> bool:
 def fusion_ratio(job: Any, data: Any, plan: StudyPlan) -> float:
     """A fused trial's seconds over its S orderings' one after another: the calibration's first two tasks of S
     orderings (search.orderings), trained both ways after the warm-up."""
-    import time
-    from functools import partial
-
-    import torch
-
-    from gtep.engine.fusion import run_in_lockstep
-    from gtep.engine.runner import OrderingRun
-
     jobs = [replace(job, ordering=s) for s in range(plan.resolved.config.search.orderings)]
 
     def two_tasks(spec: Any) -> None:
-        run = OrderingRun(spec, data)
+        run = study_flow(plan).start(spec, data)
         for task in run.tasks[:2]:
             run.train_task(task)
 
@@ -619,9 +290,6 @@ def ordering_seconds(plan: StudyPlan, phase: PhasePlan, params: Any, calibration
     """Seconds one ordering of the phase trains with one set: (task 1, the tasks after it). Each task's images
     plus the replayed memory, times its recipe's epochs, at the calibrated cost of that task; its images once
     more outside `fit`; and the scoring pass over the test images of every class seen so far."""
-    from gtep.algorithms import ALGORITHMS
-    from gtep.engine.runner import task_recipe
-
     cfg = plan.resolved.config
     fixed_first_task = ALGORITHMS.get(cfg.algorithm).fixed_first_task
     job = phase_job(plan, phase, {}, "cpu", cfg.training.epoch_scale)
@@ -637,14 +305,6 @@ def ordering_seconds(plan: StudyPlan, phase: PhasePlan, params: Any, calibration
 
 
 # ---------------------------------------------------------------- the other data flows: a part of the run, scaled
-
-# The flows whose work is not tasks of images x epochs, and what their calibration counts as a unit of work.
-FLOW_UNITS = {"multi_label": "task", "stream": "stream sample", "continual_few_shot": "support set"}
-# A FLUID stream longer than this is timed on its first this-many samples and scaled to its length.
-CALIBRATION_STREAM_STEPS = 1000
-# CFSL: the first task is a warm-up and discarded; the next this-many tasks are timed.
-CALIBRATION_TIMED_TASKS = 1
-
 
 # A sampled `fit` (and the pretraining) is timed on one epoch of 1 batch and of this many: the difference is the
 # cost per image, the rest the call's own (its optimizer, the epoch's sync), paid once and not per image.
@@ -677,8 +337,6 @@ class _SampledFit:
         self.calls = 0
 
     def __call__(self, parameters: Any, loss_fn: Any, x: Any, y: Any, recipe: Any, **kwargs: Any) -> None:
-        import time
-
         if len(x) == 0 or recipe.epochs < 1:
             return
         parameters = list(parameters)  # a generator would be spent by the first of the timed epochs
@@ -698,9 +356,10 @@ class _SampledFit:
 
 @dataclass(frozen=True)
 class FlowCalibration:
-    """One ordering of a multi_label, stream or continual_few_shot flow, run in part as a trial runs it: seconds
-    per unit of work outside `fit`, and `fit`'s seconds at full images x epochs per unit ** fit_power (a FLUID
-    update trains on every sample seen so far: n samples cost n ** 2)."""
+    """One ordering of a flow that is not timed by images x epochs (Flow.by_image_epochs: multi_label, stream,
+    continual_few_shot, a plugin's), run in part as a trial runs it: seconds per unit of work outside `fit`, and
+    `fit`'s seconds at full images x epochs per unit ** fit_power (Flow.fit_power: a FLUID update trains on every
+    sample seen so far, so n samples cost n ** 2)."""
 
     outside_fit: float  # seconds per unit: predictions, scoring, memory, support sets
     fit: float  # seconds per unit ** fit_power
@@ -716,49 +375,34 @@ class FlowCalibration:
         return self.outside_fit * units + self.fit * units ** self.fit_power
 
 
-def phase_images(plan: StudyPlan, phase: PhasePlan) -> Any:
+def study_flow(plan: StudyPlan) -> Flow:
+    """The engine flow that runs the study's family (its data_flow)."""
+    return flow_of(plan.resolved.family.data_flow)
+
+
+def phase_images(plan: StudyPlan, phase: PhasePlan) -> ImageSet:
     """The phase's own images (their labels make the IIRC hierarchy, the FLUID stream and the CFSL tasks), and
     the extra classes its family shows besides (FLUID's pretrain classes)."""
-    from gtep.data import resolve_dataset
-
     extra = plan.resolved.family.data_classes(plan.resolved.config.scenario.family_options)
     return resolve_dataset(phase.spec.dataset).load().subset(sorted({*phase.spec.classes, *extra}))
 
 
-def flow_run(plan: StudyPlan, phase: PhasePlan, hparams: dict[str, Any], device: str, data: Any) -> Any:
-    """The flow's run object of ordering 0 of the phase, as the flow builds it for a trial."""
-    flow = plan.resolved.family.data_flow
+def flow_run(plan: StudyPlan, phase: PhasePlan, hparams: dict[str, Any], device: str, data: ImageSet) -> Any:
+    """The flow's run object of ordering 0 of the phase, as the flow builds it for a trial (Flow.start)."""
     job = phase_job(plan, phase, hparams, device, plan.resolved.config.training.epoch_scale)
-    if flow == "multi_label":
-        from gtep.engine.flows.multi_label import MultiLabelRun
-        return MultiLabelRun(job, data)
-    if flow == "stream":
-        from gtep.engine.flows.stream import StreamRun
-        return StreamRun(job, data)
-    from gtep.engine.flows.continual_few_shot import CfslRun
-    return CfslRun(job, data)
+    return study_flow(plan).start(job, data)
 
 
-def flow_units(plan: StudyPlan, phase: PhasePlan, data: Any | None = None) -> int:
-    """Units of work of one ordering of the phase (FLOW_UNITS), counted on the flow's own run object."""
+def flow_units(plan: StudyPlan, phase: PhasePlan, data: ImageSet | None = None) -> int:
+    """Units of work of one ordering of the phase, as the flow counts them on its own run object (Flow.units)."""
     run = flow_run(plan, phase, sampled_params(plan)[0][1], "cpu", data or phase_images(plan, phase))
-    return _units(plan.resolved.family.data_flow, run)
+    return study_flow(plan).units(run)
 
 
-def _units(flow: str, run: Any) -> int:
-    if flow == "stream":
-        return len(run.stream)
-    if flow == "continual_few_shot":
-        return sum(len(task.support) for task in run.tasks)
-    return len(run.tasks)
-
-
-def calibrate_flow(plan: StudyPlan, data: Any | None = None) -> FlowCalibration:
-    """Run part of ordering 0 of the tuning phase on its flow as a trial runs it (the trial's threads and device,
-    the median set's hyperparameters, the real learner and data), `fit` sampled (_SampledFit): every IIRC task;
-    a FLUID stream's first CALIBRATION_STREAM_STEPS samples; CFSL's task 2 (task 1 the warm-up)."""
-    import torch
-
+def calibrate_flow(plan: StudyPlan, data: ImageSet | None = None) -> FlowCalibration:
+    """Run the part of ordering 0 of the tuning phase its flow says to time (Flow.time_part: every IIRC task; a
+    FLUID stream's first samples; CFSL's task 2, task 1 the warm-up) as a trial runs it (the trial's threads and
+    device, the median set's hyperparameters, the real learner and data), `fit` sampled (_SampledFit)."""
     slots = trial_slots(plan.resolved.config)
     before = torch.get_num_threads()
     torch.set_num_threads(slots.threads)
@@ -768,12 +412,8 @@ def calibrate_flow(plan: StudyPlan, data: Any | None = None) -> FlowCalibration:
         torch.set_num_threads(before)
 
 
-def _timed_flow(plan: StudyPlan, data: Any, slots: TrialSlots) -> FlowCalibration:
-    import time
-
-    from gtep.engine.device import describe_device
-
-    flow = plan.resolved.family.data_flow
+def _timed_flow(plan: StudyPlan, data: ImageSet, slots: TrialSlots) -> FlowCalibration:
+    flow = study_flow(plan)
     sets = sorted(sampled_params(plan), key=lambda pair: pair[0].batch_size)
     params, hparams = sets[len(sets) // 2]
     run = flow_run(plan, plan.tuning, hparams, calibration_device(slots), data)
@@ -781,35 +421,13 @@ def _timed_flow(plan: StudyPlan, data: Any, slots: TrialSlots) -> FlowCalibratio
     if fit is not None:
         run.trainer.fit = fit
     tic = time.perf_counter()
-    timed_units, seconds, power = _run_part(flow, run)
+    part = flow.time_part(run)
     total = time.perf_counter() - tic
     sampled, full = (fit.seconds, fit.full_seconds) if fit is not None else (0.0, 0.0)
     return FlowCalibration(
-        outside_fit=max(0.0, seconds - sampled) / timed_units, fit=full / timed_units ** power, fit_power=power,
-        unit=FLOW_UNITS[flow], timed_units=timed_units, timed_seconds=total,
+        outside_fit=max(0.0, part.seconds - sampled) / part.units, fit=full / part.units ** flow.fit_power,
+        fit_power=flow.fit_power, unit=flow.unit, timed_units=part.units, timed_seconds=total,
         batch_size=params.batch_size, threads=slots.threads, device=describe_device(run.device))
-
-
-def _run_part(flow: str, run: Any) -> tuple[int, float, int]:
-    """Run the flow's calibration part: (units timed, their seconds, the power fit's work grows by)."""
-    import time
-
-    if flow == "continual_few_shot":
-        run.run_task(run.tasks[0])  # the warm-up: kernels, allocator, the learner's first reset
-        timed = run.tasks[1: 1 + CALIBRATION_TIMED_TASKS] or run.tasks[:1]
-        tic = time.perf_counter()
-        for task in timed:
-            run.run_task(task)
-        return sum(len(task.support) for task in timed), time.perf_counter() - tic, 1
-    tic = time.perf_counter()
-    if flow == "stream":
-        steps = min(len(run.stream), CALIBRATION_STREAM_STEPS)
-        for t in range(steps):
-            run.step(t)
-        return steps, time.perf_counter() - tic, 2
-    for task in run.tasks:
-        run.train_task(task)
-    return len(run.tasks), time.perf_counter() - tic, 1
 
 
 def compute_flow_estimate(plan: StudyPlan, calibration: FlowCalibration | None = None) -> dict[str, Any]:
@@ -850,8 +468,6 @@ def pretrain_estimate(plan: StudyPlan, spec: Any) -> PretrainEstimate:
     gtep/orchestration/pretraining.py builds it) on its own images with a trial's threads, as the study's
     pretraining runs: a warm-up and then one epoch of CALIBRATION_BATCHES batches (supervised), or a warm-up
     episode and two timed ones (protonet)."""
-    import torch
-
     assert plan.resolved.pretraining is not None
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, int(plan.resolved.config.compute.cpus_per_trial)))
@@ -862,15 +478,6 @@ def pretrain_estimate(plan: StudyPlan, spec: Any) -> PretrainEstimate:
 
 
 def _timed_pretraining(spec: Any, dataset: str) -> PretrainEstimate:
-    import torch
-    from torch import nn
-
-    from gtep.algorithms._episodic import train_prototypical
-    from gtep.engine.device import resolve_device
-    from gtep.engine.pretrain import pretraining_pipeline, train_supervised, training_subset
-    from gtep.engine.runner import PhaseTensors
-    from gtep.models import create_backbone
-
     source = resolve_dataset(dataset)
     subset = training_subset(source.load().subset(list(spec.classes)), spec)
     device = resolve_device(spec.device)
@@ -906,10 +513,18 @@ def _timed_pretraining(spec: Any, dataset: str) -> PretrainEstimate:
 
 def no_estimate_reason(plan: StudyPlan) -> str | None:
     """Why neither `compute_estimate` nor `compute_flow_estimate` covers the study's family, or None."""
-    flow = plan.resolved.family.data_flow
-    if flow in FLOW_UNITS or (flow == "class_incremental" and plan.tuning.tasks and plan.evaluation.tasks):
-        return None
-    return f"its {flow} data flow has no calibration (gtep/preflight.py: FLOW_UNITS)"
+    name = plan.resolved.family.data_flow
+    if name not in FLOWS:
+        return f"no engine flow runs its {name} data flow (gtep/engine/flows)"
+    if FLOWS.get(name).by_image_epochs and not (plan.tuning.tasks and plan.evaluation.tasks):
+        return f"its {name} data flow is timed by tasks of images, and the family describes no tasks"
+    return None
+
+
+def estimate(plan: StudyPlan) -> dict[str, Any]:
+    """The study's estimate as its flow is calibrated: `compute_estimate` for a flow timed by images x epochs,
+    else `compute_flow_estimate`."""
+    return compute_estimate(plan) if study_flow(plan).by_image_epochs else compute_flow_estimate(plan)
 
 
 def same_work(plan: StudyPlan) -> bool:
@@ -922,8 +537,6 @@ def compute_estimate(plan: StudyPlan, calibration: Calibration | None = None) ->
     """Seconds of training each phase should take on this machine (for families whose work is tasks of classes):
     every sampled set's ordering at the calibrated costs; task 1 counted once per ordering where the study
     shares it between the sets (training.reuse_first_task); and the wall time with the trials that run at once."""
-    from gtep.algorithms import ALGORITHMS
-
     calibration = calibration or calibrate(plan)
     # the evaluation phase timed on its own where its images or pipeline differ (a cross-dataset study)
     evaluation_calibration = calibration if same_work(plan) else calibrate(plan, plan.evaluation)
