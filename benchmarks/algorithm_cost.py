@@ -42,9 +42,11 @@ def main() -> None:
                           ordering=0, memory_size=10 * args.classes,
                           first_task=FirstTaskSpec(epochs=args.epochs, milestones=(args.epochs,), batch_size=64))
         out = run_ordering(job, data)
-        rows.append((name, out.task_seconds, out.params_total, out.params_trainable, out.metrics.get("acc", float("nan"))))
+        rows.append((name, out.task_seconds, out.params_total, out.params_trainable,
+                     out.metrics.get("acc", float("nan"))))
     base = np.array(rows[0][1])
-    print(f"{'algorithm':10s} {'task1 s':>8s} {'later s':>8s} {'x replay (later tasks)':>22s} {'params':>9s} {'trainable':>9s} {'acc':>6s}")
+    print(f"{'algorithm':10s} {'task1 s':>8s} {'later s':>8s} {'x replay (later tasks)':>22s} {'params':>9s} "
+          f"{'trainable':>9s} {'acc':>6s}")
     ratios = []
     for name, seconds, total, trainable, acc in rows:
         later = float(np.mean(seconds[1:]))

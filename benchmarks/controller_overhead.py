@@ -164,13 +164,15 @@ def main() -> None:
         callbacks = clock.seconds.get("callbacks", 0.0)
         overhead_ms = (wall - own / args.slots) / n * 1000
         print(f"{n} units ({args.sets} sets x {args.orderings} orderings) of the no-op learner, {args.slots} slots")
-        print(f"ray start {ray_started - tic:.1f} s, tuning phase {wall:.1f} s, ray shutdown {shut_down - phase_end:.1f} s")
+        print(f"ray start {ray_started - tic:.1f} s, tuning phase {wall:.1f} s, "
+              f"ray shutdown {shut_down - phase_end:.1f} s")
         print(f"units' own run time (train_seconds): {own:.2f} s in all; workers inside units: {in_units:.1f} s "
               f"({in_units / n * 1000:.1f} ms/unit)")
         print(f"Tune loop in gtep's callbacks (journaling, manifest, progress): {callbacks:.1f} s = "
               f"{callbacks / n * 1000:.1f} ms/unit; by part, ms/unit (the MLflow parts are the writer thread's, "
               f"overlapped with the loop): {clock.parts(n)}")
-        print(f"driver RSS: {rss_before:.0f} MiB before Ray, {rss_after:.0f} MiB after the phase (peak {rss_peak:.0f} MiB)")
+        print(f"driver RSS: {rss_before:.0f} MiB before Ray, {rss_after:.0f} MiB after the phase "
+              f"(peak {rss_peak:.0f} MiB)")
         if args.keep:
             print(f"study folder: {study}")
         print(f"overhead: {overhead_ms:.1f} ms/unit (target < 50)")

@@ -87,7 +87,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--weight-decay", type=float, default=5e-4)
     parser.add_argument("--memory", type=int, default=300, help="exemplars in total")
-    parser.add_argument("--augment", default=None, help="training.augment of the experiment file (default: the dataset's)")
+    parser.add_argument("--augment", default=None,
+                        help="training.augment of the experiment file (default: the dataset's)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a trial with one CPU uses 1)")
     args = parser.parse_args()

@@ -14,7 +14,8 @@ channels-last.
 
 Repetitions alternate (gtep, bare, bare, gtep, ...) after one warm-up each and the medians are compared,
 so the ratio holds on a noisy machine; the ratio by this process's CPU time is printed too (on a machine
-shared with other jobs it moves less than the wall-clock one; `--clock cpu` makes it the last line). Prints each side's images/s and, as the last line, the ratio
+shared with other jobs it moves less than the wall-clock one; `--clock cpu` makes it the last line). Prints each
+side's images/s and, as the last line, the ratio
 (target >= 0.95).
 
     .venv/bin/python benchmarks/trainer_overhead.py [--backbone resnet20 --batch 128 --repeats 5]
@@ -140,7 +141,8 @@ def main() -> None:
     parser.add_argument("--bare-augment", choices=["per-sample", "batched"], default="per-sample",
                         help="the bare loop's transform: image by image, or gtep's batch transform (fairer on CUDA)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="the last line's clock; 'cpu' (this process's CPU time, CPU runs only) resists a busy machine")
+                        help="the last line's clock; 'cpu' (this process's CPU time, CPU runs only) resists a busy "
+                             "machine")
     parser.add_argument("--profile", action="store_true", help="print torch.profiler's table of one gtep repetition")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
