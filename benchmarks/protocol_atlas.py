@@ -200,8 +200,9 @@ def raw_results(folder: Path) -> dict[str, Any]:
     """A finished study folder's raw results: every set's per-ordering tuning units (with their arrival order:
     the order the study finished them, which ASHA and the pruners replay) and evaluation units, the evaluation
     phases' per-set summaries, S, the sets with their values, H*, the criterion and the selection rule."""
-    from gtep.orchestration.replay import EVALUATE_SETS, load_study
+    from gtep.orchestration.replay import load_study
     from gtep.orchestration.study import full_units
+    from gtep.protocol.phases import EVALUATE_SETS
     from gtep.protocol.replay import arrival_order
 
     study = load_study(folder)
@@ -211,7 +212,7 @@ def raw_results(folder: Path) -> dict[str, Any]:
     tuning = [{**kept(u, components), "arrival": arrival[(int(u["set_index"]), int(u["ordering"]))]}
               for u in sorted(study.units, key=lambda u: (int(u["set_index"]), int(u["ordering"])))]
     evaluation: dict[int, list[dict[str, Any]]] = {}
-    for phase in ("evaluate", EVALUATE_SETS):
+    for phase in ("evaluate", EVALUATE_SETS.name):
         record = manifest.get("phases", {}).get(phase, {})
         units = full_units(folder, phase, str(record.get("attempt", "")),
                            [u for key, u in manifest.get("units", {}).items() if key.startswith(f"{phase}/")])

@@ -37,6 +37,7 @@ from gtep.config import (
     validate_config,
 )
 from gtep.config.resolution import check_algorithm
+from gtep.protocol.phases import CONVENTIONAL, EVALUATE, TUNE, phase_named
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -52,7 +53,6 @@ OPTION_FIELDS = {"output": "tracking.output", "tracking_uri": "tracking.tracking
                  "scheduler": "search.scheduler"}
 # counts a keyword must reach (the config says the same; this way the message names the keyword)
 OPTION_MINIMUM = {"trials": 1, "orderings": 1, "max_concurrent": 1, "seed": 0, "protocol_tasks": 1}
-PHASE_LABELS = {"tune": "tuning", "evaluate": "evaluation", "original": "original", "conventional": "conventional"}
 
 
 # ---------------------------------------------------------------- configs
@@ -182,7 +182,9 @@ class PhaseResult:
         """What `gtep evaluate` prints for this phase: its summary over the orderings."""
         from gtep.reporting.tables import phase_summary
 
-        return [phase_summary(self.summary, self.dataset, PHASE_TITLES.get(self.phase, f"{self.phase} phase"))]
+        record = phase_named(self.phase)
+        return [phase_summary(self.summary, self.dataset, record.title if record and record.title else
+                              f"{self.phase} phase")]
 
     def __repr__(self) -> str:
         return plain_text(self.renderables())
@@ -212,7 +214,7 @@ class TuneResult(PhaseResult):
         import pandas as pd
 
         manifest = json.loads((self.folder / "manifest.json").read_text())
-        scores = {s["set_index"]: s for s in manifest["phases"].get("tune", {}).get("scores", [])}
+        scores = {s["set_index"]: s for s in manifest["phases"].get(TUNE.name, {}).get("scores", [])}
         rows = []
         for entry in manifest.get("sets", []):
             index = int(entry["index"])
@@ -276,10 +278,6 @@ class StudyResult:
                 f"<p>study folder: <code>{html(str(self.folder))}</code></p></div>")
 
 
-PHASE_TITLES = {"evaluate": "Evaluation phase", "original": "Original preset on the evaluation phase",
-                "conventional": "Conventional protocol: H* on the tuning classes (fresh orderings)"}
-
-
 def plain_text(renderables: list[RenderableType], width: int = 140) -> str:
     """Rich tables as plain text (no colours), for a repr: the same text the console shows."""
     buffer = io.StringIO()
@@ -314,9 +312,15 @@ def phases_table(phases: Mapping[str, PhaseResult]) -> "pd.DataFrame":
 
 
 def _phase_result(outcome: Any, resolved: ResolvedExperiment, kind: type[PhaseResult] = PhaseResult) -> PhaseResult:
-    spec = resolved.tuning if outcome.phase in ("tune", "conventional") else resolved.evaluation
+    spec = resolved.phase(outcome.phase)
     return kind(outcome.phase, outcome.run_id, outcome.set_index, dict(outcome.hparams), dict(outcome.summary),
                 outcome.paths.root, dict(outcome.extra), spec.dataset)
+
+
+def _label(phase: str) -> str:
+    """A phase's result name (its record's label: `original`, `conventional`); a name no phase has, as it is."""
+    record = phase_named(phase)
+    return record.label if record is not None else phase
 
 
 def load(study_dir: str | Path) -> StudyResult | TuneResult:
@@ -331,7 +335,7 @@ def load(study_dir: str | Path) -> StudyResult | TuneResult:
     try:
         manifest = json.loads((folder / "manifest.json").read_text())
         phases = manifest.get("phases", {})
-        tune = phases.get("tune", {})
+        tune = phases.get(TUNE.name, {})
     except (ValueError, OSError, AttributeError) as err:  # not JSON, or JSON of another shape
         raise ConfigError("study_dir", f"{folder / 'manifest.json'} is damaged ({err.__class__.__name__}); restore "
                           "it from a copy or run the study again") from None
@@ -339,16 +343,16 @@ def load(study_dir: str | Path) -> StudyResult | TuneResult:
         raise ConfigError("study_dir", f"{folder}: its tuning phase is {tune.get('status', 'not started')}, not "
                           f"finished; resume it with gtep.tune(resume={str(folder)!r})")
     best = read_best(folder / "best.yaml")
-    tuning = TuneResult("tune", best["tuning_run_id"], int(best["set_index"]), dict(best["hparams"]),
+    tuning = TuneResult(TUNE.name, best["tuning_run_id"], int(best["set_index"]), dict(best["hparams"]),
                         _tuning_summary(folder, manifest, best), folder, dataset=tune.get("dataset", ""))
     fixed = {name: PhaseResult(name, record.get("mlflow_run_id", ""), int(record.get("set_index", -1)),
                                dict(record.get("hparams", {})), dict(record["summary"]), folder,
                                dataset=record.get("dataset", ""))
              for name, record in phases.items()
-             if name != "tune" and record.get("status") == "finished" and record.get("summary")}
-    if "evaluate" not in fixed:
+             if name != TUNE.name and record.get("status") == "finished" and record.get("summary")}
+    if EVALUATE.name not in fixed:
         return tuning
-    return StudyResult(tuning, fixed.pop("evaluate"), {PHASE_LABELS.get(k, k): v for k, v in fixed.items()},
+    return StudyResult(tuning, fixed.pop(EVALUATE.name), {_label(k): v for k, v in fixed.items()},
                        study_config(folder))
 
 
@@ -356,9 +360,9 @@ def _tuning_summary(folder: Path, manifest: dict[str, Any], best: dict[str, Any]
     from gtep.orchestration.study import full_units
     from gtep.orchestration.tracking import summarize_units
 
-    tune = manifest["phases"]["tune"]
-    units = full_units(folder, "tune", str(tune.get("attempt", "")),
-                       [u for key, u in manifest.get("units", {}).items() if key.startswith("tune/")])
+    tune = manifest["phases"][TUNE.name]
+    units = full_units(folder, TUNE.name, str(tune.get("attempt", "")),
+                       [u for key, u in manifest.get("units", {}).items() if key.startswith(f"{TUNE.name}/")])
     chosen = [u for u in units if int(u["set_index"]) == int(best["set_index"])]
     return summarize_units(chosen, int(manifest["config"]["search"]["orderings"]))
 
@@ -443,15 +447,15 @@ def evaluate(cfg: Optional[ExperimentConfig] = None, *, best: TuneResult | Mappi
         raise ConfigError("sets", f"{sets!r} is not a choice; use best (H* alone) or all (every tuned set too)")
     console = _console(console, quiet)
     resolved = _resolved(cfg, resume, console)
-    phase = "conventional" if protocol == "conventional" else "evaluate"
+    phase = CONVENTIONAL.name if protocol == "conventional" else EVALUATE.name
     # asked for here, every set or an error; from the config, only where the study's own H* is evaluated
-    every = sets == "all" or (sets is None and resolved.config.evaluation.sets == "all" and phase == "evaluate"
+    every = sets == "all" or (sets is None and resolved.config.evaluation.sets == "all" and phase == EVALUATE.name
                               and best is None and hparams is None and tuning_run is None)
     chosen = _chosen_set(resolved, phase, best, hparams, tuning_run, resume)
     if every:
         _check_every_set(resolved, phase, chosen)
     with _ray(resolved):
-        if phase == "conventional":
+        if phase == CONVENTIONAL.name:
             outcome = conventional_phase(resolved, chosen, console, resume=bool(resume))
         else:
             outcome = evaluate_phase(resolved, chosen, console, resume=bool(resume))
@@ -465,10 +469,10 @@ def evaluate(cfg: Optional[ExperimentConfig] = None, *, best: TuneResult | Mappi
 def _check_every_set(resolved: ResolvedExperiment, phase: str, chosen: Mapping[str, Any]) -> None:
     """sets="all" evaluates the sets of the study's own finished tuning phase beside its H*: refused before any
     compute otherwise."""
-    if phase != "evaluate":
+    if phase != EVALUATE.name:
         raise ConfigError("sets", "all evaluates every tuned set on D^E; drop --protocol conventional (protocol=)")
     manifest_path = resolved.config.study_dir / "manifest.json"
-    tuned = json.loads(manifest_path.read_text())["phases"].get("tune", {}) if manifest_path.exists() else {}
+    tuned = json.loads(manifest_path.read_text())["phases"].get(TUNE.name, {}) if manifest_path.exists() else {}
     if tuned.get("status") != "finished" or tuned.get("best_set_index") is None:
         raise ConfigError("sets", f"all evaluates every set of a finished tuning phase, and "
                           f"{resolved.config.study_dir} has none; run gtep tune (or gtep run) first")

@@ -20,6 +20,7 @@ from gtep.config.phases import (
 )
 from gtep.config.schema import ExperimentConfig
 from gtep.protocol.families import FAMILIES, StudyLayout
+from gtep.protocol.phases import PHASES
 
 if TYPE_CHECKING:
     from gtep.data.pipelines import PipelineSpec
@@ -58,9 +59,9 @@ class ResolvedExperiment:
         return CRITERIA.get(self.config.search.criterion or self.family.default_criterion)
 
     def phase(self, name: str) -> PhaseSpec:
-        """The data of a phase label: D^HT for tune and conventional (H* re-run where it was tuned, paper section
-        3.1), D^E for evaluate and original."""
-        return self.tuning if name in ("tune", "conventional") else self.evaluation
+        """The data of a phase label, as its record says: D^HT for tune and conventional (H* re-run where it was
+        tuned, paper section 3.1), D^E for evaluate, original and evaluate_sets."""
+        return self.tuning if PHASES.get(name).on_tuning_data else self.evaluation
 
     def pipeline(self, name: str) -> "PipelineSpec":
         """The data pipeline of a phase label: chosen by its dataset, unless training.augment names one."""

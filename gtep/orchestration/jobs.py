@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 from gtep.config import ConfigError, load_config
 from gtep.config.uris import check_no_userinfo
 
-PHASES = ("tune", "evaluate", "run")
+SUBMITTED_COMMANDS = ("tune", "evaluate", "run")  # what `gtep submit --phase` runs: gtep commands, not phases
 FINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 JOB_ENV = {"RAY_CHDIR_TO_TRIAL_DIR": "0", "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "PYTHONUNBUFFERED": "1"}
 
@@ -68,8 +68,8 @@ def package(config: Path, workdir: Path) -> str:
 
 
 def submit(address: str | None, config: Path, phase: str, extra_args: list[str]) -> Submission:
-    if phase not in PHASES:
-        raise ConfigError("--phase", f"{phase!r} is not one of {list(PHASES)}")
+    if phase not in SUBMITTED_COMMANDS:
+        raise ConfigError("--phase", f"{phase!r} is not one of {list(SUBMITTED_COMMANDS)}")
     load_config(config)  # a bad config is refused here, before the cluster is asked anything
     refuse_secret_addresses(extra_args)  # the entrypoint is shown to everyone who opens the dashboard
     jobs = client(address)

@@ -20,6 +20,7 @@ from gtep.config import ConfigError, ResolvedExperiment
 from gtep.orchestration.interrupt import Interruption, StopOnSignal, interruptible
 from gtep.orchestration.quiet import quiet_libraries
 from gtep.orchestration.study import Manifest, StudyPaths
+from gtep.protocol.phases import PHASES
 
 
 def check_address(address: str | None) -> None:
@@ -224,7 +225,7 @@ def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attem
               param_space: dict[str, Any], search_alg, num_samples: int, callbacks: list[tune.Callback],
               stopper: tune.Stopper | None = None) -> None:
     cfg = resolved.config
-    scheduler = trial_scheduler(resolved) if phase == "tune" else None
+    scheduler = trial_scheduler(resolved) if PHASES.get(phase).selects_best else None
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,

@@ -16,11 +16,10 @@ from gtep.orchestration.pruning import PrunerBook, make_pruner
 from gtep.orchestration.study import full_units
 from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION, Criterion
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES
+from gtep.protocol.phases import EVALUATE, PHASES, TUNE
 from gtep.protocol.regret import ProtocolRow, SetRanking, protocol_rows, rank_sets
 from gtep.protocol.replay import ReplayOutcome, replay
 from gtep.protocol.selection import SelectionRule
-
-EVALUATE_SETS = "evaluate_sets"  # the phase that evaluates every other tuned set (evaluation.sets: all)
 
 
 @dataclass(frozen=True)
@@ -82,10 +81,11 @@ def recorded_study(root: Path, manifest: dict[str, Any]) -> RecordedStudy:
     """The study `load_study` reads, from its manifest (a mapping) and the files beside it."""
     config = manifest.get("config", {})
     search = config.get("search", {})
-    tune = manifest.get("phases", {}).get("tune", {})
+    phases = manifest.get("phases", {})
+    tune = phases.get(TUNE.name, {})
     orderings = int(search.get("orderings", 5))
-    units = full_units(root, "tune", str(tune.get("attempt", "")),
-                       [u for key, u in manifest.get("units", {}).items() if key.startswith("tune/")])
+    units = full_units(root, TUNE.name, str(tune.get("attempt", "")),
+                       [u for key, u in manifest.get("units", {}).items() if key.startswith(f"{TUNE.name}/")])
     best_yaml = root / "best.yaml"
     best: dict[str, Any] = {}
     if best_yaml.exists():
@@ -93,17 +93,23 @@ def recorded_study(root: Path, manifest: dict[str, Any]) -> RecordedStudy:
     name = best.get("criterion") or search.get("criterion")
     criterion = CRITERIA.get(name) if name else DEFAULT_CRITERION
     evaluated = {}
-    evaluate = manifest.get("phases", {}).get("evaluate", {})
+    evaluate = phases.get(EVALUATE.name, {})
     if evaluate.get("status") == "finished" and evaluate.get("summary"):
         evaluated[int(evaluate.get("set_index", -1))] = evaluate["summary"]
-    every = manifest.get("phases", {}).get(EVALUATE_SETS, {})
-    if every.get("status") == "finished":  # the other sets (evaluation.sets: all); H*'s stays the evaluate phase's
-        evaluated.update({int(i): s for i, s in (every.get("summaries") or {}).items() if int(i) not in evaluated})
+    for name in ranked_phases():  # the other sets (evaluation.sets: all); H*'s stays the evaluate phase's
+        every = phases.get(name, {})
+        if every.get("status") == "finished":
+            evaluated.update({int(i): s for i, s in (every.get("summaries") or {}).items() if int(i) not in evaluated})
     best_index = tune.get("best_set_index", best.get("set_index"))
     return RecordedStudy(root, units, orderings, [int(s["index"]) for s in manifest.get("sets", [])],
                          None if best_index is None else int(best_index), criterion,
                          best.get("selection") or search.get("selection", "hmean_of_means"), evaluated,
                          tasks_to_cut(config, units))
+
+
+def ranked_phases() -> list[str]:
+    """The phases that evaluate every tuned set on D^E (their records say so: writes_regret)."""
+    return [name for name in PHASES if PHASES.get(name).writes_regret]
 
 
 def tasks_to_cut(config: dict[str, Any], units: list[dict[str, Any]]) -> int | None:

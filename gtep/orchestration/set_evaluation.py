@@ -19,33 +19,29 @@ from rich.console import Console
 
 from gtep.config import ConfigError, ResolvedExperiment
 from gtep.orchestration.journal import TrackingJournal
-from gtep.orchestration.phases import (
+from gtep.orchestration.phase_run import (
     PhaseIncomplete,
     PhaseOutcome,
-    begin_phase,
-    common_params,
+    PhasePlan,
+    PhaseRun,
+    PhaseRunner,
     compute_metrics,
-    open_study,
-    stop_interrupted_phase,
+    run_phase,
     write_results_csv,
 )
-from gtep.orchestration.ray_search import ProgressCallback, check_resources, progress_bar, run_trials
-from gtep.orchestration.replay import EVALUATE_SETS, load_study, protocol_table, set_ranking
+from gtep.orchestration.replay import load_study, protocol_table, set_ranking
 from gtep.orchestration.study import Manifest, StudyPaths, write_atomic
-from gtep.orchestration.tracking import MlflowWriter, ordering_result, summarize_units
-from gtep.orchestration.tracking_store import finish_journal, open_journal
-from gtep.orchestration.trainable import trainable_for
-from gtep.orchestration.trial_job import study_folders
+from gtep.orchestration.tracking import ordering_result, summarize_units
+from gtep.orchestration.tracking_store import finish_journal
+from gtep.protocol.phases import EVALUATE, EVALUATE_SETS, REGRET_FILE, TUNE, Phase
 from gtep.protocol.regret import json_ready
 from gtep.protocol.selection import score_set
-
-REGRET_FILE = "protocol_regret.json"
 
 
 def sets_to_evaluate(manifest: Manifest) -> tuple[int, list[int]]:
     """(H*, the other tuned sets): refused unless the tuning phase selected H* and the evaluate phase trained it."""
     phases = manifest.data["phases"]
-    tuned, evaluated = phases.get("tune", {}), phases.get("evaluate", {})
+    tuned, evaluated = phases.get(TUNE.name, {}), phases.get(EVALUATE.name, {})
     if tuned.get("status") != "finished" or tuned.get("best_set_index") is None:
         raise ConfigError("evaluation.sets", f"all evaluates every set of a finished tuning phase, and "
                           f"{manifest.path.parent} has none; run gtep tune first")
@@ -56,84 +52,79 @@ def sets_to_evaluate(manifest: Manifest) -> tuple[int, list[int]]:
     return best, [int(s["index"]) for s in manifest.data["sets"] if int(s["index"]) != best]
 
 
+class EverySetRunner(PhaseRunner):
+    """Every tuned set but H* over the S orderings of D^E (one Ray trial per set); at the end the set ranking and
+    the protocols' regret table. With `resume`, a running phase continues and a finished one is returned."""
+
+    def __init__(self, phase: Phase = EVALUATE_SETS) -> None:
+        super().__init__(phase)
+        self.best: int = -1
+        self.sets: list[int] = []
+
+    def plan(self, resolved: ResolvedExperiment, paths: StudyPaths, manifest: Manifest, resume: bool,
+             tags: dict[str, str], console: Console) -> PhasePlan | PhaseOutcome:
+        S, name = resolved.config.search.orderings, self.phase.name
+        self.best, self.sets = best, sets = sets_to_evaluate(manifest)
+        previous = manifest.data["phases"].get(name, {})
+        same = previous.get("sets") == sets and previous.get("orderings") == self.phase.orderings(S)
+        if resume and same and previous.get("status") == "finished":
+            if previous.get("ranking"):
+                console.print(ranking_line(previous["ranking"]))
+            return PhaseOutcome(name, previous["mlflow_run_id"], best, manifest.hparams(best), {}, paths,
+                                {"reused": True, "ranking": previous.get("ranking", {})})
+        run_tags = {"gtep.tuning_run_id": str(manifest.data["phases"][TUNE.name].get("mlflow_run_id", "")),
+                    "gtep.best_set_index": str(best), **tags}
+        return PhasePlan(
+            sets=sets, total_units=len(sets) * S,
+            param_space={"trial": tune.grid_search([{"set_index": i, "hparams": manifest.hparams(i)} for i in sets]),
+                         "orderings": self.phase.orderings(S)},
+            set_of_trial=lambda trial: int(trial.config["trial"]["set_index"]), hparams_of=manifest.hparams,
+            progress_label=f"evaluate every set {resolved.config.algorithm}",
+            resume=resume and same and previous.get("status") in ("running", "interrupted", "incomplete"),
+            run_tags=run_tags,
+            manifest_fields={"sets": sets, "orderings": self.phase.orderings(S), "best_set_index": best})
+
+    def finish(self, run: PhaseRun) -> PhaseOutcome:
+        """The sets' results CSV and summaries; when every set finished, the ranking and the regret table too."""
+        resolved, paths, manifest, journal = run.resolved, run.paths, run.manifest, run.journal
+        phase_key = run.phase_key
+        name, best, sets = self.phase.name, self.best, self.sets
+        S = resolved.config.search.orderings
+        units = manifest.units(name)
+        by_set = {i: [u for u in units if u["set_index"] == i] for i in sets}
+        scores = [score_set(i, [ordering_result(u) for u in by_set[i]], S, resolved.criterion) for i in sets]
+        write_results_csv(paths.results(self.phase), units, manifest.hparams, scores, resolved.family)
+        summaries = {str(i): summarize_units(by_set[i], S, resolved.family, resolved.criterion) for i in sets}
+        complete = all(len(by_set[i]) == S for i in sets)
+        counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in ("complete", "incomplete",
+                                                                                          "diverged")}
+        manifest.set_phase(name, status="finished" if complete else "incomplete", summaries=summaries)
+        metrics: dict[str, float] = {**counts, **compute_metrics(paths, name, run.attempt, units)}
+        tags = {"gtep.status": "finished" if complete else "incomplete",
+                "gtep.orderings": f"{sum(len(u) for u in by_set.values())}/{len(sets) * S}"}
+        ranking: dict[str, Any] = {}
+        if complete:
+            ranking = write_regret(paths, journal, phase_key)
+            manifest.set_phase(name, ranking=ranking)
+            metrics.update(ranking_metrics(ranking))
+        else:
+            tags["gtep.reason"] = "some sets' orderings failed after their retries; resume to run them"
+        journal.log(phase_key, metrics, tags=tags)
+        journal.log_file(phase_key, paths.results(self.phase))
+        journal.terminate(phase_key, "FINISHED" if complete else "FAILED")
+        finish_journal(journal, paths, run.console)
+        if not complete:
+            finished = sum(len(u) for u in by_set.values())
+            raise PhaseIncomplete(paths.root, name, finished, len(sets) * S, {}, resolved.phase(name).dataset)
+        run.console.print(ranking_line(ranking))
+        return PhaseOutcome(name, run.run_id, best, manifest.hparams(best), {}, paths, {"ranking": ranking})
+
+
 def evaluate_sets_phase(resolved: ResolvedExperiment, console: Console, resume: bool = False,
                         tags: dict[str, str] | None = None) -> PhaseOutcome:
-    """Train every tuned set but H* over the S orderings of D^E (one Ray trial per set), then write the set ranking
-    and the protocols' regret table. With `resume`, a running phase continues and a finished one is returned."""
-    cfg = resolved.config
-    S = cfg.search.orderings
-    check_resources(resolved)
-    paths, manifest = open_study(resolved, fresh=False)
-    best, sets = sets_to_evaluate(manifest)
-    previous = manifest.data["phases"].get(EVALUATE_SETS, {})
-    same = previous.get("sets") == sets and previous.get("orderings") == list(range(S))
-    if resume and same and previous.get("status") == "finished":
-        if previous.get("ranking"):
-            console.print(ranking_line(previous["ranking"]))
-        return PhaseOutcome(EVALUATE_SETS, previous["mlflow_run_id"], best, manifest.hparams(best), {}, paths,
-                            {"reused": True, "ranking": previous.get("ranking", {})})
-    resume = resume and same and previous.get("status") in ("running", "interrupted", "incomplete")
-    journal = open_journal(resolved, paths)
-    run_tags = {"gtep.tuning_run_id": str(manifest.data["phases"]["tune"].get("mlflow_run_id", "")),
-                "gtep.best_set_index": str(best), **(tags or {})}
-    attempt, run_id = begin_phase(resolved, journal, manifest, EVALUATE_SETS, run_tags, resume)
-    phase_key = f"{EVALUATE_SETS}:{attempt}"
-    spec = resolved.phase(EVALUATE_SETS)
-    manifest.set_phase(EVALUATE_SETS, mlflow_run_id=run_id, attempt=attempt, status="running", dataset=spec.dataset,
-                       classes=list(spec.classes), sets=sets, orderings=list(range(S)), best_set_index=best)
-    writer = MlflowWriter(journal, phase_key, EVALUATE_SETS, S, manifest,
-                          lambda trial: int(trial.config["trial"]["set_index"]), manifest.hparams,
-                          common_params(resolved, EVALUATE_SETS), family=resolved.family, criterion=resolved.criterion)
-    space = {"trial": tune.grid_search([{"set_index": i, "hparams": manifest.hparams(i)} for i in sets]),
-             "orderings": list(range(S))}
-    with progress_bar(console) as progress, journal.in_background():
-        bar = progress.add_task(f"evaluate every set {cfg.algorithm}", total=len(sets) * S, status="",
-                                completed=len(manifest.units(EVALUATE_SETS)))
-        interruption = run_trials(resolved, paths, EVALUATE_SETS, attempt,
-                                  trainable_for(resolved, EVALUATE_SETS,
-                                                study_folders(resolved, paths, EVALUATE_SETS, attempt)),
-                                  space, None, 1, [writer, ProgressCallback(progress, bar, manifest, EVALUATE_SETS)],
-                                  console)
-    if interruption.requested:
-        raise stop_interrupted_phase(EVALUATE_SETS, phase_key, writer, journal, manifest, paths, console, interruption,
-                                     sets, len(sets) * S)
-    writer.close_unfinished(sets, interrupted=False)
-    return finish_sets_phase(resolved, paths, manifest, journal, phase_key, run_id, attempt, best, sets, console)
-
-
-def finish_sets_phase(resolved: ResolvedExperiment, paths: StudyPaths, manifest: Manifest, journal: TrackingJournal,
-                      phase_key: str, run_id: str, attempt: str, best: int, sets: list[int],
-                      console: Console) -> PhaseOutcome:
-    """The sets' results CSV and summaries; when every set finished, the ranking and the regret table too."""
-    S = resolved.config.search.orderings
-    units = manifest.units(EVALUATE_SETS)
-    by_set = {i: [u for u in units if u["set_index"] == i] for i in sets}
-    scores = [score_set(i, [ordering_result(u) for u in by_set[i]], S, resolved.criterion) for i in sets]
-    write_results_csv(paths.results(EVALUATE_SETS), units, manifest.hparams, scores, resolved.family)
-    summaries = {str(i): summarize_units(by_set[i], S, resolved.family, resolved.criterion) for i in sets}
-    complete = all(len(by_set[i]) == S for i in sets)
-    counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in ("complete", "incomplete",
-                                                                                      "diverged")}
-    manifest.set_phase(EVALUATE_SETS, status="finished" if complete else "incomplete", summaries=summaries)
-    metrics: dict[str, float] = {**counts, **compute_metrics(paths, EVALUATE_SETS, attempt, units)}
-    tags = {"gtep.status": "finished" if complete else "incomplete",
-            "gtep.orderings": f"{sum(len(u) for u in by_set.values())}/{len(sets) * S}"}
-    ranking: dict[str, Any] = {}
-    if complete:
-        ranking = write_regret(paths, journal, phase_key)
-        manifest.set_phase(EVALUATE_SETS, ranking=ranking)
-        metrics.update(ranking_metrics(ranking))
-    else:
-        tags["gtep.reason"] = "some sets' orderings failed after their retries; resume to run them"
-    journal.log(phase_key, metrics, tags=tags)
-    journal.log_file(phase_key, paths.results(EVALUATE_SETS))
-    journal.terminate(phase_key, "FINISHED" if complete else "FAILED")
-    finish_journal(journal, paths, console)
-    if not complete:
-        finished = sum(len(u) for u in by_set.values())
-        raise PhaseIncomplete(paths.root, EVALUATE_SETS, finished, len(sets) * S, {}, resolved.evaluation.dataset)
-    console.print(ranking_line(ranking))
-    return PhaseOutcome(EVALUATE_SETS, run_id, best, manifest.hparams(best), {}, paths, {"ranking": ranking})
+    """Train every tuned set but H* over the S orderings of D^E, then write the set ranking and the protocols'
+    regret table (EverySetRunner)."""
+    return run_phase(EverySetRunner(), resolved, console, resume, tags)
 
 
 def write_regret(paths: StudyPaths, journal: TrackingJournal, phase_key: str) -> dict[str, Any]:

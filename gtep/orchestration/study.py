@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from gtep.protocol.phases import Phase
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write via a temporary file and rename, so a crash never leaves a half-written file."""
@@ -59,8 +61,8 @@ class StudyPaths:
     def best(self) -> Path:
         return self.root / "best.yaml"
 
-    def results(self, phase: str) -> Path:
-        return self.root / f"{phase}_results.csv"
+    def results(self, phase: Phase) -> Path:
+        return self.root / phase.results_csv
 
     @property
     def ray_storage(self) -> Path:

@@ -30,6 +30,7 @@ from gtep.orchestration.study import Manifest
 from gtep.protocol.criteria import DEFAULT_CRITERION, Criterion
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, known_metrics, metric_label
 from gtep.protocol.metrics import harmonic_mean
+from gtep.protocol.phases import PHASES
 from gtep.protocol.selection import OrderingResult, score_set
 from gtep.protocol.summary import ordering_statistics
 
@@ -217,7 +218,8 @@ class MlflowWriter(tune.Callback):
         return f"{self.phase}/{self.trial_label(set_index)}"
 
     def ordering_name(self, set_index: int, ordering: int) -> str:
-        many_sets = self.phase in ("tune", "evaluate_sets")  # a phase of several sets names their orderings apart
+        # a phase of several sets names their orderings apart
+        many_sets = PHASES.get(self.phase).many_sets
         return f"{self.trial_name(set_index) if many_sets else self.phase}/o{ordering}"
 
     def trial_run(self, set_index: int, start_time: int | None = None) -> str:

@@ -25,6 +25,7 @@ from rich.markup import escape
 from gtep.config import ConfigError
 from gtep.orchestration.report_store import open_store
 from gtep.protocol.families import FAMILIES, known_metrics, metric_label
+from gtep.protocol.phases import TUNE
 from gtep.reporting import importance as search
 from gtep.reporting import plots, tables
 from gtep.reporting import protocols as tp
@@ -89,7 +90,7 @@ def slug(scenario: str, pairing: str) -> str:
 def search_frames(data: StoreData, phases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Importance and best-so-far per tuning phase (one algorithm of one scenario and pairing)."""
     importances, curves = [], []
-    tuned = phases[phases["phase"] == "tune"]
+    tuned = phases[phases["phase"] == TUNE.name]
     for _, phase in tuned.iterrows():
         trials = data.trials[data.trials["phase_run_id"] == phase["run_id"]]
         if trials.empty:

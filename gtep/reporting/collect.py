@@ -14,9 +14,8 @@ import pandas as pd
 from gtep.config import ConfigError
 from gtep.orchestration.report_store import CURVE_COLUMNS, GACC_COLUMNS, PREFIX, RunStore
 from gtep.protocol.families import FAMILIES
+from gtep.protocol.phases import REGRET_FILE, TUNE, fixed_set_phases, phase_named, phases_in_order
 
-EVALUATE_LIKE = ("evaluate", "original", "conventional")  # phases that train one set over S orderings
-EVERY_SET, REGRET_ARTIFACT = "evaluate_sets", "protocol_regret.json"  # evaluation.sets: all (set_evaluation.py)
 NOT_A_RESULT = ("incomplete", "interrupted")  # a phase run's gtep.status when fewer than S orderings finished
 LEFT_OUT_COLUMNS = ["experiment", "study", "cell", "phase", "run_id", "scenario", "pairing", "reason", "note"]
 
@@ -77,7 +76,7 @@ def usable(phase: pd.Series, trials: pd.DataFrame) -> bool:
         return True
     if phase["status"] != "FAILED":
         return False
-    if phase["phase"] == "tune":
+    if phase["phase"] == TUNE.name:
         own = trials[trials["phase_run_id"] == phase["run_id"]]
         return bool(len(own)) and bool((own["diverged_orderings"].fillna(0) > 0).all())
     return bool(phase["diverged"] > 0)
@@ -129,8 +128,8 @@ def label_groups(phases: pd.DataFrame) -> pd.DataFrame:
     scenario, pairing, similarity = [], [], []
     for _, row in out.iterrows():
         mates = out[(out["experiment"] == row["experiment"]) & (out["cell"] == row["cell"])]
-        tuned = _first(mates, ("tune", "conventional"), "dataset")
-        evaluated = _first(mates, EVALUATE_LIKE[:2], "dataset")
+        tuned = _first(mates, [p.name for p in phases_in_order() if p.on_tuning_data], "dataset")
+        evaluated = _first(mates, [p.name for p in fixed_set_phases() if not p.on_tuning_data], "dataset")
         scenario.append(row["scenario_tag"] or row["increments"])
         pairing.append(row["pairing_tag"] or f"{tuned or '?'} → {evaluated or '?'}")
         derived = "" if not (tuned and evaluated) else "high" if tuned == evaluated else "low"
@@ -139,12 +138,17 @@ def label_groups(phases: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _first(mates: pd.DataFrame, labels: tuple[str, ...], column: str) -> str:
+def _first(mates: pd.DataFrame, labels: list[str], column: str) -> str:
     for label in labels:
         values = mates.loc[mates["phase"] == label, column]
         if len(values):
             return str(values.iloc[0])
     return ""
+
+
+def ranks_every_set(phases: pd.DataFrame) -> pd.Series:
+    """Which phase runs ranked every tuned set on D^E (their record writes_regret: evaluation.sets: all)."""
+    return phases["phase"].map(lambda name: (phase := phase_named(name)) is not None and phase.writes_regret)
 
 
 # ---------------------------------------------------------------- everything a report needs
@@ -183,11 +187,11 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
     # a unit logged twice (should not happen: writes are idempotent) counts once, the latest
     orderings = orderings.sort_values("end_time", kind="stable").drop_duplicates(
         ["trial_run_id", "ordering"], keep="last").reset_index(drop=True)
-    trials_tuned = trials[trials["phase_run_id"].isin(phases.loc[phases["phase"] == "tune", "run_id"])]
+    trials_tuned = trials[trials["phase_run_id"].isin(phases.loc[phases["phase"] == TUNE.name, "run_id"])]
     hparams = hparams[hparams["trial_run_id"].isin(trials_tuned["run_id"])].reset_index(drop=True)
     data = StoreData(phases, trials_tuned.reset_index(drop=True), hparams, orderings, orderings.iloc[:0], left_out)
-    evaluated = phases.loc[phases["phase"].isin(EVALUATE_LIKE), "run_id"]
-    best = [best_trial_id(data, phase) for _, phase in phases[phases["phase"] == "tune"].iterrows()]
+    evaluated = phases.loc[phases["phase"].isin([p.name for p in fixed_set_phases()]), "run_id"]
+    best = [best_trial_id(data, phase) for _, phase in phases[phases["phase"] == TUNE.name].iterrows()]
     drawn = orderings[orderings["phase_run_id"].isin(evaluated) | orderings["trial_run_id"].isin(best)]
     data.steps = store.accuracy_steps(drawn["run_id"].tolist(), drawn.loc[drawn["percent"].astype(bool), "run_id"])
     draws_gacc = phases["family"].map(lambda f: f in FAMILIES and FAMILIES.get(f).metric("gacc_alpha") is not None)
@@ -195,8 +199,8 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
     data.gacc = store.gacc_alpha(with_gacc["run_id"].tolist(),
                                  with_gacc.loc[with_gacc["percent"].astype(bool), "run_id"])
     data.family_curves = store.family_curves(phases)
-    data.set_evaluations = {run_id: store.json_artifact(run_id, REGRET_ARTIFACT) or {}
-                            for run_id in phases.loc[phases["phase"] == EVERY_SET, "run_id"]}
+    data.set_evaluations = {run_id: store.json_artifact(run_id, REGRET_FILE) or {}
+                            for run_id in phases.loc[ranks_every_set(phases), "run_id"]}
     return data
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gtep.protocol.phases import EVALUATE, ORIGINAL, phases_in_order, reported_phases
 from gtep.reporting.importance import CONVERGENCE_MARK, few_trials_warning
-
-PHASE_NAMES = {"tune": "tuning phase: H* on D^HT", "evaluate": "evaluation phase: H* on D^E"}
 
 
 def title(what: str, scenario: str, pairing: str, phase: str = "", width: int = 55) -> str:
@@ -51,8 +50,9 @@ def task_curves(curves: pd.DataFrame, path: Path, scenario: str, pairing: str) -
     """Acc_t after each task t, mean over orderings with a ±std band (Figures 6a, 9a): H*'s orderings in the tuning
     phase on D^HT beside the evaluation phase on D^E, on one y scale, so the overestimation shows as the gap
     between the panels."""
-    panels = [p for p in PHASE_NAMES if (curves["phase"] == p).any()]
-    if "evaluate" not in panels:
+    titles = {p.name: p.curve_title for p in phases_in_order() if p.curve_title and (curves["phase"] == p.name).any()}
+    panels = list(titles)
+    if EVALUATE.name not in panels:
         return None
     colour = _colours(curves.loc[curves["phase"].isin(panels), "label"].unique())
     figure = _figure(4.6 * len(panels) + 0.6, 4.4)
@@ -64,7 +64,7 @@ def task_curves(curves: pd.DataFrame, path: Path, scenario: str, pairing: str) -
             t, mean, std = rows["t"].to_numpy(), 100 * rows["mean"].to_numpy(), 100 * rows["std"].to_numpy()
             ax.plot(t, mean, marker="o", color=colour[label], label=label)
             ax.fill_between(t, mean - std, mean + std, color=colour[label], alpha=0.2, linewidth=0)
-        ax.set(xlabel="task t", title=PHASE_NAMES[phase])
+        ax.set(xlabel="task t", title=titles[phase])
         ax.set_xticks(sorted(part["t"].unique()))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("Acc_t (%), mean ± std over orderings")
@@ -78,7 +78,7 @@ def accuracy_against(summary: pd.DataFrame, columns: tuple[tuple[str, str], ...]
     """Final Acc of the evaluation phase against a cost after the last task, one panel per cost: parameters
     (Figures 6b total, 9b trainable) or training time (Figures 6c, 9c). Two costs that are equal for every
     algorithm (nothing frozen: total = trainable parameters) share one panel, its axis named `same`."""
-    part = summary[(summary["phase"] == "evaluate") & summary["acc"].notna()]
+    part = summary[(summary["phase"] == EVALUATE.name) & summary["acc"].notna()]
     panels = [(c, name) for c, name in columns if c in part and part[c].notna().any()]
     if part.empty or not panels:
         return None
@@ -103,8 +103,8 @@ def accuracy_against(summary: pd.DataFrame, columns: tuple[tuple[str, str], ...]
 
 def original_vs_hstar(summary: pd.DataFrame, path: Path, heading: str) -> Path | None:
     """AvgAcc on D^E with the authors' original hyperparameters beside H*, mean ± std (Figure 4a)."""
-    original = summary[summary["phase"] == "original"].set_index("label")
-    tuned = summary[summary["phase"] == "evaluate"].set_index("label")
+    original = summary[summary["phase"] == ORIGINAL.name].set_index("label")
+    tuned = summary[summary["phase"] == EVALUATE.name].set_index("label")
     labels = sorted(set(original.index) | set(tuned.index))
     if original.empty or not labels:
         return None
@@ -171,26 +171,23 @@ def importance(frame: pd.DataFrame, path: Path, heading: str) -> Path | None:
     return _save(figure, path)
 
 
-GACC_STYLES = {"tune": "--", "evaluate": "-", "conventional": "-.", "original": ":"}  # the paper: tuning dashed
-GACC_PHASES = {"tune": "tuning", "conventional": "conventional", "evaluate": "evaluation", "original": "Original"}
-
-
 def phase_lines(curves: pd.DataFrame, x: str, y: str, scale: float):
     """A figure with one line per algorithm and phase of a long frame (label, phase, x, y), one colour per
     algorithm, the tuning phase (D^HT) dashed and the evaluation phase (D^E) solid; None when nothing to draw."""
-    curves = curves[curves["phase"].isin(GACC_STYLES)] if not curves.empty else curves
+    phases = {p.name: p for p in reported_phases()}  # each phase's line style and word: its record's
+    curves = curves[curves["phase"].isin(phases)] if not curves.empty else curves
     if curves.empty or curves[y].isna().all():
         return None, None
     colour = _colours(curves["label"].unique())
-    order = {p: i for i, p in enumerate(GACC_STYLES)}
+    order = {name: i for i, name in enumerate(phases)}
     figure = _figure(6.0, 4.4)
     ax = figure.add_subplot()
     keys = sorted(curves[["label", "phase"]].drop_duplicates().itertuples(index=False),
                   key=lambda key: (key[0], order[key[1]]))
     for label, phase in keys:
         rows = curves[(curves["label"] == label) & (curves["phase"] == phase)].sort_values(x)
-        ax.plot(rows[x], scale * rows[y], linestyle=GACC_STYLES[phase], marker=".", color=colour[label],
-                label=f"{label}, {GACC_PHASES[phase]}")
+        ax.plot(rows[x], scale * rows[y], linestyle=phases[phase].line_style, marker=".", color=colour[label],
+                label=f"{label}, {phases[phase].column}")
     ax.grid(alpha=0.3)
     return figure, ax
 

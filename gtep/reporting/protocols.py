@@ -17,6 +17,7 @@ import pandas as pd
 
 from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import FAMILIES  # noqa: F401  (registers the families and their criteria)
+from gtep.protocol.phases import CONVENTIONAL, EVALUATE, TUNE
 from gtep.reporting.collect import StoreData
 from gtep.reporting.summary import GROUP
 
@@ -74,11 +75,11 @@ def protocol_rows(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
     """One row per study that tuned (and one more per conventional phase), see the module's docstring."""
     rows = []
     phases = data.phases.set_index("run_id", drop=False)
-    for _, tuned in summary[summary["phase"] == "tune"].iterrows():
+    for _, tuned in summary[summary["phase"] == TUNE.name].iterrows():
         phase = phases.loc[tuned["run_id"]]
         mates = summary[(summary["study"] == tuned["study"]) & (summary["label"] == tuned["label"])
                         & (summary[GROUP[0]] == tuned[GROUP[0]]) & (summary[GROUP[1]] == tuned[GROUP[1]])]
-        evaluated = _one(mates, "evaluate")
+        evaluated = _one(mates, EVALUATE.name)
         criterion = str(phase.get("criterion", "") or "")
         eval_score = phase_score(evaluated)
         eval_std = math.nan if evaluated is None else score_std(data, str(evaluated["run_id"]), criterion)
@@ -88,7 +89,7 @@ def protocol_rows(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
                 "sets_stopped": _count(phase, ("sets_stopped",)), "compute_seconds": compute_seconds(data, phase),
                 "tuning_score": phase_score(tuned), "evaluation_score": eval_score, "evaluation_std": eval_std}
         rows.append({**base, "protocol": protocol_name(phase), "reported_score": eval_score})
-        conventional = _one(mates, "conventional")
+        conventional = _one(mates, CONVENTIONAL.name)
         if conventional is not None:  # the same H*, reported on the tuning data
             rows.append({**base, "protocol": "conventional", "reported_score": phase_score(conventional)})
     frame = pd.DataFrame(rows, columns=PROTOCOL_COLUMNS)

@@ -10,7 +10,8 @@ from typing import Any
 
 import pandas as pd
 
-from gtep.reporting.collect import EVERY_SET, StoreData
+from gtep.protocol.phases import EVALUATE
+from gtep.reporting.collect import StoreData, ranks_every_set
 from gtep.reporting.summary import GROUP
 
 RANKING_HEADING = "Every set evaluated: the tuning phase's ranking of the sets on D^E"
@@ -29,7 +30,7 @@ REGRET_COLUMNS = [*GROUP, "label", "study", "protocol", "options", "picks", "com
 
 def _where(summary: pd.DataFrame, study: str) -> dict[str, Any] | None:
     """The group and label the study's evaluation is reported under (its evaluate phase's summary row)."""
-    rows = summary[(summary["study"] == study) & (summary["phase"] == "evaluate")]
+    rows = summary[(summary["study"] == study) & (summary["phase"] == EVALUATE.name)]
     if rows.empty:
         return None
     row = rows.iloc[0]
@@ -43,7 +44,7 @@ def _points(value: Any) -> float:
 def ranking_rows(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
     """One row per study with every set evaluated."""
     rows = []
-    for _, phase in data.phases[data.phases["phase"] == EVERY_SET].iterrows():
+    for _, phase in data.phases[ranks_every_set(data.phases)].iterrows():
         where, table = _where(summary, phase["study"]), data.set_evaluations.get(phase["run_id"]) or {}
         if where is None or "ranking" not in table:
             continue
@@ -59,7 +60,7 @@ def ranking_rows(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
 def regret_rows(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
     """One row per (study, protocol with its options)."""
     rows = []
-    for _, phase in data.phases[data.phases["phase"] == EVERY_SET].iterrows():
+    for _, phase in data.phases[ranks_every_set(data.phases)].iterrows():
         where, table = _where(summary, phase["study"]), data.set_evaluations.get(phase["run_id"]) or {}
         if where is None:
             continue

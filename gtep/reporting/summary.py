@@ -24,11 +24,11 @@ from gtep.orchestration.report_store import (
 from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import FAMILIES
 from gtep.protocol.metrics import harmonic_mean, harmonic_mean_gap, kendall_tau_b
+from gtep.protocol.phases import EVALUATE, TUNE, fixed_set_phases, reported_phases
 from gtep.protocol.summary import ordering_statistics
-from gtep.reporting.collect import EVALUATE_LIKE, StoreData, best_trial_id
+from gtep.reporting.collect import StoreData, best_trial_id
 
 GROUP = ["scenario", "pairing"]
-PHASES = ("tune", "conventional", "evaluate", "original")  # the paper's column order: tuning, then unseen data
 COST_METRICS = ("params_total", "params_trainable", "train_seconds", "forgetting")
 RANKED = ("hmean", "acc", "avg_acc")
 
@@ -57,7 +57,7 @@ def phase_orderings(data: StoreData, phase: pd.Series) -> pd.DataFrame:
     """The ordering runs behind a phase's column. A tuning phase with no H* (every set diverged) shows all of its
     orderings, so its cell reads NaN with their diverged count."""
     rows = data.orderings[data.orderings["phase_run_id"] == phase["run_id"]]
-    if phase["phase"] == "tune":
+    if phase["phase"] == TUNE.name:
         best = best_trial_id(data, phase)
         if best is not None:
             rows = rows[rows["trial_run_id"] == best]
@@ -89,7 +89,7 @@ def family_summary(data: StoreData, phase: pd.Series, rows: pd.DataFrame, stats:
             out[f"{name}_std"] = float(phase.get(f"{name}_std", math.nan))
     criterion = str(phase.get("criterion", "") or default_criterion(family))
     score = math.nan
-    if phase["phase"] == "tune" and "score" in data.trials:
+    if phase["phase"] == TUNE.name and "score" in data.trials:
         best = data.trials.loc[data.trials["run_id"] == best_trial_id(data, phase), "score"]
         score = float(best.iloc[0]) if len(best) else math.nan
     if math.isnan(score):
@@ -103,7 +103,9 @@ def phase_summaries(data: StoreData) -> pd.DataFrame:
     """One row per (scenario, pairing, algorithm, phase) with the means, stds, diverged counts and costs; when a
     phase is of a family other than class-incremental, every row also has its family and criterion, and that
     phase's row the family's metrics and its criterion's `score` (see `family_summary`)."""
-    phases = data.phases[data.phases["phase"].isin(PHASES)].copy()
+    # the phases with a summary row, in the paper's column order: tuning, then unseen data (their records')
+    order = {p.name: i for i, p in enumerate(reported_phases())}
+    phases = data.phases[data.phases["phase"].isin(order)].copy()
     phases["label"] = algorithm_labels(phases)
     families = [family_of(phase) for _, phase in phases.iterrows()]
     mixed = any(f != CLASS_INCREMENTAL for f in families)
@@ -119,7 +121,6 @@ def phase_summaries(data: StoreData) -> pd.DataFrame:
         rows.append({**{k: phase[k] for k in (*GROUP, "similarity", "label", "algorithm", "study", "phase",
                                               "dataset", "backbone", "run_id")}, **tags, **stats})
     frame = pd.DataFrame(rows)
-    order = {p: i for i, p in enumerate(PHASES)}
     return frame.sort_values([*GROUP, "label", "phase"], key=lambda c: c.map(order) if c.name == "phase" else c,
                              kind="stable").reset_index(drop=True)
 
@@ -138,8 +139,8 @@ def _side_by_side(tune: pd.DataFrame, evaluate: pd.DataFrame) -> pd.DataFrame:
 def gaps(summary: pd.DataFrame) -> pd.DataFrame:
     """Per algorithm: the harmonic means of both phases, the overestimation gap (tuning minus evaluation,
     paper Figures 4b and 7b) and the algorithm's rank in each phase (1 = best, by harmonic mean)."""
-    tune = _pivot(summary, "tune", ("acc", "avg_acc", "hmean"))
-    evaluate = _pivot(summary, "evaluate", ("acc", "avg_acc", "hmean"))
+    tune = _pivot(summary, TUNE.name, ("acc", "avg_acc", "hmean"))
+    evaluate = _pivot(summary, EVALUATE.name, ("acc", "avg_acc", "hmean"))
     both = _side_by_side(tune, evaluate).reset_index()
     if both.empty:
         return pd.DataFrame(columns=[*GROUP, "label", "hmean_tuning", "hmean_evaluation", "gap", "rank_tuning",
@@ -156,8 +157,8 @@ def rankings(summary: pd.DataFrame) -> pd.DataFrame:
     (harmonic mean, Acc, AvgAcc). tau = 1: the tuning phase ranks the algorithms as unseen data does; lower: the
     conventional protocol would have ordered them differently (paper section 4.1, Figure 4)."""
     rows = []
-    tune = _pivot(summary, "tune", RANKED)
-    evaluate = _pivot(summary, "evaluate", RANKED)
+    tune = _pivot(summary, TUNE.name, RANKED)
+    evaluate = _pivot(summary, EVALUATE.name, RANKED)
     both = _side_by_side(tune, evaluate)
     for group, part in both.groupby(level=[0, 1], sort=True):
         for metric in RANKED:
@@ -182,7 +183,8 @@ def task_curves(data: StoreData, summary: pd.DataFrame) -> pd.DataFrame:
     in the tuning phase (paper Figures 6a and 9a; the two side by side show the overestimation); a diverged ordering
     has no complete curve and is left out, as from the means."""
     rows = []
-    for _, phase in summary[summary["phase"].isin(("tune", *EVALUATE_LIKE))].iterrows():
+    curved = [TUNE.name, *(p.name for p in fixed_set_phases())]
+    for _, phase in summary[summary["phase"].isin(curved)].iterrows():
         units = phase_orderings(data, data.phases[data.phases["run_id"] == phase["run_id"]].iloc[0])
         runs = units[units["status"] != "diverged"]["run_id"]
         steps = data.steps[data.steps["run_id"].isin(runs)]
@@ -226,7 +228,7 @@ def set_counts(data: StoreData, phases: pd.DataFrame) -> pd.DataFrame:
     """Per tuning phase (one algorithm of a scenario and pairing): how many sets are complete, incomplete (fewer
     than S orderings finished: not eligible for H*), diverged or interrupted."""
     rows = []
-    for _, phase in phases[phases["phase"] == "tune"].iterrows():
+    for _, phase in phases[phases["phase"] == TUNE.name].iterrows():
         own = data.trials[data.trials["phase_run_id"] == phase["run_id"]]
         counts = set_status(own).value_counts()
         rows.append({**{k: phase[k] for k in (*GROUP, "label")}, **{s: int(counts.get(s, 0)) for s in SET_STATES}})

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, metric_label
+from gtep.protocol.phases import reported_phases
 
 
 def pm(mean: float, std: float) -> str:
@@ -147,10 +148,6 @@ def hparams_table(hparams: dict[str, Any], title: str) -> Table:
 
 # ---------------------------------------------------------------- the paper's tables (gtep report)
 
-PHASE_HEADERS = {"tune": "tuning (D^HT)", "conventional": "conventional (D^HT)", "evaluate": "evaluation (D^E)",
-                 "original": "Original (D^E)"}
-
-
 def paper_cell(stats: Any) -> str:
     """'41.21 (1.06) / 59.82 (1.48)': Acc / AvgAcc in percent, std over orderings in parentheses (paper Tables
     7-22); 'NaN (k/S diverged)' when k orderings diverged, as the paper prints BEEF."""
@@ -168,13 +165,13 @@ def paper_table(summary: pd.DataFrame, gaps: pd.DataFrame) -> pd.DataFrame:
     overestimation gap of the harmonic mean and the rank in each phase ('2 → 1'). The datasets are the pairing's,
     named in the table's title."""
     columns: dict[str, dict[str, str]] = {}
-    for phase in PHASE_HEADERS:  # the column order: tuning data first, then unseen data
-        part = summary[summary["phase"] == phase]
+    for phase in reported_phases():  # the column order: tuning data first, then unseen data
+        part = summary[summary["phase"] == phase.name]
         if part.empty:
             continue
-        columns[PHASE_HEADERS[phase]] = {r["label"]: paper_cell(r) for _, r in part.iterrows()}
-        columns[f"HM {PHASE_HEADERS[phase]}"] = {r["label"]: pct(r["hmean"]) for _, r in part.iterrows()}
-        columns.update(family_columns(part, PHASE_HEADERS[phase]))
+        columns[phase.header] = {r["label"]: paper_cell(r) for _, r in part.iterrows()}
+        columns[f"HM {phase.header}"] = {r["label"]: pct(r["hmean"]) for _, r in part.iterrows()}
+        columns.update(family_columns(part, phase.header))
     table = pd.DataFrame(columns)
     if not gaps.empty:
         by_label = gaps.set_index("label")
