@@ -46,7 +46,8 @@ SHARED_SCOPES = {
     # the one PostgreSQL database of tests/with-postgres.sh: one writer at a time
     "tests/cluster/test_paper_scale.py": "postgres",
     "tests/cluster/test_tracking_server.py::test_a_study_logs_its_lineage_to_a_postgresql_backed_server": "postgres",
-    "tests/cluster/test_auth_server.py::test_a_study_runs_both_phases_into_an_authenticated_postgresql_backed_server": "postgres",
+    ("tests/cluster/test_auth_server.py::"
+     "test_a_study_runs_both_phases_into_an_authenticated_postgresql_backed_server"): "postgres",
 }
 # many independent, expensive cases and no module fixture to share: each test is a unit of its own
 PER_TEST = ("tests/algorithms/test_contract_regression.py", "tests/orchestration/test_phases.py")

@@ -5,12 +5,24 @@ import contextlib
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gtep.data import ImageSet, resolve_dataset
 from gtep.engine import FirstTaskSpec, OrderingJob, OrderingOutcome, run_ordering
 
 SYNTHETIC = "synthetic:classes=10,train=40,test=20"
+
+
+def assert_cuda_is_refused_without_cuda(main: Callable[[list[str]], Any], capsys: Any) -> None:
+    """A GPU benchmark's main(["--device", "cuda"]) where there is no CUDA: exit 2, one error naming the option."""
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "cuda"])
+    assert exit_.value.code == 2 and "--device cuda: CUDA is not available" in capsys.readouterr().err
 
 
 @lru_cache(maxsize=4)
@@ -161,3 +173,40 @@ def unchanged(module, before) -> bool:
     import torch
 
     return all(torch.equal(v, before[k]) for k, v in module.state_dict().items())
+
+
+# ---- FLUID: a stream over classes 3-8 of a 10-class synthetic set, a backbone pretrained on 0-2
+
+FLUID_OPTIONS = {"pretrain_classes": [0, 1, 2], "n_pretrain_classes": 2, "n_novel_classes": 4, "total_samples": 60,
+                 "per_class_cap": 20, "head_cut": 10, "window": 20}
+
+
+def fluid_job(algorithm: str, hparams: dict[str, Any] | None = None, **options: Any) -> OrderingJob:
+    """One FLUID ordering of `algorithm` on synthetic:classes=10 (options override FLUID_OPTIONS)."""
+    return OrderingJob(algorithm=algorithm, hparams=hparams or {}, backbone="resnet8", increments=(6,),
+                       classes=(3, 4, 5, 6, 7, 8), seed=0, ordering=0, device="cpu", family="fluid",
+                       family_options=tuple(sorted({**FLUID_OPTIONS, **options}.items())))
+
+
+def fluid_config(**fluid: Any) -> dict[str, Any]:
+    """An experiment file of the fluid family on synthetic:classes=20 (fluid: the scenario's fluid section)."""
+    section = {"pretrain_classes": [0, 1, 2, 3], "n_pretrain_classes": 2, "n_novel_classes": 4,
+               "total_samples": 60, "per_class_cap": 20, **fluid}
+    return {"study": "f", "algorithm": "fluid_ncm", "backbone": "resnet8",
+            "scenario": {"family": "fluid", "fluid": section},
+            "datasets": {"split": {"dataset": "synthetic:classes=20,train=20,test=10", "classes": list(range(4, 20)),
+                                   "classes_per_phase": 8}}}
+
+
+# ---- FSCIL: 6 base classes, then 2 sessions of 2 ways x 3 shots
+
+FSCIL = {"base_classes": 6, "ways": 2, "shots": 3, "sessions": 2}
+
+
+def fscil_experiment(**changes: Any) -> dict[str, Any]:
+    """An experiment file of the fscil family on synthetic:classes=24 (changes replace top-level sections)."""
+    doc = {"study": "f", "algorithm": "replay", "backbone": "resnet8",
+           "scenario": {"family": "fscil", "fscil": dict(FSCIL)},
+           "datasets": {"split": {"dataset": "synthetic:classes=24,train=20,test=5", "classes_per_phase": 10}}}
+    doc.update(changes)
+    return doc

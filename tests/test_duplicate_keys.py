@@ -75,29 +75,34 @@ def test_best_file(sandbox):  # noqa: F811
     assert "--best" in message and "hparams.lr is given twice, at lines 3 and 3" in message, message
 
 
-def test_shot_index_json(tmp_path):
-    text = '{\n  "0": [1, 2],\n  "1": [3, 4],\n  "0": [5, 6]\n}\n'
-    path = tmp_path / "shots.json"
+SHOTS_TWICE = '{\n  "0": [1, 2],\n  "1": [3, 4],\n  "0": [5, 6]\n}\n'
+TREE_TWICE = json.dumps({"animals": ["cat", "dog"], "plants": ["oak"]}, indent=1).replace(
+    '"plants"', '"animals": ["cow"],\n "plants"')
+
+
+@pytest.mark.parametrize("name, text, read, option, where, check", [
+    ("shots.json", SHOTS_TWICE, read_shot_index, "shot_index",
+     r"shots.json: the key '0' is given twice, at lines 2 and 4",
+     # what the config's check of scenario.fscil.shot_index says: the same, not "is not a shot index"
+     "given twice, at lines 2 and 4; keep one"),
+    ("tree.json", TREE_TWICE, read_hierarchy, "class_hierarchy",
+     r"tree.json: the key 'animals' is given twice, at lines 2 and 6", "'animals' is given twice"),
+], ids=["shot_index", "hierarchy"])
+def test_a_json_option_file_with_a_key_given_twice(tmp_path, name, text, read, option, where, check):
+    """Read by its reader and by the config's check of the option that names it: the key and both lines."""
+    path = tmp_path / name
     path.write_text(text)
-    with pytest.raises(DuplicateKeyError, match=r"shots.json: the key '0' is given twice, at lines 2 and 4"):
-        read_shot_index(path)
-    # what the config's check of scenario.fscil.shot_index says: the same, not "is not a shot index"
-    with pytest.raises(ValueError, match="given twice, at lines 2 and 4; keep one"):
-        OPTION_FILES.get("shot_index").check(str(path))
+    with pytest.raises(DuplicateKeyError, match=where):
+        read(path)
+    with pytest.raises(ValueError, match=check):
+        OPTION_FILES.get(option).check(str(path))
+
+
+def test_a_shot_index_with_one_class_under_two_keys(tmp_path):
+    path = tmp_path / "shots.json"
     path.write_text('{"1": [3, 4], "01": [5, 6]}')  # two keys to JSON, one class to gtep
     with pytest.raises(DuplicateKeyError, match="class 1 is given twice"):
         read_shot_index(path)
-
-
-def test_hierarchy_json(tmp_path):
-    text = json.dumps({"animals": ["cat", "dog"], "plants": ["oak"]}, indent=1).replace(
-        '"plants"', '"animals": ["cow"],\n "plants"')
-    path = tmp_path / "tree.json"
-    path.write_text(text)
-    with pytest.raises(DuplicateKeyError, match=r"tree.json: the key 'animals' is given twice, at lines 2 and 6"):
-        read_hierarchy(path)
-    with pytest.raises(ValueError, match="'animals' is given twice"):
-        OPTION_FILES.get("class_hierarchy").check(str(path))
 
 
 def test_what_yaml_means_by_a_repeated_key_still_loads():

@@ -15,10 +15,7 @@ from gtep.protocol.families import ACC, AVG_ACC, FAMILIES, ScenarioFamily, regis
 from gtep.protocol.families.fscil import check_shot_index, few_shot_indices
 from gtep.protocol.scenarios import TaskSpec, build_scenario
 from gtep.protocol.selection import OrderingResult, select_best
-from tests.helpers import load, small_job
-
-FSCIL = {"base_classes": 6, "ways": 2, "shots": 3, "sessions": 2}
-
+from tests.helpers import FSCIL, fscil_experiment, load, small_job
 
 # ---------------------------------------------------------------- generators
 
@@ -120,21 +117,16 @@ def test_a_criterion_missing_from_an_ordering_makes_no_set_eligible():
 
 # ---------------------------------------------------------------- the experiment file
 
-def experiment(**changes) -> dict:
-    doc = {"study": "f", "algorithm": "replay", "backbone": "resnet8",
-           "scenario": {"family": "fscil", "fscil": dict(FSCIL)},
-           "datasets": {"split": {"dataset": "synthetic:classes=24,train=20,test=5", "classes_per_phase": 10}}}
-    doc.update(changes)
-    return doc
 
 
 def test_an_fscil_experiment_resolves_with_its_family_and_criterion(tmp_path):
-    resolved = resolve(ExperimentConfig(**experiment(tracking={"output": str(tmp_path)})))
+    resolved = resolve(ExperimentConfig(**fscil_experiment(tracking={"output": str(tmp_path)})))
     assert resolved.increments == (6, 2, 2)
     assert resolved.family.name == "fscil" and resolved.criterion.name == "gacc_auc"
-    other = resolve(ExperimentConfig(**experiment(search={"criterion": "aacc"}, tracking={"output": str(tmp_path)})))
+    other = resolve(ExperimentConfig(**fscil_experiment(search={"criterion": "aacc"},
+                                                        tracking={"output": str(tmp_path)})))
     assert other.criterion.name == "aacc"
-    assert ExperimentConfig(**experiment()).scenario.describe() == "fscil 6+2x2-way 3-shot"
+    assert ExperimentConfig(**fscil_experiment()).scenario.describe() == "fscil 6+2x2-way 3-shot"
 
 
 @pytest.mark.parametrize("changes,field,words", [
@@ -150,7 +142,7 @@ def test_bad_family_sections_are_one_clear_error(changes, field, words):
     with pytest.raises(ConfigError) as err:
         from gtep.config import _validate
 
-        _validate(experiment(**changes), "test")
+        _validate(fscil_experiment(**changes), "test")
     assert field in str(err.value) and words in str(err.value)
 
 
@@ -163,7 +155,7 @@ def test_bad_family_sections_are_one_clear_error(changes, field, words):
 ])
 def test_criteria_and_sessions_are_checked_before_any_compute(tmp_path, changes, field, words):
     with pytest.raises(ConfigError) as err:
-        resolve(ExperimentConfig(**experiment(**changes, tracking={"output": str(tmp_path)})))
+        resolve(ExperimentConfig(**fscil_experiment(**changes, tracking={"output": str(tmp_path)})))
     assert err.value.field == field and words in str(err.value)
     assert not any(tmp_path.iterdir())  # nothing written
 
@@ -195,7 +187,7 @@ def test_an_algorithm_without_the_familys_data_flow_is_refused_naming_who_can(tm
 
     try:
         with pytest.raises(ConfigError) as err:
-            resolve(ExperimentConfig(**experiment(scenario={"family": "test_open_world"},
+            resolve(ExperimentConfig(**fscil_experiment(scenario={"family": "test_open_world"},
                                                   tracking={"output": str(tmp_path)})))
         assert err.value.field == "algorithm"
         assert "replay cannot run the test_open_world family's data (test_open_world_stream)" in str(err.value)

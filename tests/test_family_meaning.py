@@ -14,7 +14,6 @@ from gtep.data import resolve_dataset
 from gtep.engine import OrderingJob
 from gtep.engine.flows.stream import StreamRun
 
-torch.set_num_threads(1)
 STREAM = {"pretrain_classes": [0, 1, 2], "n_pretrain_classes": 2, "n_novel_classes": 4, "total_samples": 60,
           "per_class_cap": 20, "head_cut": 10, "window": 20}
 

@@ -17,17 +17,15 @@ from gtep.algorithms import ALGORITHMS
 from gtep.algorithms._distances import euclidean
 from gtep.config import ConfigError, resolve, validate_config
 from gtep.data import resolve_dataset
-from gtep.engine import OrderingJob, run_ordering
+from gtep.engine import run_ordering
 from gtep.engine.flows.stream import ComputeMeter, StreamRun
 from gtep.models import create_backbone
 from gtep.protocol.families import FAMILIES, PhaseData
 from gtep.protocol.families.fluid import FluidOptions, class_pools, held_out, phase_stream
 from gtep.protocol.families.fluid import metrics as fm
 from gtep.protocol.families.fluid.generator import first_occurrences
+from tests.helpers import FLUID_OPTIONS, fluid_config, fluid_job
 
-torch.set_num_threads(1)
-OPTIONS = {"pretrain_classes": [0, 1, 2], "n_pretrain_classes": 2, "n_novel_classes": 4, "total_samples": 60,
-           "per_class_cap": 20, "head_cut": 10, "window": 20}
 NEVER_UNSEEN = {"threshold": 2.1}  # above every detector's score: every prediction is a class
 PRESET = Path(__file__).resolve().parents[1] / "gtep" / "presets" / "tinyimagenet-fluid.yaml"
 
@@ -35,12 +33,6 @@ PRESET = Path(__file__).resolve().parents[1] / "gtep" / "presets" / "tinyimagene
 @pytest.fixture(scope="module")
 def data():
     return resolve_dataset("synthetic:classes=10,train=20,test=10").load()
-
-
-def job(algorithm, hparams=None, **options):
-    return OrderingJob(algorithm=algorithm, hparams=hparams or {}, backbone="resnet8", increments=(6,),
-                       classes=(3, 4, 5, 6, 7, 8), seed=0, ordering=0, device="cpu", family="fluid",
-                       family_options=tuple(sorted({**OPTIONS, **options}.items())))
 
 
 def flops(fn, *args) -> float:
@@ -70,13 +62,13 @@ def test_ncm_classifier_and_mdt_detector_are_counted_as_inference(data):
     backbone = create_backbone("resnet8")
     per_image = flops(backbone, torch.zeros(1, 3, *data.x_train.shape[1:3])) / 2
     dim = int(backbone.out_dim)
-    ncm = StreamRun(job("fluid_ncm", {"detector": "mdt", **NEVER_UNSEEN}), data)
+    ncm = StreamRun(fluid_job("fluid_ncm", {"detector": "mdt", **NEVER_UNSEEN}), data)
     outcome = ncm.run()
     distances = float(classes_seen_before_each_step(ncm.spec.label).sum()) * dim
     assert outcome.metrics["gmacs_inference"] * 1e9 == pytest.approx(60 * per_image + distances, rel=1e-9)
     schedule = {"update_every": 20, "epochs": 1, "batch_size": 16, **NEVER_UNSEEN}
-    msp = run_ordering(job("fluid_et", {**schedule, "detector": "msp"}), data).metrics
-    mdt = run_ordering(job("fluid_et", {**schedule, "detector": "mdt"}), data).metrics
+    msp = run_ordering(fluid_job("fluid_et", {**schedule, "detector": "msp"}), data).metrics
+    mdt = run_ordering(fluid_job("fluid_et", {**schedule, "detector": "mdt"}), data).metrics
     assert (mdt["gmacs_inference"] - msp["gmacs_inference"]) * 1e9 == pytest.approx(distances, rel=1e-6)
 
 
@@ -129,7 +121,7 @@ def test_positives_are_first_sightings_of_novel_classes_unless_all_is_asked():
 
 
 def test_the_stream_scores_detection_on_novel_classes_by_default(data):
-    run = StreamRun(job("fluid_ncm", {"detector": "mdt", **NEVER_UNSEEN}), data)
+    run = StreamRun(fluid_job("fluid_ncm", {"detector": "mdt", **NEVER_UNSEEN}), data)
     metrics = run.run().metrics
     scores, first = run.stream.unseen_scores, first_occurrences(run.spec.label)
     novel = first & ~run.spec.pretrain
@@ -137,17 +129,8 @@ def test_the_stream_scores_detection_on_novel_classes_by_default(data):
     assert metrics["unseen_auroc"] == pytest.approx(fm.auroc(scores, novel))
     assert metrics["unseen_f1"] == pytest.approx(fm.best_f1(scores, novel))
     assert fm.auroc(scores, novel) != pytest.approx(fm.auroc(scores, first))  # the two conventions differ here
-    every = StreamRun(job("fluid_ncm", {"detector": "mdt", **NEVER_UNSEEN}, unseen_positives="all"), data).run()
+    every = StreamRun(fluid_job("fluid_ncm", {"detector": "mdt", **NEVER_UNSEEN}, unseen_positives="all"), data).run()
     assert every.metrics["unseen_auroc"] == pytest.approx(fm.auroc(scores, first))
-
-
-def fluid_config(**fluid):
-    section = {"pretrain_classes": [0, 1, 2, 3], "n_pretrain_classes": 2, "n_novel_classes": 4,
-               "total_samples": 60, "per_class_cap": 20, **fluid}
-    return {"study": "f", "algorithm": "fluid_ncm", "backbone": "resnet8",
-            "scenario": {"family": "fluid", "fluid": section},
-            "datasets": {"split": {"dataset": "synthetic:classes=20,train=20,test=10", "classes": list(range(4, 20)),
-                                   "classes_per_phase": 8}}}
 
 
 def test_the_config_defaults_to_novel_positives_and_no_holdout():
@@ -257,7 +240,7 @@ def test_auroc_and_f1_of_nan_scores_are_nan():
 
 
 def test_a_learner_with_nan_unseen_scores_is_recorded_as_diverged(data):
-    run = StreamRun(job("fluid_ncm", NEVER_UNSEEN), data)
+    run = StreamRun(fluid_job("fluid_ncm", NEVER_UNSEEN), data)
     run.learner.unseen_score = lambda logits, features: float("nan")
     outcome = run.run()  # never raises
     assert outcome.status == "diverged" and "NaN" in outcome.message
@@ -273,7 +256,7 @@ def phase(train: dict[int, int], test: dict[int, int], classes=(3, 4, 5)) -> Pha
 def test_check_names_what_a_stream_cannot_be_drawn_from():
     family = FAMILIES.get("fluid")
     good_train, good_test = {c: 20 for c in range(6)}, {c: 10 for c in range(6)}
-    options = {**OPTIONS, "n_novel_classes": 3}
+    options = {**FLUID_OPTIONS, "n_novel_classes": 3}
     assert family.check([phase(good_train, good_test)], options) == []
     only_train = phase(good_train, {**good_test, 4: 0})  # a novel class needs images, not test images
     assert family.check([only_train], options) == []
@@ -290,7 +273,7 @@ def test_check_names_what_a_stream_cannot_be_drawn_from():
 
 def test_describe_tells_the_stream_of_sequence_0():
     family = FAMILIES.get("fluid")
-    options = {**OPTIONS, "n_novel_classes": 3}
+    options = {**FLUID_OPTIONS, "n_novel_classes": 3}
     data = phase({c: 20 for c in range(6)}, {c: 10 for c in range(6)})
     [(what, samples)] = family.describe(data, options, seed=0)
     assert samples == 60 and "a stream of 60 samples: 2 pretrain classes" in what and "3 novel classes" in what

@@ -19,6 +19,7 @@ from gtep.protocol.families.fluid.generator import (
     fluid_stream,
     zipf_counts,
 )
+from tests.helpers import fluid_config
 
 # ---------------------------------------------------------------- generator
 
@@ -193,15 +194,6 @@ def test_the_family_is_registered_with_its_criterion_and_raw_metrics():
 
 
 # ---------------------------------------------------------------- config
-
-def fluid_config(**fluid):
-    section = {"pretrain_classes": [0, 1, 2, 3], "n_pretrain_classes": 2, "n_novel_classes": 4,
-               "total_samples": 60, "per_class_cap": 20, **fluid}
-    return {"study": "f", "algorithm": "fluid_ncm", "backbone": "resnet8",
-            "scenario": {"family": "fluid", "fluid": section},
-            "datasets": {"split": {"dataset": "synthetic:classes=20,train=20,test=10", "classes": list(range(4, 20)),
-                                   "classes_per_phase": 8}}}
-
 
 def test_a_fluid_config_resolves():
     resolved = resolve(validate_config(fluid_config(), "test"))

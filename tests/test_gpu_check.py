@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import load_benchmark
+from tests.helpers import assert_cuda_is_refused_without_cuda, load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,13 +91,7 @@ def test_the_gpu_tests_it_runs_need_no_ray(check):
 
 
 def test_cuda_without_cuda_is_one_error_naming_the_option(check, capsys):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("CUDA is here")
-    with pytest.raises(SystemExit) as exit_:
-        check.main(["--device", "cuda"])
-    assert exit_.value.code == 2 and "--device cuda: CUDA is not available" in capsys.readouterr().err
+    assert_cuda_is_refused_without_cuda(check.main, capsys)
 
 
 def test_the_check_and_its_tests_import_nothing_the_device_lacks():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import load_benchmark
+from tests.helpers import assert_cuda_is_refused_without_cuda, load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 PYCIL = ROOT / ".pycil"  # docs/speed.md unpacks upstream PyCIL there (ignored by git)
@@ -93,13 +93,7 @@ def test_a_missing_pycil_checkout_given_by_path_is_one_error_naming_the_option(s
 
 
 def test_cuda_without_cuda_is_one_error_naming_the_option(speed, capsys):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("CUDA is here")
-    with pytest.raises(SystemExit) as exit_:
-        speed.main(["--device", "cuda"])
-    assert exit_.value.code == 2 and "--device cuda: CUDA is not available" in capsys.readouterr().err
+    assert_cuda_is_refused_without_cuda(speed.main, capsys)
 
 
 def test_the_scipy_shim_computes_pycil_s_distances(speed, tmp_path):

@@ -10,16 +10,7 @@ import yaml
 
 import gtep
 from gtep.config import ConfigError, ExperimentConfig, resolve
-
-FSCIL = {"base_classes": 6, "ways": 2, "shots": 3, "sessions": 2}
-
-
-def experiment(**changes) -> dict:
-    doc = {"study": "f", "algorithm": "replay", "backbone": "resnet8",
-           "scenario": {"family": "fscil", "fscil": dict(FSCIL)},
-           "datasets": {"split": {"dataset": "synthetic:classes=24,train=20,test=5", "classes_per_phase": 10}}}
-    doc.update(changes)
-    return doc
+from tests.helpers import FSCIL, fscil_experiment
 
 
 @pytest.mark.parametrize("algorithm, backbone, space, fscil, named", [
@@ -37,7 +28,7 @@ def test_a_learner_limit_of_the_scenario_is_refused_before_compute(tmp_path, alg
     shipped = yaml.safe_load((Path(gtep.__file__).parent / "search_spaces" / f"{algorithm}.yaml").read_text())
     path = tmp_path / "space.yaml"
     path.write_text(yaml.safe_dump({**shipped, "space": {**shipped["space"], **space}, "presets": {}}))
-    doc = experiment(algorithm=algorithm, backbone=backbone, scenario={"family": "fscil", "fscil": dict(fscil)},
+    doc = fscil_experiment(algorithm=algorithm, backbone=backbone, scenario={"family": "fscil", "fscil": dict(fscil)},
                      search={"space": str(path)}, tracking={"output": str(tmp_path)})
     config = ExperimentConfig(**doc)
     resolve(config)  # the names and the scenario are fine: the limit is the learner's, against this scenario

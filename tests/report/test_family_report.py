@@ -11,7 +11,7 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
 from gtep.reporting import run_report
-from tests.report.test_units import write_store
+from tests.report.test_units import stored_report
 
 S = 2
 K = 12  # gacc_alpha steps k = 0..12, alpha = k / 12
@@ -253,13 +253,7 @@ def class_incremental(tmp_path_factory):
     root = tmp_path_factory.mktemp("ci")
     out = {}
     for name, tagged in (("untagged", False), ("tagged", True)):
-        uri = f"sqlite:///{root / name / 'mlflow.db'}"
-        (root / name).mkdir()
-        write_store(uri, True)
-        if tagged:
-            tag_family(uri)
-        out[name] = run_report(uri, ["u-*"], out=root / name / "report", formats=("md", "csv", "latex"),
-                               log_to_mlflow=False)
+        out[name] = stored_report(root, name, True, prepare=tag_family if tagged else None)[1]
     return out
 
 

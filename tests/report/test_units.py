@@ -106,17 +106,23 @@ def write_store(uri, percent):
             w.orderings(exp, trial, 1, [(0.9, 0.9)])
 
 
+def stored_report(root, name, percent, log_to_mlflow=False, prepare=None):
+    """write_store into root/name/mlflow.db (then `prepare(uri)`, when given), and the report of its studies in md,
+    csv and LaTeX under root/name/report: (the store's URI, the report)."""
+    uri = f"sqlite:///{root / name / 'mlflow.db'}"
+    (root / name).mkdir()
+    write_store(uri, percent)
+    if prepare is not None:
+        prepare(uri)
+    return uri, run_report(uri, ["u-*"], out=root / name / "report", formats=("md", "csv", "latex"),
+                           log_to_mlflow=log_to_mlflow)
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     root = tmp_path_factory.mktemp("units")
-    out = {}
-    for name, percent in (("fraction", False), ("percent", True)):
-        uri = f"sqlite:///{root / name / 'mlflow.db'}"
-        (root / name).mkdir()
-        write_store(uri, percent)
-        out[name] = (uri, run_report(uri, ["u-*"], out=root / name / "report", formats=("md", "csv", "latex"),
-                                     log_to_mlflow=(name == "percent")))
-    return out
+    return {name: stored_report(root, name, percent, log_to_mlflow=(name == "percent"))
+            for name, percent in (("fraction", False), ("percent", True))}
 
 
 def test_percent_and_fraction_stores_give_the_same_report(reports):
