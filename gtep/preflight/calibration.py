@@ -431,8 +431,9 @@ def _timed_flow(plan: StudyPlan, data: ImageSet, slots: TrialSlots) -> FlowCalib
 
 
 def compute_flow_estimate(plan: StudyPlan, calibration: FlowCalibration | None = None) -> dict[str, Any]:
-    """Seconds of training each phase of a multi_label, stream or continual_few_shot study should take here: the
-    calibration's seconds per unit, scaled to the units each phase's ordering holds (FlowCalibration.seconds)."""
+    """Seconds of training each phase of a study whose flow is timed in part (not by_image_epochs) should take here:
+    the calibration's seconds per unit, scaled to the units the flow counts in each phase's ordering
+    (FlowCalibration.seconds)."""
     tuning_data = phase_images(plan, plan.tuning)
     calibration = calibration or calibrate_flow(plan, tuning_data)
     cfg = plan.resolved.config
