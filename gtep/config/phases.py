@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 class PhaseSpec:
     """The dataset and the class ids (in that dataset) a phase uses."""
 
-    phase: str  # "tune" | "evaluate"
+    phase: str  # "tune" (D^HT) or "evaluate" (D^E): which data, whatever phase reads it (data_conversions key)
     dataset: str
     classes: tuple[int, ...]
     class_names: tuple[str, ...]

@@ -97,7 +97,8 @@ class PhaseRun:
 
 
 class PhaseRunner(ABC):
-    """A phase's hooks for run_phase (Optuna's samplers are the model: one shape, a few duties overridden)."""
+    """A phase's hooks for run_phase (Optuna's samplers are the model: one shape, a few duties overridden). A runner
+    serves one call of run_phase, so `plan` may keep on it what `finish` needs (H*, the sets)."""
 
     def __init__(self, phase: Phase) -> None:
         self.phase = phase
