@@ -34,6 +34,7 @@ from gtep.algorithms.base import (
     TaskData,
 )
 from gtep.models import Backbone
+from gtep.models.heads import BackboneAndHead
 
 
 @dataclass(frozen=True)
@@ -83,25 +84,11 @@ class LSCHead(nn.Module):
         return self.eta * (sims.softmax(dim=-1) * sims).sum(dim=-1)
 
 
-class PODNetNet(nn.Module):
+class PODNetNet(BackboneAndHead[LSCHead]):
     """Backbone + LSC head; returns the backbone's fmaps and features plus the LSC logits."""
 
     def __init__(self, backbone: Backbone, nb_proxy: int) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.head = LSCHead(backbone.out_dim, nb_proxy)
-
-    @property
-    def feature_dim(self) -> int:
-        return self.backbone.out_dim
-
-    def expand(self, total_classes: int) -> None:
-        self.head.expand(total_classes)
-
-    def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
-        out = self.backbone(x)
-        out["logits"] = self.head(out["features"])
-        return out
+        super().__init__(backbone, LSCHead(backbone.out_dim, nb_proxy))
 
 
 def nca_loss(logits: Tensor, y: Tensor, margin: float, scale: float) -> Tensor:

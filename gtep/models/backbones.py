@@ -87,7 +87,22 @@ def init_as_pycil(module: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-class CifarResNet(Backbone):
+class StagedResNet(Backbone):
+    """A stem, then stages whose outputs are the fmaps; the features are the last one's global average."""
+
+    stem: nn.Module
+    stages: nn.ModuleList
+
+    def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
+        x = self.stem(x)
+        fmaps = []
+        for stage in self.stages:
+            x = stage(x)
+            fmaps.append(x)
+        return {"fmaps": fmaps, "features": torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)}
+
+
+class CifarResNet(StagedResNet):
     """ResNet-(6n+2) for 32x32 inputs (He et al. 2016, section 4.2): 16/32/64 channels, 64-d features.
     ResNet-32 (n=5) is the backbone PyCIL uses for CIFAR-100, initialised as PyCIL does."""
 
@@ -105,16 +120,8 @@ class CifarResNet(Backbone):
         self.out_dim = in_planes
         init_as_pycil(self)
 
-    def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
-        x = self.stem(x)
-        fmaps = []
-        for stage in self.stages:
-            x = stage(x)
-            fmaps.append(x)
-        return {"fmaps": fmaps, "features": torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)}
 
-
-class ResNet18(Backbone):
+class ResNet18(StagedResNet):
     """torchvision's ResNet-18 (its own initialisation, 512-d features) with the stem PyCIL gives it per dataset.
 
     small_inputs: a 3x3 stride-1 stem and no max-pool, as PyCIL builds it for CIFAR, so 32x32 images keep
@@ -134,14 +141,6 @@ class ResNet18(Backbone):
             self.stem = nn.Sequential(net.conv1, net.bn1, net.relu, net.maxpool)
         self.stages = nn.ModuleList([net.layer1, net.layer2, net.layer3, net.layer4])
         self.out_dim = 512
-
-    def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
-        x = self.stem(x)
-        fmaps = []
-        for stage in self.stages:
-            x = stage(x)
-            fmaps.append(x)
-        return {"fmaps": fmaps, "features": torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)}
 
 
 @BACKBONES.register("resnet32")

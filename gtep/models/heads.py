@@ -1,6 +1,8 @@
 """Heads that grow with the classes, and the plain incremental network (backbone + linear head)."""
 from __future__ import annotations
 
+from typing import Generic, Protocol, TypeVar
+
 import torch
 from torch import Tensor, nn
 
@@ -38,13 +40,24 @@ class LinearHead(nn.Module):
         return features @ self.weight.t() + self.bias
 
 
-class IncrementalNet(nn.Module):
-    """A backbone and one growing head: the network of Replay, iCaRL, BiC and WA."""
+class GrowingHead(Protocol):
+    """A classifier over features whose rows grow when classes arrive (LinearHead, PODNet's LSC head)."""
 
-    def __init__(self, backbone: Backbone) -> None:
+    def expand(self, total: int) -> None: ...
+
+    def __call__(self, features: Tensor) -> Tensor: ...
+
+
+HeadT = TypeVar("HeadT", bound=GrowingHead)
+
+
+class BackboneAndHead(nn.Module, Generic[HeadT]):
+    """A backbone and one growing head on its features; the output is the backbone's plus the logits."""
+
+    def __init__(self, backbone: Backbone, head: HeadT) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = LinearHead(backbone.out_dim)
+        self.head = head
 
     @property
     def feature_dim(self) -> int:
@@ -57,6 +70,13 @@ class IncrementalNet(nn.Module):
         out = self.backbone(x)
         out["logits"] = self.head(out["features"])
         return out
+
+
+class IncrementalNet(BackboneAndHead[LinearHead]):
+    """A backbone and one growing linear head: the network of Replay, iCaRL, BiC and WA."""
+
+    def __init__(self, backbone: Backbone) -> None:
+        super().__init__(backbone, LinearHead(backbone.out_dim))
 
 
 def embed_head(head: LinearHead, in_dim: int, total: int) -> LinearHead:

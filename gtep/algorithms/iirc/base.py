@@ -30,8 +30,7 @@ from torch import Tensor, nn
 
 from gtep.algorithms.base import IncrementalLearner, P, TaskData
 from gtep.algorithms.memory import FeatureFn, herding_order
-from gtep.models import Backbone
-from gtep.models.heads import LinearHead
+from gtep.models.heads import BackboneAndHead, LinearHead
 
 Selection = Literal["random", "herding"]
 MULTI_LABEL = "multi_label"
@@ -64,24 +63,9 @@ class CosineHead(nn.Module):
         return self.eta * F.normalize(features, dim=1) @ F.normalize(self.weight, dim=1).t()
 
 
-class MultiLabelNet(nn.Module):
+class MultiLabelNet(BackboneAndHead[LinearHead | CosineHead]):
     """A backbone and one growing head (linear, or cosine for iCaRL-norm): forward gives "logits" and
     "features", as the base learner's readers expect."""
-
-    def __init__(self, backbone: Backbone, head: LinearHead | CosineHead) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.head = head
-
-    def expand(self, total: int) -> None:
-        self.head.expand(total)
-
-    def forward(self, x: Tensor) -> dict[str, Tensor | list[Tensor]]:
-        out = self.backbone(x)
-        features = out["features"]
-        assert isinstance(features, Tensor)
-        out["logits"] = self.head(features)
-        return out
 
 
 class MultiLabelMemory:
