@@ -21,21 +21,46 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gtep.algorithms._pretrained import PretrainedLearner
-from gtep.algorithms.base import NON_NEGATIVE, CommonParams, Constraint, FitFn, TaskData, freeze
+from gtep.algorithms.base import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    CommonParams,
+    Constraint,
+    FitFn,
+    Optimizer,
+    Scheduler,
+    TaskData,
+    freeze,
+)
 from gtep.models.vit import PromptableViT
-
-
-@dataclass(frozen=True)
-class PromptParams(CommonParams):
-    """What both methods' Params have: the weight of the key-query pull loss."""
-
-    lamb: float = 0.1
-    ranges = {"lamb": NON_NEGATIVE}
-
 
 # L2P and DualPrompt choose top_k prompts per image from a pool of pool_size
 TOP_K_IN_POOL = Constraint(("top_k", "pool_size"), lambda top_k, pool_size: top_k <= pool_size,
                            "top_k prompts are chosen from a pool of pool_size; lower top_k or raise pool_size")
+
+
+@dataclass(frozen=True)
+class PromptParams(CommonParams):
+    """What both methods' Params have: PILOT's shared recipe (l2p.json, dualprompt.json; GTEP paper appendix A.2),
+    a pool of pool_size prompts with one key each, top_k of them chosen per image, and the weight of the
+    key-query pull loss. Each method's Params restate the defaults in which the two differ."""
+
+    epochs: int = 10
+    weight_decay: float = 0.0
+    scheduler: Scheduler = "constant"
+    optimizer: Optimizer = "adam"
+    pool_size: int = 10
+    top_k: int = 1
+    lamb: float = 0.1
+    ranges = {"pool_size": AT_LEAST_ONE, "top_k": AT_LEAST_ONE, "lamb": NON_NEGATIVE}
+    constraints = (TOP_K_IN_POOL,)
+
+
+def check_top_k_in_pool(method: str, top_k: int, pool_size: int) -> None:
+    """A network built without its Params' validation (a test, a benchmark) refuses a pool too small as well."""
+    if not 1 <= top_k <= pool_size:
+        raise ValueError(f"{method} top_k={top_k} and pool_size={pool_size} conflict: top_k prompts are chosen from "
+                         "a pool of pool_size (top_k >= 1); lower top_k or raise pool_size")
 
 
 # L2PParams or DualPromptParams

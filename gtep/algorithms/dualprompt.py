@@ -26,38 +26,31 @@ import torch
 from torch import Tensor
 
 from gtep.algorithms._prompting import (
-    TOP_K_IN_POOL,
     PromptLearner,
     PromptNet,
     PromptParams,
+    check_top_k_in_pool,
     key_similarity,
     pull_loss,
     uniform_parameter,
 )
-from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, Optimizer, Scheduler, TaskData
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, NON_NEGATIVE, TaskData
 from gtep.models.vit import Prefix, PromptableViT
 
 
 @dataclass(frozen=True)
 class DualPromptParams(PromptParams):
-    # Defaults: PILOT's dualprompt.json (GTEP paper appendix A.2); milestone_num only matters for steplr.
-    epochs: int = 10
+    # Defaults: PILOT's dualprompt.json where it differs from l2p.json (PromptParams); milestone_num only matters
+    # for steplr. pool_size counts the E-prompts; top_k is E-prompts per image (and per task while training).
     lr: float = 0.001
     milestone_num: int = 4
     batch_size: int = 24
-    weight_decay: float = 0.0
-    scheduler: Scheduler = "constant"
-    optimizer: Optimizer = "adam"
-    pool_size: int = 10  # E-prompts in the pool
     g_prompt_length: int = 5  # L_g
     e_prompt_length: int = 5  # L_e
-    top_k: int = 1  # E-prompts per image (and per task while training)
-    lamb: float = 0.1  # weight of the key-query pull loss (declared by PromptParams, restated here)
     g_prompt_layers: tuple[int, ...] = (0, 1)
     e_prompt_layers: tuple[int, ...] = (2, 3, 4)
-    ranges = {"pool_size": AT_LEAST_ONE, "g_prompt_length": AT_LEAST_ONE, "e_prompt_length": AT_LEAST_ONE,
-              "top_k": AT_LEAST_ONE, "g_prompt_layers": NON_NEGATIVE, "e_prompt_layers": NON_NEGATIVE}
-    constraints = (TOP_K_IN_POOL,)
+    ranges = {"g_prompt_length": AT_LEAST_ONE, "e_prompt_length": AT_LEAST_ONE, "g_prompt_layers": NON_NEGATIVE,
+              "e_prompt_layers": NON_NEGATIVE}
 
     def __post_init__(self) -> None:  # a YAML preset gives lists; keep the Params hashable
         object.__setattr__(self, "g_prompt_layers", tuple(self.g_prompt_layers))
@@ -69,9 +62,7 @@ class DualPromptNet(PromptNet):
 
     def __init__(self, backbone: PromptableViT, p: DualPromptParams) -> None:
         super().__init__(backbone)
-        if not 1 <= p.top_k <= p.pool_size:
-            raise ValueError(f"DualPrompt top_k={p.top_k} and pool_size={p.pool_size} conflict: top_k prompts are "
-                             "chosen from a pool of pool_size (top_k >= 1); lower top_k or raise pool_size")
+        check_top_k_in_pool("DualPrompt", p.top_k, p.pool_size)
         depth, dim = backbone.depth, backbone.out_dim
         self.g_layers = sorted({i for i in p.g_prompt_layers if 0 <= i < depth})
         self.e_layers = sorted({i for i in p.e_prompt_layers if 0 <= i < depth} - set(self.g_layers))

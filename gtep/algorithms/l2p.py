@@ -19,34 +19,28 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from gtep.algorithms._prompting import (
-    TOP_K_IN_POOL,
     PromptLearner,
     PromptNet,
     PromptParams,
+    check_top_k_in_pool,
     key_similarity,
     pull_loss,
     uniform_parameter,
 )
-from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE, Optimizer, Scheduler
+from gtep.algorithms.base import ALGORITHMS, AT_LEAST_ONE
 from gtep.models.vit import PromptableViT
 
 
 @dataclass(frozen=True)
 class L2PParams(PromptParams):
-    # Defaults: PILOT's l2p.json (GTEP paper appendix A.2); milestone_num only matters for steplr.
-    epochs: int = 10
+    # Defaults: PILOT's l2p.json where it differs from dualprompt.json (PromptParams); milestone_num only matters
+    # for steplr. pool_size is M, the prompts in the pool.
     lr: float = 0.001875
     milestone_num: int = 3
     batch_size: int = 32
-    weight_decay: float = 0.0
-    scheduler: Scheduler = "constant"
-    optimizer: Optimizer = "adam"
-    pool_size: int = 10  # M, prompts in the pool
     prompt_length: int = 5  # L_p, tokens per prompt
     top_k: int = 5  # prompts chosen per image (N in the paper)
-    lamb: float = 0.1  # weight of the key-query pull loss (declared by PromptParams, restated here)
-    ranges = {"pool_size": AT_LEAST_ONE, "prompt_length": AT_LEAST_ONE, "top_k": AT_LEAST_ONE}
-    constraints = (TOP_K_IN_POOL,)
+    ranges = {"prompt_length": AT_LEAST_ONE}
 
 
 class L2PNet(PromptNet):
@@ -54,9 +48,7 @@ class L2PNet(PromptNet):
 
     def __init__(self, backbone: PromptableViT, pool_size: int, prompt_length: int, top_k: int) -> None:
         super().__init__(backbone)
-        if not 1 <= top_k <= pool_size:
-            raise ValueError(f"L2P top_k={top_k} and pool_size={pool_size} conflict: top_k prompts are chosen from a "
-                             "pool of pool_size (top_k >= 1); lower top_k or raise pool_size")
+        check_top_k_in_pool("L2P", top_k, pool_size)
         dim = backbone.out_dim
         self.prompts = uniform_parameter(pool_size, prompt_length, dim)
         self.keys = uniform_parameter(pool_size, dim)

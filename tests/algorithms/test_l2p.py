@@ -81,18 +81,25 @@ def test_pull_loss_draws_chosen_keys_to_their_queries():
     assert after < before - 0.03, distances  # about 0.92 -> 0.87 over 20 steps
 
 
-def test_pretrained_weights_stay_frozen_and_only_prompts_keys_head_count():
-    learner = make_learner("l2p", epochs=1, **QUICK)
+def train_two_tasks_leaving_the_vit_frozen(algorithm: str):
+    """A prompting learner after two tasks, checked to have left the pretrained ViT as it was, bit for bit, and
+    frozen; with the ViT's parameter count (its pretraining head aside)."""
+    learner = make_learner(algorithm, epochs=1, **QUICK)
     for index, (known, classes) in enumerate([(0, [0, 1, 2, 3]), (4, [4, 5, 6])]):
         train_task(learner, index, known, *task_tensors(classes, per_class=10))
     pretrained = {k: v for k, v in load_state(pretrained_vit()).items() if not k.startswith("head.")}
     for name, value in learner.net.backbone.vit.state_dict().items():
         assert torch.equal(value, pretrained[name]), name
     assert not any(p.requires_grad for p in learner.net.backbone.parameters())
+    return learner, sum(v.numel() for v in pretrained.values())
+
+
+def test_pretrained_weights_stay_frozen_and_only_prompts_keys_head_count():
+    learner, vit_parameters = train_two_tasks_leaving_the_vit_frozen("l2p")
     p, dim = learner.params, learner.net.backbone.out_dim
     total, trainable = learner.parameter_counts()
     assert trainable == p.pool_size * p.prompt_length * dim + p.pool_size * dim + 7 * (dim + 1)
-    assert total == trainable + sum(v.numel() for v in pretrained.values())
+    assert total == trainable + vit_parameters
 
 
 def test_learns_above_chance_and_records_the_simplecil_comparison(record_property):
