@@ -7,8 +7,8 @@ A family is pure (stdlib and numpy), so it is tested without Ray, MLflow or torc
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Mapping, Sequence, cast
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Literal, Mapping, Self, Sequence, cast
 
 import numpy as np
 
@@ -98,6 +98,16 @@ class StudyLayout:
     seed: int
     memory_size: int  # training.memory_size
     pretrain_classes: tuple[int, ...] | None  # the pretrain section's classes; None: no pretrain section
+
+
+class FamilyOptions:
+    """Base of a family's Options dataclass: `of` builds it from the family's options section, keeping the keys
+    that are its fields and leaving the others (keys the section shares with other families' options)."""
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any]) -> Self:
+        known = {f.name for f in fields(cast(Any, cls))}
+        return cls(**{k: v for k, v in options.items() if k in known})
 
 
 class ScenarioFamily(ABC):

@@ -38,16 +38,17 @@ same tasks, and GTEP's ordering s is a set of `tasks_per_ordering` tasks. Pure: 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
+from gtep.protocol.families.base import FamilyOptions
 from gtep.protocol.scenarios import ordering_seed
 
 
 @dataclass(frozen=True)
-class CfslOptions:
+class CfslOptions(FamilyOptions):
     """scenario.cfsl: continual few-shot tasks (the CFSL spec's Algorithm 1); an ordering of a phase is
     tasks_per_ordering tasks drawn with (study seed, ordering). One task type and how many tasks an ordering has
     (the config validates the section against these fields' metadata, and `problem`)."""
@@ -61,11 +62,6 @@ class CfslOptions:
     overwrite: bool = field(default=False, metadata={"description": "O: every class block reuses labels 0..NC-1"})
     tasks_per_ordering: int = field(default=10, metadata={"ge": 1, "description": "tasks that make one GTEP "
                                                                                   "ordering"})
-
-    @classmethod
-    def of(cls, options: Mapping[str, Any]) -> "CfslOptions":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in options.items() if k in known})
 
     def problem(self) -> str | None:
         """What is wrong with the task type (None: nothing)."""

@@ -23,7 +23,7 @@ Data flow "stream" (gtep/engine/flows/stream.py runs it). Pure: stdlib and numpy
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -33,6 +33,7 @@ from gtep.protocol.families.base import (
     ACC,
     ACC_T,
     AVG_ACC,
+    FamilyOptions,
     Metric,
     PhaseData,
     PhaseLayout,
@@ -63,7 +64,7 @@ METRICS = (Metric("mean_per_class_acc", "mean per-class"), Metric("overall_acc",
 
 
 @dataclass(frozen=True)
-class FluidOptions:
+class FluidOptions(FamilyOptions):
     """scenario.fluid: FLUID's open-world stream (papers/fluid.txt; the config validates the section against these
     fields' metadata)."""
 
@@ -95,10 +96,8 @@ class FluidOptions:
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> "FluidOptions":
-        known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in options.items() if k in known}
-        values["pretrain_classes"] = tuple(int(c) for c in values.get("pretrain_classes", ()))
-        return cls(**values)
+        pretrain_classes = tuple(int(c) for c in options.get("pretrain_classes", ()))  # YAML gives a list
+        return super().of({**options, "pretrain_classes": pretrain_classes})
 
 
 UNSEEN_POSITIVES = ("novel", "all")

@@ -3,7 +3,7 @@ classes, then N-way K-shot sessions; the paper's aAcc, lAcc, tAcc, gAcc AUC, PD,
 gAcc AUC. The shots of a class are drawn for (seed, ordering, class), or given by a benchmark's index file."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -14,6 +14,7 @@ from gtep.protocol.families.base import (
     ACC,
     ACC_T,
     AVG_ACC,
+    FamilyOptions,
     Metric,
     PhaseData,
     PhaseLayout,
@@ -33,7 +34,7 @@ from gtep.protocol.scenarios import (  # noqa: F401  (few_shot_indices, shots_at
 
 
 @dataclass(frozen=True)
-class FewShotOptions:
+class FewShotOptions(FamilyOptions):
     """scenario.fscil: a base session of `base_classes` with all their images, then `sessions` sessions of
     `ways` classes with `shots` training images each (drawn per ordering, or given by `shot_index`)."""
 
@@ -59,11 +60,6 @@ class FewShotOptions:
         if self.shots_given is None:
             return None
         return {int(c): [int(i) for i in v] for c, v in self.shots_given.items()}
-
-    @classmethod
-    def of(cls, options: Mapping[str, Any]) -> "FewShotOptions":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in options.items() if k in known})
 
     @property
     def increments(self) -> list[int]:

@@ -35,7 +35,7 @@ Pure: stdlib and numpy only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
 from gtep.protocol.criteria import Criterion, register_criterion
@@ -43,6 +43,7 @@ from gtep.protocol.families.base import (
     ACC,
     ACC_T,
     AVG_ACC,
+    FamilyOptions,
     Metric,
     PhaseData,
     PhaseLayout,
@@ -78,7 +79,7 @@ PLATEAU_THRESHOLD = 1e-3
 
 
 @dataclass(frozen=True)
-class IircOptions:
+class IircOptions(FamilyOptions):
     """scenario.iirc: Incremental Implicitly-Refined Classification. The phase's classes are the subclasses;
     `hierarchy` gives their superclasses (the config validates the section against these fields' metadata)."""
 
@@ -118,11 +119,6 @@ class IircOptions:
         if self.tree is None:
             raise ValueError(f"the hierarchy {self.hierarchy} was not read; give its content as options['tree']")
         return self.tree
-
-    @classmethod
-    def of(cls, options: Mapping[str, Any]) -> "IircOptions":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in options.items() if k in known})
 
 
 def dataset_superclasses(source: str | Mapping[str, Sequence[str | int]], class_names: Sequence[str],
