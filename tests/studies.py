@@ -2,8 +2,10 @@
 over S=2 orderings, both phases through `gtep run` on Ray into a sqlite MLflow store; about 25 s on 2 cores."""
 from __future__ import annotations
 
+import contextlib
+import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -24,19 +26,81 @@ CONFIG: dict[str, Any] = {
 }
 
 
-def run_tiny_study(root: Path) -> dict[str, Any]:
-    """`gtep run` of CONFIG under `root`; what it printed, its folders and its MLflow runs as they were at its end."""
+def tiny_config(study: str, algorithm: str, root: Path, trials: int, orderings: int,
+                **sections: Any) -> dict[str, Any]:
+    """A tiny study's experiment file: `algorithm` on resnet8, `trials` sets x `orderings` orderings drawn from
+    root/space.yaml (run_study's `space`), two trials at once on a CPU each; `sections` give the rest."""
+    return {"study": study, "algorithm": algorithm, "backbone": "resnet8",
+            "search": {"trials": trials, "orderings": orderings, "space": str(root / "space.yaml")},
+            "compute": {"cpus_per_trial": 1, "max_concurrent": 2}, **sections}
+
+
+def run_study(root: Path, config: dict[str, Any], space: dict[str, Any] | None = None,
+              columns: int | None = None) -> dict[str, Any]:
+    """`gtep run` of `config` under `root` (its search space, when given, written to root/space.yaml first, where
+    the config names it), in this process on the Ray it finds or starts; what it printed (in a terminal `columns`
+    wide), its folders and its MLflow runs as they were at its end."""
     from mlflow.tracking import MlflowClient
     from typer.testing import CliRunner
 
     from gtep.cli import app
 
-    config = root / "exp.yaml"
-    config.write_text(yaml.safe_dump(CONFIG))
-    result = CliRunner().invoke(app, ["run", "--config", str(config), "--output", str(root / "out")])
+    if space is not None:
+        (root / "space.yaml").write_text(yaml.safe_dump(space))
+    path = root / "exp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(app, ["run", "--config", str(path), "--output", str(root / "out")],
+                                env=None if columns is None else {"COLUMNS": str(columns)})
     assert result.exit_code == 0, result.output + str(result.exception)
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'out' / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name(f"gtep/{STUDY}")
+    experiment = client.get_experiment_by_name(f"gtep/{config['study']}")
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
-    return {"root": root, "out": root / "out", "folder": root / "out" / STUDY, "client": client, "runs": runs,
-            "output": result.output}
+    return {"root": root, "out": root / "out", "folder": root / "out" / config["study"], "client": client,
+            "runs": runs, "output": result.output}
+
+
+def run_tiny_study(root: Path) -> dict[str, Any]:
+    """`gtep run` of CONFIG under `root`."""
+    return run_study(root, CONFIG)
+
+
+@contextlib.contextmanager
+def own_ray() -> Iterator[None]:
+    """A Ray of this module's own (2 CPUs), started after any other this worker holds is shut down, and shut down
+    at the end: for a study whose workers must inherit something (GTEP_PLUGINS) or start clean."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def assert_best_set(folder: Path, family: str, criterion: str, column: str,
+                                  columns: set[str]) -> tuple[dict[str, Any], Any]:
+    """best.yaml names `criterion` and `family`, tune_results.csv has `columns`, and H* is the set whose mean of
+    `column` over its orderings is the highest, with that mean as its score. Returns best.yaml and the units' frame."""
+    import pandas as pd
+    import pytest
+
+    best = yaml.safe_load((folder / "best.yaml").read_text())
+    assert best["criterion"] == criterion and best["family"] == family
+    units = pd.read_csv(folder / "tune_results.csv")
+    assert columns <= set(units.columns)
+    means = units.groupby("set_index")[column].mean()
+    assert best["set_index"] == int(means.idxmax())
+    assert best["score"] == pytest.approx(means.max())
+    return best, units
+
+
+def assert_tagged(runs: list[Any], family: str, criterion: str) -> None:
+    for run in runs:
+        assert run.data.tags["gtep.family"] == family and run.data.tags["gtep.criterion"] == criterion
+
+
+def accuracy_artifact(run: Any) -> dict[str, Any]:
+    """An ordering run's accuracy.json (a file store's artifact)."""
+    return json.loads(Path(run.info.artifact_uri[len("file://"):], "accuracy.json").read_text())

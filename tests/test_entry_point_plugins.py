@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from gtep.plugins import PluginError, load_entry_point
+from tests.plugin_code import COUNTING_NET, LEARNER_IMPORTS, pairs_family
 
 EXTENDING = Path(__file__).resolve().parent.parent / "docs" / "extending.md"
 RUNS_HERE = "<!-- runs: tests/test_entry_point_plugins.py -->"
@@ -47,35 +48,11 @@ METHODS = '''
 the entry point's name (module:object). Their network is a class of the plugin's own (checkpoints rebuild it)."""
 import os
 from pathlib import Path
-
-import torch
-from torch import nn
-
-from gtep.algorithms import ALGORITHMS, CommonParams, IncrementalLearner
-
-
-class CountingNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(1))
-        self.classes = 0
-
-    def expand(self, total):
-        self.classes = max(self.classes, total)
-
-    def forward(self, x):
-        logits = self.scale * torch.zeros(len(x), max(self.classes, 1), device=x.device)
-        return {"logits": logits, "features": logits}
-
+''' + LEARNER_IMPORTS + COUNTING_NET + '''
 
 @ALGORITHMS.register("ep_method")
-class EpMethod(IncrementalLearner[CommonParams]):
+class EpMethod(CountingLearner):
     """EpMethod (an entry-point plugin)."""
-
-    uses_memory = False
-
-    def build_network(self):
-        return CountingNet()
 
     def fit_task(self, task, fit):
         markers = os.environ.get("EP_LAB_MARKERS")
@@ -87,42 +64,13 @@ class EpObjectMethod(EpMethod):
     """EpObjectMethod (a module:object entry point)."""
 '''
 
-PAIRS = '''
-"""A scenario family of two tasks of two classes, registered by gtep from its module:object entry point."""
-from dataclasses import dataclass
-from typing import Any, Mapping
-
-from gtep.protocol import metrics
-from gtep.protocol.families import ACC, ACC_T, AVG_ACC, TaskFamily
-from gtep.protocol.scenarios import build_scenario
-
-
-@dataclass(frozen=True)
-class PairsOptions:
-    @classmethod
-    def of(cls, options: Mapping[str, Any]) -> "PairsOptions":
-        return cls()
-
-
+PAIRS = pairs_family("A scenario family of two tasks of two classes, registered by gtep from its module:object "
+                     "entry point.", '''
 class EpPairs(TaskFamily):
     name = "ep_pairs"
     description = "two tasks of two classes"
-    Options = PairsOptions
     metrics = (ACC, AVG_ACC, ACC_T)
-    default_criterion = "hmean_acc_avgacc"
-
-    def increments(self, options):
-        return [2, 2]
-
-    def tasks(self, classes, options, seed, ordering):
-        return build_scenario(classes, [2, 2], seed, ordering)
-
-    def summarize(self, matrix, test_counts, tasks):
-        return metrics.summarize(matrix, test_counts)
-
-    def example_options(self):
-        return {}
-'''
+''')
 
 DATA = '''
 """A dataset scheme: `tiny:<synthetic options>`, registered by gtep from its module:object entry point."""

@@ -13,35 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.plugin_code import COUNTING_NET, LEARNER_IMPORTS
+
 PLUGIN = '''
 """A plugin algorithm with a network class of its own (checkpoints must be able to rebuild it)."""
-import torch
-from torch import nn
-
-from gtep.algorithms import ALGORITHMS, CommonParams, IncrementalLearner
-
-
-class CountingNet(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(1))
-        self.classes = 0
-
-    def expand(self, total):
-        self.classes = max(self.classes, total)
-
-    def forward(self, x):
-        logits = self.scale * torch.zeros(len(x), max(self.classes, 1), device=x.device)
-        return {"logits": logits, "features": logits}
-
+''' + LEARNER_IMPORTS + COUNTING_NET + '''
 
 @ALGORITHMS.register("my_method")
-class MyMethod(IncrementalLearner[CommonParams]):
-    uses_memory = False
-
-    def build_network(self):
-        return CountingNet()
-
+class MyMethod(CountingLearner):
     def fit_task(self, task, fit):
         pass
 '''

@@ -1,16 +1,17 @@
 """A tiny CFSL study through `gtep run` on Ray: the backbone pretrained once on held-out classes (the pretrain
 section), H* chosen by mean target accuracy, every run tagged with the cfsl family, CFSL metrics in MLflow."""
-import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
-import ray
-import yaml
-from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
-from gtep.cli import app
+from tests.studies import (
+    accuracy_artifact,
+    assert_best_set,
+    assert_tagged,
+    own_ray,
+    run_study,
+    tiny_config,
+)
 
 # a Ray study of its own: in the `slow` group, which .ci/run runs after the default one
 pytestmark = pytest.mark.slow
@@ -20,40 +21,19 @@ SPACE = {"algorithm": "cfsl_prototypes", "space": {"prototype_update": ["mean"],
 
 
 def study_config(root: Path) -> dict:
-    return {
-        "study": "cfsl-tiny",
-        "algorithm": "cfsl_prototypes",
-        "backbone": "resnet8",
-        "pretrain": {"classes": [16, 17, 18, 19], "epochs": 1, "batch_size": 16},
-        "scenario": {"family": "cfsl", "cfsl": {"support_sets": 4, "ways": 2, "shots": 1, "target_shots": 2,
-                                                "class_change_interval": 2, "tasks_per_ordering": TASKS}},
-        "datasets": {"split": {"dataset": "synthetic:classes=20,train=10,test=4", "classes": list(range(16))}},
-        "search": {"trials": R, "orderings": S, "space": str(root / "space.yaml")},
-        "compute": {"cpus_per_trial": 1, "max_concurrent": 2},
-        "seed": 2,
-    }
+    return tiny_config(
+        "cfsl-tiny", "cfsl_prototypes", root, R, S,
+        pretrain={"classes": [16, 17, 18, 19], "epochs": 1, "batch_size": 16},
+        scenario={"family": "cfsl", "cfsl": {"support_sets": 4, "ways": 2, "shots": 1, "target_shots": 2,
+                                             "class_change_interval": 2, "tasks_per_ordering": TASKS}},
+        datasets={"split": {"dataset": "synthetic:classes=20,train=10,test=4", "classes": list(range(16))}}, seed=2)
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     root = tmp_path_factory.mktemp("cfsl")
-    try:
-        (root / "space.yaml").write_text(yaml.safe_dump(SPACE))
-        config = root / "exp.yaml"
-        config.write_text(yaml.safe_dump(study_config(root)))
-        result = CliRunner().invoke(app, ["run", "--config", str(config), "--output", str(root / "out")],
-                                    env={"COLUMNS": "220"})
-        assert result.exit_code == 0, result.output + str(result.exception)
-        client = MlflowClient(tracking_uri=f"sqlite:///{root / 'out' / 'mlflow.db'}")
-        experiment = client.get_experiment_by_name("gtep/cfsl-tiny")
-        runs = client.search_runs([experiment.experiment_id], max_results=1000)
-        yield {"root": root, "folder": root / "out" / "cfsl-tiny", "client": client, "runs": runs,
-               "output": result.output}
-    finally:
-        ray.shutdown()
+    with own_ray():
+        yield run_study(root, study_config(root), SPACE, columns=220)
 
 
 def test_the_backbone_is_pretrained_once_and_used_by_both_phases(study):
@@ -66,19 +46,14 @@ def test_the_backbone_is_pretrained_once_and_used_by_both_phases(study):
 
 
 def test_h_star_is_the_set_with_the_best_mean_target_accuracy(study):
-    best = yaml.safe_load((study["folder"] / "best.yaml").read_text())
-    assert best["criterion"] == "mean_target_acc" and best["family"] == "cfsl"
-    units = pd.read_csv(study["folder"] / "tune_results.csv")
-    assert {"target_acc", "target_ce", "atm", "atm_count", "macs", "set_score"} <= set(units.columns)
-    means = units.groupby("set_index")["target_acc"].mean()
-    assert best["set_index"] == int(means.idxmax()) and best["score"] == pytest.approx(means.max())
+    assert_best_set(study["folder"], "cfsl", "mean_target_acc", "target_acc",
+                                  {"target_acc", "target_ce", "atm", "atm_count", "macs", "set_score"})
 
 
 def test_every_run_is_tagged_cfsl_and_logs_the_cfsl_metrics(study):
     runs = study["runs"]
     assert len(runs) == 1 + R + R * S + 1 + 1 + S
-    for run in runs:
-        assert run.data.tags["gtep.family"] == "cfsl" and run.data.tags["gtep.criterion"] == "mean_target_acc"
+    assert_tagged(runs, "cfsl", "mean_target_acc")
     for run in (r for r in runs if r.data.tags["gtep.level"] == "phase"):
         # the std over orderings (tracking's <name>_std) beside the mean over orderings of the std over tasks
         assert {"target_acc", "target_acc_std", "target_acc_task_std", "target_ce", "atm", "atm_count",
@@ -90,7 +65,7 @@ def test_every_run_is_tagged_cfsl_and_logs_the_cfsl_metrics(study):
         assert 0 <= metrics["target_acc"] <= 100 and 0 < metrics["atm"] < 1 and metrics["macs"] > 1e6
         # logged as it is, not in percent: 4 prototypes over 8 support images (2 ways x 1 shot x 4 sets)
         assert metrics["atm_count"] == pytest.approx(0.5)
-        accuracy = json.loads(Path(run.info.artifact_uri[len("file://"):], "accuracy.json").read_text())
+        accuracy = accuracy_artifact(run)
         assert len(accuracy["acc_matrix"]) == TASKS and accuracy["test_counts"] == [16] * TASKS
         steps = run.info.run_id
         assert len(study["client"].get_metric_history(steps, "acc_t")) == TASKS

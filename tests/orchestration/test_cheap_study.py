@@ -27,14 +27,18 @@ def cheap_config(tmp_path, study: str, **search):
                   compute={"max_concurrent": 1}, training={"memory_size": 12, "epoch_scale": 0.05})
 
 
-def test_asha_stops_sets_that_are_never_h_star_and_replay_reproduces_h_star(tmp_path):
-    result = gtep(tmp_path, "tune", cheap_config(tmp_path, "asha", scheduler="asha",
-                                                 scheduler_options={"grace_period": 1, "reduction_factor": 2}))
+def tuned(tmp_path, doc):
+    """`gtep tune` of `doc`, which must succeed: its result, its study folder, the sets it stopped and H*'s index."""
+    result = gtep(tmp_path, "tune", doc)
     assert result.exit_code == 0, result.output + repr(result.exception)
-    root = tmp_path / "out" / "asha"
-    manifest = json.loads((root / "manifest.json").read_text())
-    stopped = manifest["phases"]["tune"]["stopped_sets"]
-    best = manifest["phases"]["tune"]["best_set_index"]
+    root = tmp_path / "out" / doc["study"]
+    tune_phase = json.loads((root / "manifest.json").read_text())["phases"]["tune"]
+    return result, root, tune_phase["stopped_sets"], tune_phase["best_set_index"]
+
+
+def test_asha_stops_sets_that_are_never_h_star_and_replay_reproduces_h_star(tmp_path):
+    result, root, stopped, best = tuned(tmp_path, cheap_config(
+        tmp_path, "asha", scheduler="asha", scheduler_options={"grace_period": 1, "reduction_factor": 2}))
     assert stopped, "sets with lr 1e-4 and 0.2 against 0.05 should fall below the first rung's cutoff"
     assert best not in stopped
     rows = pd.read_csv(root / "tune_results.csv")
@@ -69,13 +73,10 @@ def test_first_task_protocol_trains_each_set_on_the_first_task_only(tmp_path):
 
 
 def test_hyperband_runs_the_tuning_phase_and_h_star_is_a_complete_set(tmp_path):
-    result = gtep(tmp_path, "tune", cheap_config(tmp_path, "hyperband", trials=4, scheduler="hyperband",
-                                                 scheduler_options={"reduction_factor": 3}))
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    manifest = json.loads((tmp_path / "out" / "hyperband" / "manifest.json").read_text())
-    best = manifest["phases"]["tune"]["best_set_index"]
-    assert best not in manifest["phases"]["tune"]["stopped_sets"]
-    rows = pd.read_csv(tmp_path / "out" / "hyperband" / "tune_results.csv")
+    _, root, stopped, best = tuned(tmp_path, cheap_config(tmp_path, "hyperband", trials=4, scheduler="hyperband",
+                                                          scheduler_options={"reduction_factor": 3}))
+    assert best not in stopped
+    rows = pd.read_csv(root / "tune_results.csv")
     assert set(rows[rows["set_index"] == best].set_status) == {"complete"}
 
 
@@ -120,12 +121,7 @@ def test_an_optuna_pruner_stops_sets_live_and_a_replay_with_it_makes_the_same_de
     H*; one trial at a time, so `gtep replay --pruner median` sees the live arrival order and agrees."""
     doc = cheap_config(tmp_path, "median", searcher="optuna-tpe", pruner="median",
                        pruner_options={"n_startup_trials": 1})
-    result = gtep(tmp_path, "tune", doc)
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    root = tmp_path / "out" / "median"
-    manifest = json.loads((root / "manifest.json").read_text())
-    stopped = manifest["phases"]["tune"]["stopped_sets"]
-    best = manifest["phases"]["tune"]["best_set_index"]
+    result, root, stopped, best = tuned(tmp_path, doc)
     assert stopped, "lr 1e-4 or 0.2 against 0.05 should fall below the median after one ordering"
     assert best not in stopped and "stopped early by the median pruner" in result.output
     rows = pd.read_csv(root / "tune_results.csv")

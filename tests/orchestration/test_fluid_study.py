@@ -3,14 +3,9 @@ out of both phases, both phases' streams, H* by mean per-class accuracy, every r
 family, FLUID's metrics (GMACs beside every score) in MLflow."""
 from pathlib import Path
 
-import pandas as pd
 import pytest
-import ray
-import yaml
-from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
-from gtep.cli import app
+from tests.studies import assert_best_set, assert_tagged, own_ray, run_study, tiny_config
 
 # a Ray study of its own: in the `slow` group, which .ci/run runs after the default one
 pytestmark = pytest.mark.slow
@@ -22,58 +17,32 @@ SPACE = {"algorithm": "fluid_et", "space": {"lr": [0.1, 0.01], "update_every": [
 
 
 def study_config(root: Path) -> dict:
-    return {
-        "study": "fluid-tiny",
-        "algorithm": "fluid_et",
-        "backbone": "resnet8",
-        "pretrain": {"classes": [0, 1, 2], "epochs": 1},
-        "scenario": {"family": "fluid", "fluid": {
+    return tiny_config(
+        "fluid-tiny", "fluid_et", root, R, S,
+        pretrain={"classes": [0, 1, 2], "epochs": 1},
+        scenario={"family": "fluid", "fluid": {
             "pretrain_classes": [0, 1, 2], "n_pretrain_classes": 2, "n_novel_classes": 4, "total_samples": 60,
             "per_class_cap": 20, "head_cut": 10, "window": 20}},
-        "datasets": {"split": {"dataset": "synthetic:classes=13,train=20,test=10", "classes": list(range(3, 13)),
-                               "classes_per_phase": 5}},
-        "search": {"trials": R, "orderings": S, "space": str(root / "space.yaml")},
-        "training": {"memory_size": 0},
-        "compute": {"cpus_per_trial": 1, "max_concurrent": 2},
-        "seed": 1,
-    }
+        datasets={"split": {"dataset": "synthetic:classes=13,train=20,test=10", "classes": list(range(3, 13)),
+                            "classes_per_phase": 5}},
+        training={"memory_size": 0}, seed=1)
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     root = tmp_path_factory.mktemp("fluid")
-    try:
-        (root / "space.yaml").write_text(yaml.safe_dump(SPACE))
-        config = root / "exp.yaml"
-        config.write_text(yaml.safe_dump(study_config(root)))
-        result = CliRunner().invoke(app, ["run", "--config", str(config), "--output", str(root / "out")],
-                                    env={"COLUMNS": "200"})
-        assert result.exit_code == 0, result.output + str(result.exception)
-        client = MlflowClient(tracking_uri=f"sqlite:///{root / 'out' / 'mlflow.db'}")
-        experiment = client.get_experiment_by_name("gtep/fluid-tiny")
-        runs = client.search_runs([experiment.experiment_id], max_results=1000)
-        yield {"folder": root / "out" / "fluid-tiny", "runs": runs, "output": result.output}
-    finally:
-        ray.shutdown()
+    with own_ray():
+        yield run_study(root, study_config(root), SPACE, columns=200)
 
 
 def test_h_star_is_the_set_with_the_best_mean_per_class_accuracy(study):
-    best = yaml.safe_load((study["folder"] / "best.yaml").read_text())
-    assert best["criterion"] == "mean_per_class_acc" and best["family"] == "fluid"
-    units = pd.read_csv(study["folder"] / "tune_results.csv")
-    assert {"mean_per_class_acc", "overall_acc", "unseen_auroc", "gmacs_total", "set_score"} <= set(units.columns)
-    means = units.groupby("set_index")["mean_per_class_acc"].mean()
-    assert best["set_index"] == int(means.idxmax())
-    assert best["score"] == pytest.approx(means.max())
+    assert_best_set(study["folder"], "fluid", "mean_per_class_acc", "mean_per_class_acc",
+                                  {"mean_per_class_acc", "overall_acc", "unseen_auroc", "gmacs_total", "set_score"})
 
 
 def test_every_run_is_tagged_fluid_and_logs_scores_with_compute(study):
     runs = study["runs"]
-    for run in runs:
-        assert run.data.tags["gtep.family"] == "fluid" and run.data.tags["gtep.criterion"] == "mean_per_class_acc"
+    assert_tagged(runs, "fluid", "mean_per_class_acc")
     orderings = [r for r in runs if r.data.tags["gtep.level"] == "ordering"]
     assert len(orderings) == R * S + S
     for run in orderings:

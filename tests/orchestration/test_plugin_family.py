@@ -9,46 +9,17 @@ import textwrap
 import pytest
 import yaml
 
-PLUGIN = '''
-"""Pairs: two tasks of two classes each, and one metric of the family's own: the accuracy on the last task."""
-from typing import Any, Mapping, Sequence
-from dataclasses import dataclass
+from tests.plugin_code import pairs_family
 
-import numpy as np
-
-from gtep.protocol import metrics
-from gtep.protocol.families import ACC, ACC_T, AVG_ACC, Metric, TaskFamily, register_family
-from gtep.protocol.scenarios import build_scenario
-
-
-@dataclass(frozen=True)
-class PairsOptions:
-    @classmethod
-    def of(cls, options: Mapping[str, Any]) -> "PairsOptions":
-        return cls()
-
-
+PLUGIN = pairs_family("Pairs: two tasks of two classes each, and one metric of the family's own: the accuracy on "
+                      "the last task.", '''
 @register_family
 class Pairs(TaskFamily):
     name = "test_pairs"
     description = "two tasks of two classes"
-    Options = PairsOptions
     metrics = (ACC, AVG_ACC, Metric("last_task_acc", "last task"), ACC_T)
-    default_criterion = "hmean_acc_avgacc"
     headline = ("last_task_acc",)
-
-    def increments(self, options):
-        return [2, 2]
-
-    def tasks(self, classes, options, seed, ordering):
-        return build_scenario(classes, [2, 2], seed, ordering)
-
-    def summarize(self, matrix, test_counts, tasks):
-        return {**metrics.summarize(matrix, test_counts), "last_task_acc": float(np.asarray(matrix)[-1, -1])}
-
-    def example_options(self):
-        return {}
-'''
+''', summary='{**metrics.summarize(matrix, test_counts), "last_task_acc": float(np.asarray(matrix)[-1, -1])}')
 
 
 @pytest.mark.slow
