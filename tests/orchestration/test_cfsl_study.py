@@ -4,14 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.studies import (
-    accuracy_artifact,
-    assert_best_set,
-    assert_tagged,
-    own_ray,
-    run_study,
-    tiny_config,
-)
+from tests.studies import accuracy_artifact, assert_best_set, assert_tagged, own_ray, run_study, tiny_config
 
 # a Ray study of its own: in the `slow` group, which .ci/run runs after the default one
 pytestmark = pytest.mark.slow
