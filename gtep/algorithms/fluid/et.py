@@ -17,9 +17,8 @@ from gtep.algorithms.fluid.base import Meter, StreamLearner, StreamParams
 class FluidExemplarTuning(StreamLearner[StreamParams]):
     """Centroids plus residuals over frozen features."""
 
-    def __init__(self, params: StreamParams, backbone: str, memory_size: int, device: torch.device,
-                 weights: str | None = None) -> None:
-        super().__init__(params, backbone, memory_size, device, weights)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.residual = nn.Parameter(torch.zeros(0, self.centroid_sum.shape[1], device=self.device))
 
     def grow_classes(self, total: int) -> None:

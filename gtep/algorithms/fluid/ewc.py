@@ -35,15 +35,11 @@ class EWCParams(FinetuneParams):
 
 
 @ALGORITHMS.register("fluid_ewc")
-class FluidEWC(FluidFinetune):
+class FluidEWC(FluidFinetune[EWCParams]):
     """Standard training with the EWC penalty towards the pretrained backbone."""
 
-    Params = EWCParams
-    params: EWCParams  # FluidFinetune is typed by FinetuneParams
-
-    def __init__(self, params: EWCParams, backbone: str, memory_size: int, device: torch.device,
-                 weights: str | None = None) -> None:
-        super().__init__(params, backbone, memory_size, device, weights)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.penalised = {n: p for n, p in self.backbone.named_parameters() if p.requires_grad}
         self.anchor = {n: p.detach().clone() for n, p in self.penalised.items()}  # theta*: the pretrained weights
         self.fisher = {n: torch.zeros_like(p) for n, p in self.penalised.items()}

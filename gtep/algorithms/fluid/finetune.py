@@ -6,8 +6,8 @@ once per image, the paper's "Fine-tune"; -1: every layer, its "Standard training
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -32,13 +32,18 @@ def top_blocks(backbone: nn.Module, depth: int) -> list[nn.Module]:
     return blocks if depth < 0 else blocks[len(blocks) - depth:] if depth else []
 
 
+# fine-tuning's params or an extension's (standard training's, EWC's, LwF's)
+FP = TypeVar("FP", bound=FinetuneParams)
+
+
 @ALGORITHMS.register("fluid_finetune")
-class FluidFinetune(StreamLearner[FinetuneParams]):
+class FluidFinetune(StreamLearner[FP]):
     """A linear head (and the top `depth` blocks) trained on the fine-tune schedule."""
 
-    def __init__(self, params: FinetuneParams, backbone: str, memory_size: int, device: torch.device,
-                 weights: str | None = None) -> None:
-        super().__init__(params, backbone, memory_size, device, weights)
+    Params = FinetuneParams
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.tuned = top_blocks(self.backbone, self.params.depth)
         for block in self.tuned:
             block.requires_grad_(True)

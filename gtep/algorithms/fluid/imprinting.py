@@ -32,12 +32,11 @@ class ImprintingParams(StreamParams):
 class FluidImprinting(StreamLearner[ImprintingParams]):
     """Imprinted cosine classifier over frozen features, fine-tuned after `switch_after` samples."""
 
-    def __init__(self, params: ImprintingParams, backbone: str, memory_size: int, device: torch.device,
-                 weights: str | None = None) -> None:
-        super().__init__(params, backbone, memory_size, device, weights)
-        self.weight = nn.Parameter(torch.zeros(0, self.centroid_sum.shape[1], device=device))
-        self.tuned = torch.zeros(0, dtype=torch.bool, device=device)  # rows an update has trained
-        self.scale = nn.Parameter(torch.tensor(float(params.scale), device=device))
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.weight = nn.Parameter(torch.zeros(0, self.centroid_sum.shape[1], device=self.device))
+        self.tuned = torch.zeros(0, dtype=torch.bool, device=self.device)  # rows an update has trained
+        self.scale = nn.Parameter(torch.tensor(float(self.params.scale), device=self.device))
 
     def grow_classes(self, total: int) -> None:
         super().grow_classes(total)

@@ -36,15 +36,11 @@ class LwFParams(FinetuneParams):
 
 
 @ALGORITHMS.register("fluid_lwf")
-class FluidLwF(FluidFinetune):
+class FluidLwF(FluidFinetune[LwFParams]):
     """Fine-tuning (all layers by default) distilled towards the network of the previous update."""
 
-    Params = LwFParams
-    params: LwFParams  # FluidFinetune is typed by FinetuneParams
-
-    def __init__(self, params: LwFParams, backbone: str, memory_size: int, device: torch.device,
-                 weights: str | None = None) -> None:
-        super().__init__(params, backbone, memory_size, device, weights)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         self.old_net: nn.Module | None = None
         self.old_total = 0  # classes the old model scores
 

@@ -46,13 +46,12 @@ class OLTRParams(StreamParams):
 class FluidOLTR(StreamLearner[OLTRParams]):
     """Dynamic meta-embedding and a cosine-norm classifier over frozen features (module docstring)."""
 
-    def __init__(self, params: OLTRParams, backbone: str, memory_size: int, device: torch.device,
-                 weights: str | None = None) -> None:
-        super().__init__(params, backbone, memory_size, device, weights)
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
         dim = self.centroid_sum.shape[1]
-        self.selector = nn.Linear(dim, dim).to(device)
-        self.hallucinator = nn.Parameter(torch.zeros(0, dim, device=device))  # T_hal's rows, one per class
-        self.classifier = nn.Parameter(torch.zeros(0, dim, device=device))  # the cosine-norm weights
+        self.selector = nn.Linear(dim, dim).to(self.device)
+        self.hallucinator = nn.Parameter(torch.zeros(0, dim, device=self.device))  # T_hal's rows, one per class
+        self.classifier = nn.Parameter(torch.zeros(0, dim, device=self.device))  # the cosine-norm weights
 
     def grow_classes(self, total: int) -> None:
         super().grow_classes(total)

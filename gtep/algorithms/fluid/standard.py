@@ -16,7 +16,6 @@ class StandardParams(FinetuneParams):
 
 
 @ALGORITHMS.register("fluid_standard")
-class FluidStandard(FluidFinetune):
+class FluidStandard(FluidFinetune[StandardParams]):
     """All layers trained every `update_every` samples."""
 
-    Params = StandardParams
