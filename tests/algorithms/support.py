@@ -3,10 +3,13 @@ for driving one learner by hand."""
 from typing import Any
 
 import torch
+from torch.nn import Module
 
 from gtep.algorithms import ALGORITHMS, FitRecipe, IncrementalLearner, TaskData
+from gtep.algorithms.base import FitFn
 from gtep.engine import OrderingOutcome
 from gtep.engine.loop import Trainer
+from tests.helpers import snapshot, unchanged
 
 CPU = torch.device("cpu")
 
@@ -37,3 +40,18 @@ def tiny_learner(algorithm: str, *, augment: bool = False, **params: Any) -> tup
     drive it through tiny_task's tasks."""
     learner_class = ALGORITHMS.get(algorithm)
     return learner_class(learner_class.Params(**params), "resnet8", 8, CPU), Trainer(CPU, seed=0, augment=augment)
+
+
+def begin_second_task_beside_a_frozen_copy(learner: IncrementalLearner, fit: FitFn) -> tuple[TaskData, Module, Module]:
+    """An expansion method (BEEF, FOSTER) through tiny_task's first task and into the second's begin_task, checked to
+    have added a trainable backbone that starts as a copy of the first, now frozen; the second task, the old and
+    the new backbone."""
+    first = tiny_task(0, 0, 2)
+    learner.begin_task(first), learner.learn_task(first, fit), learner.end_task(first, fit)
+    second = tiny_task(1, 2, 4)
+    learner.begin_task(second)
+    old, new = learner.net.stack.backbones
+    assert not any(p.requires_grad for p in old.parameters())
+    assert all(p.requires_grad for p in new.parameters())
+    assert unchanged(new, snapshot(old))  # the new backbone starts as a copy of the old one
+    return second, old, new

@@ -8,7 +8,12 @@ from gtep.algorithms import ALGORITHMS
 from gtep.algorithms.base import parameter_count
 from gtep.models import create_backbone
 from gtep.spaces import load_space
-from tests.algorithms.support import assert_keeps_more_old_classes, tiny_learner, tiny_task
+from tests.algorithms.support import (
+    assert_keeps_more_old_classes,
+    begin_second_task_beside_a_frozen_copy,
+    tiny_learner,
+    tiny_task,
+)
 from tests.helpers import run_small, snapshot, unchanged
 
 QUICK = {"epochs": 6}  # 4 were enough before the CIFAR ResNets took PyCIL's He initialisation
@@ -27,15 +32,8 @@ def test_expansion_adds_a_frozen_backbone_and_fusion_folds_the_heads():
         fits.append(([p for p in parameters if p.requires_grad], recipe, len(energies)))
         trainer.fit(parameters, loss_fn, x, y, recipe, **kw)
 
-    first = tiny_task(0, 0, 2)
-    learner.begin_task(first), learner.learn_task(first, fit), learner.end_task(first, fit)
-    second = tiny_task(1, 2, 4)
-    learner.begin_task(second)
+    second, old, _ = begin_second_task_beside_a_frozen_copy(learner, fit)
     net = learner.net
-    old, new = net.stack.backbones
-    assert not any(p.requires_grad for p in old.parameters())
-    assert all(p.requires_grad for p in new.parameters())
-    assert unchanged(new, snapshot(old))  # initialised from the first backbone
     before, energies[:] = snapshot(old), []
     learner.learn_task(second, fit)
 

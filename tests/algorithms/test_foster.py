@@ -7,7 +7,11 @@ from gtep.algorithms.base import parameter_count
 from gtep.algorithms.foster import class_balance_weights
 from gtep.models import create_backbone
 from gtep.spaces import load_space
-from tests.algorithms.support import assert_keeps_more_old_classes, tiny_learner, tiny_task
+from tests.algorithms.support import (
+    assert_keeps_more_old_classes,
+    begin_second_task_beside_a_frozen_copy,
+    tiny_learner,
+)
 from tests.helpers import run_small, snapshot, unchanged
 
 QUICK = {"epochs": 6}  # small batches give the short compression stage enough steps
@@ -22,15 +26,8 @@ def test_boosting_has_two_backbones_and_compression_leaves_one():
         calls.append((len(learner.net.stack.backbones), recipe))
         trainer.fit(parameters, loss_fn, x, y, recipe, **kw)
 
-    first = tiny_task(0, 0, 2)
-    learner.begin_task(first), learner.learn_task(first, fit), learner.end_task(first, fit)
-    second = tiny_task(1, 2, 4)
-    learner.begin_task(second)
+    second, old, new = begin_second_task_beside_a_frozen_copy(learner, fit)
     teacher = learner.net
-    old, new = teacher.stack.backbones
-    assert not any(p.requires_grad for p in old.parameters())
-    assert all(p.requires_grad for p in new.parameters())
-    assert unchanged(new, snapshot(old))  # the new backbone starts as a copy of the old one
     before = snapshot(old)
     learner.learn_task(second, fit)
 
