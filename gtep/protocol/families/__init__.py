@@ -14,6 +14,7 @@ from gtep.protocol.families.base import (
     AVG_ACC,
     CLASS_INCREMENTAL,
     FAMILIES,
+    FamilyOptions,
     Metric,
     PhaseData,
     PhaseLayout,
@@ -31,6 +32,6 @@ from gtep.protocol.families.base import (
     register_family,
 )
 
-__all__ = ["ACC", "ACC_T", "AVG_ACC", "CLASS_INCREMENTAL", "FAMILIES", "Metric", "PhaseData", "PhaseLayout", "Problem",
-           "ScenarioFamily", "StudyLayout", "TaskFamily", "Unit", "add_aliases", "curve", "empty_classes", "family_of",
-           "known_metrics", "metric_label", "register_family"]
+__all__ = ["ACC", "ACC_T", "AVG_ACC", "CLASS_INCREMENTAL", "FAMILIES", "FamilyOptions", "Metric", "PhaseData",
+           "PhaseLayout", "Problem", "ScenarioFamily", "StudyLayout", "TaskFamily", "Unit", "add_aliases", "curve",
+           "empty_classes", "family_of", "known_metrics", "metric_label", "register_family"]
