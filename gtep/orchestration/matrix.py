@@ -37,6 +37,7 @@ from gtep.orchestration.interrupt import StudyInterrupted
 from gtep.orchestration.phases import conventional_phase, evaluate_phase, original_phase, tune_phase
 from gtep.orchestration.ray_search import check_resources, ray_session, redraws
 from gtep.orchestration.study import json_by_entry, read_best, write_atomic
+from gtep.protocol.phases import PHASES
 
 STATE_FILE = "matrix.json"
 
@@ -310,8 +311,7 @@ def cells_table(matrix: MatrixConfig, state_path: Path, cells: list[ResolvedCell
     """Every cell with its status, the harmonic means of its phases and its wall time (from the state file)."""
     data = json.loads(state_path.read_text())["cells"] if state_path.exists() else {}
     phases = matrix.phases()
-    heads = {"tune": "tuning HM", "evaluate": "evaluation HM", "original": "original HM",
-             "conventional": "conventional HM"}
+    heads = {name: f"{PHASES.get(name).label} HM" for name in phases}
     table = Table(title=f"matrix {matrix.matrix}", caption=str(state_path))
     for column in ("cell", "status", *[heads[p] for p in phases], "wall s"):
         table.add_column(column, justify="left" if column in ("cell", "status") else "right", no_wrap=column == "cell")

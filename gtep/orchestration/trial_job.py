@@ -19,6 +19,7 @@ from gtep.engine import FirstTaskSpec, OrderingJob
 from gtep.engine.device import choose_device
 from gtep.engine.fusion import fusion_wanted
 from gtep.orchestration.study import StudyPaths
+from gtep.protocol.phases import PHASES
 
 
 @dataclass(frozen=True)
@@ -117,14 +118,15 @@ def phase_scenario(resolved: ResolvedExperiment, phase: str) -> OrderingJob:
         dataset=spec.dataset, mixed_precision=cfg.training.mixed_precision, compile=cfg.training.compile,
         family=cfg.scenario.family, family_options=tuple(sorted(family_options.items())),
         # the first-task protocol (Lee et al. 2024): the tuning phase compares sets on the first k tasks only
-        max_tasks=cfg.search.protocol_tasks if phase == "tune" and cfg.search.protocol == "first_task" else None)
+        max_tasks=cfg.search.protocol_tasks if PHASES.get(phase).selects_best and cfg.search.protocol == "first_task"
+        else None)
 
 
 def trial_job(resolved: ResolvedExperiment, phase: str, folders: StudyFolders | None = None) -> TrialJob:
     """What every trial of the phase shares; `folders` are the study's unit, checkpoint and event paths."""
     search = resolved.config.search
     return TrialJob(phase=phase, scenario=phase_scenario(resolved, phase), criterion=resolved.criterion.name,
-                    fidelity=search.fidelity if phase == "tune" else "orderings",
+                    fidelity=search.fidelity if PHASES.get(phase).selects_best else "orderings",
                     resources=ordering_resources(resolved), folders=folders,
                     report_every_seconds=report_every_seconds(resolved, phase),
                     checkpoint_every_seconds=max(0.0, float(os.environ.get("GTEP_CHECKPOINT_EVERY_SECONDS", 10.0))),
@@ -146,7 +148,7 @@ def report_every_seconds(resolved: ResolvedExperiment, phase: str) -> float:
     as before; a scheduler or a pruner, which decide after every ordering, always get every ordering alone.
     GTEP_REPORT_EVERY_SECONDS, 1 by default; 0 reports every unit alone."""
     search = resolved.config.search
-    decides_per_ordering = phase == "tune" and (search.scheduler != "none" or search.pruner != "none"
+    decides_per_ordering = PHASES.get(phase).selects_best and (search.scheduler != "none" or search.pruner != "none"
                                                 or search.fidelity == "tasks")
     return 0.0 if decides_per_ordering else max(0.0, float(os.environ.get("GTEP_REPORT_EVERY_SECONDS", 1.0)))
 
