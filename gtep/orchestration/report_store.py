@@ -26,6 +26,7 @@ from gtep.config import ConfigError
 from gtep.config.private import private_folder
 from gtep.config.uris import check_no_userinfo, is_server
 from gtep.protocol.families import FAMILIES, known_metrics
+from gtep.protocol.phases import EVALUATE, TUNE
 
 PREFIX = "gtep/"  # a study's experiment is gtep/<study> (gtep.orchestration.tracking)
 REPORTS_EXPERIMENT = "gtep/reports"
@@ -335,7 +336,7 @@ def phase_label(run: Run) -> str:
     tags = run.data.tags
     phase = tags.get("gtep.phase", "")
     source = tags.get("gtep.hparams_source", "")
-    if phase == "evaluate" and source.startswith("preset:"):
+    if phase == EVALUATE.name and source.startswith("preset:"):
         return str(source[len("preset:"):])
     return str(phase)
 
@@ -349,7 +350,7 @@ def phase_row(run: Run, experiment: str) -> dict[str, Any]:
         ("best_set_index_tag", "best_set_index"), ("status_tag", "status"), ("orderings_tag", "orderings"),
         ("reason_tag", "reason"))}
     metrics = _metrics(run, (*PHASE_METRICS, *scored_metrics()))
-    if phase_label(run) == "tune":  # H*'s numbers under either name
+    if phase_label(run) == TUNE.name:  # H*'s numbers under either name
         for best, plain in BEST_ALIASES:
             value = metrics[best] if not math.isnan(metrics[best]) else metrics[plain]
             metrics[best] = metrics[plain] = value
