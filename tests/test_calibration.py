@@ -233,16 +233,21 @@ def test_the_flow_estimate_scales_with_the_support_sets_and_the_stream(tmp_path)
         4 * compute_flow_estimate(short, updates)["unit_seconds"])
 
 
-def test_a_sampled_fit_trains_a_few_batches_once_and_counts_the_full_call():
+def test_a_sampled_fit_trains_a_few_batches_once_and_counts_the_full_call(monkeypatch):
     """The calibration's stand-in for `fit` trains one epoch of at most FLOW_FIT_BATCHES batches, and counts the
-    call at its images x epochs (here a fit that takes 1 ms an image: 200 images x 5 epochs, about 1 s)."""
-    import time
+    call at its images x epochs (here a fit that takes 1 ms an image: 200 images x 5 epochs, about 1 s). The
+    calibration's clock is a fake that the fit advances, so a loaded machine's late wake-ups cannot move it."""
+    from types import SimpleNamespace
+
+    import gtep.preflight.calibration as calibration
 
     seen: list[tuple[int, int]] = []
+    clock = [0.0]
+    monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def fit(parameters, loss_fn, x, y, recipe, **kwargs):
         seen.append((len(x), recipe.epochs))
-        time.sleep(1e-3 * len(x) * recipe.epochs)
+        clock[0] += 1e-3 * len(x) * recipe.epochs
 
     sampled = _SampledFit(fit, torch.device("cpu"))
     recipe = FitRecipe(epochs=5, lr=0.1, batch_size=8, weight_decay=0.0, scheduler="steplr", milestones=(3,),
