@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from gtep import api
 from gtep.config import ConfigError, ExperimentConfig, ResolvedExperiment
@@ -201,3 +202,21 @@ def through_ray_client(address: Optional[str], config: Optional[Path]) -> bool:
     if code:
         raise typer.Exit(code)
     return True
+
+
+def preset_table(title: str, columns: tuple[str, ...]) -> Table:
+    """The table that lists shipped presets (gtep presets, gtep matrices): names unwrapped, the rest as it fits."""
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, no_wrap=column == "name")
+    return table
+
+
+def described_presets(names: list[str], text_of: Callable[[str], str]) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """Each shipped preset's name, its YAML and its description: the comment lines at its top, joined."""
+    import yaml
+
+    for name in names:
+        text = text_of(name)
+        comment = " ".join(line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#"))
+        yield name, yaml.safe_load(text), comment

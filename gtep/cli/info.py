@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from gtep.cli.common import console, fail
+from gtep.cli.common import console, described_presets, fail, preset_table
 from gtep.config import preset_names, preset_text
 
 app = typer.Typer()
@@ -87,15 +87,8 @@ def spaces(algorithm: Optional[str] = typer.Argument(None, help="an algorithm; a
 @app.command()
 def presets() -> None:
     """List the scenarios shipped with gtep (use with --preset NAME)."""
-    import yaml
-
-    table = Table(title="presets")
-    for column in ("name", "algorithm", "scenario", "datasets", "R x S", "description"):
-        table.add_column(column, no_wrap=column == "name")
-    for name in preset_names():
-        text = preset_text(name)
-        doc = yaml.safe_load(text)
-        comment = " ".join(line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#"))
+    table = preset_table("presets", ("name", "algorithm", "scenario", "datasets", "R x S", "description"))
+    for name, doc, comment in described_presets(preset_names(), preset_text):
         data = doc["datasets"]
         datasets = data["split"]["dataset"] + " (split)" if "split" in data else \
             f"{data['tuning']['dataset']} -> {data['evaluation']['dataset']}"

@@ -10,7 +10,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gtep.cli.common import check_counts, console, output_folder, run_guarded, through_ray_client
+from gtep.cli.common import (
+    check_counts,
+    console,
+    described_presets,
+    output_folder,
+    preset_table,
+    run_guarded,
+    through_ray_client,
+)
 from gtep.config import ConfigError
 
 if TYPE_CHECKING:
@@ -136,20 +144,13 @@ def matrices_command(show: Optional[str] = typer.Option(None, "--show", help="pr
                                                        "(to copy and edit)")) -> None:
     """List the matrices shipped with gtep (use with gtep matrix --preset NAME)."""
     def go() -> None:
-        import yaml
-
         from gtep.matrix import matrix_preset_names, matrix_preset_text
 
         if show:
             print(matrix_preset_text(show), end="")
             return
-        table = Table(title="matrix presets")
-        for column in ("name", "algorithms", "scenarios", "pairings", "cells", "description"):
-            table.add_column(column, no_wrap=column == "name")
-        for name in matrix_preset_names():
-            text = matrix_preset_text(name)
-            doc = yaml.safe_load(text)
-            comment = " ".join(line.lstrip("# ").strip() for line in text.splitlines() if line.startswith("#"))
+        table = preset_table("matrix presets", ("name", "algorithms", "scenarios", "pairings", "cells", "description"))
+        for name, doc, comment in described_presets(matrix_preset_names(), matrix_preset_text):
             pairings = ", ".join(f"{p} ({spec['similarity']})" for p, spec in doc["pairings"].items())
             cells = len(doc["algorithms"]) * len(doc["scenarios"]) * len(doc["pairings"])
             table.add_row(name, ", ".join(doc["algorithms"]), ", ".join(doc["scenarios"]), pairings, str(cells),
