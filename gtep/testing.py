@@ -77,6 +77,15 @@ def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: fl
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def http_ok(url: str, timeout: float = 2) -> bool:
+    """Whether `url` answers 200 now (a server's /health, say)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
 def session_of(pid: int) -> int | None:
     """The session id of a process (field 6 of /proc/PID/stat), None once it is gone."""
     try:
@@ -155,11 +164,7 @@ class MlflowServer:
         return self
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
+        return http_ok(f"{self.uri}/health")
 
     def stop(self) -> None:
         """SIGTERM to the server's process group, then SIGKILL to whatever of its session is left."""

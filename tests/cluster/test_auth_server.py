@@ -39,17 +39,10 @@ def environment(user: tuple[str, str] | None, **extra: str) -> dict[str, str]:
 @contextmanager
 def as_user(user: tuple[str, str]) -> Iterator[None]:
     """This process sends `user`'s credentials: MLflow's client reads the variables on every request."""
-    names = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
-    before = {name: os.environ.get(name) for name in names}
-    os.environ.update(zip(names, user))
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # put back as they were afterwards, set or not
+        patch.setenv("MLFLOW_TRACKING_USERNAME", user[0])
+        patch.setenv("MLFLOW_TRACKING_PASSWORD", user[1])
         yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def gtep(user: tuple[str, str], *args: str, stdin: str | None = None) -> tuple[int, str]:

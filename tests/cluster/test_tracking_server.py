@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -80,44 +81,48 @@ def test_a_study_logs_its_lineage_to_a_postgresql_backed_server(tmp_path, postgr
         server.stop()
 
 
-def test_a_server_outage_mid_study_costs_no_metric(tmp_path):
+@pytest.fixture
+def server(tmp_path):
+    """A server on sqlite in the test's folder, stopped at the end whatever the test left it as."""
     server = MlflowServer(tmp_path, env=ENV).start()
+    yield server
+    server.stop()
+
+
+def tune_until_a_unit_is_trained(root: Path, server: MlflowServer, study: str, **options) -> subprocess.Popen:
+    """`gtep tune` of tiny_study(study, **options) under root/out, tracked by `server`, once its first unit is
+    trained; then the server goes away."""
+    config = write_config(root, tiny_study(study, **options))
+    driver = gtep("tune", "--config", str(config), "--output", str(root / "out"), "--tracking-uri", server.uri,
+                  log=root / "tune.log")
+    wait_for(lambda: count(root / "out" / study, "unit_trained") >= 1, 300, "a first unit")
+    server.stop()
+    return driver
+
+
+def test_a_server_outage_mid_study_costs_no_metric(tmp_path, server):
     study_dir = tmp_path / "out" / "outage"
-    try:
-        # units of several seconds, so that the study is still running when the server is back (trials reuse
-        # their Ray workers, so nothing but the units themselves keeps the study going that long)
-        config = write_config(tmp_path, tiny_study("outage", trials=4, orderings=2, epochs=20,
-                                                   training={**QUICK, "epoch_scale": 0.3}))
-        driver = gtep("tune", "--config", str(config), "--output", str(tmp_path / "out"), "--tracking-uri", server.uri,
-                      log=tmp_path / "tune.log")
-        wait_for(lambda: count(study_dir, "unit_trained") >= 1, 300, "a first unit")
-        server.stop()
-        down_at = count(study_dir, "unit_trained")
-        wait_for(lambda: count(study_dir, "unit_trained") >= down_at + 1, 300, "training to go on without the server")
-        assert pending(study_dir) > 0  # writes are waiting, not lost
-        server.start()
-        assert driver.poll() is None, "the study ended before the server was back; make its units longer"
-        output = finish(driver, tmp_path / "tune.log")
-        assert "gtep sync" not in output and pending(study_dir) == 0
-        assert_complete(lineage(server.uri, "outage"), 4, 2, MlflowClient(tracking_uri=server.uri))
-    finally:
-        server.stop()
+    # units of several seconds, so that the study is still running when the server is back (trials reuse their Ray
+    # workers, so nothing but the units themselves keeps the study going that long)
+    driver = tune_until_a_unit_is_trained(tmp_path, server, "outage", trials=4, orderings=2, epochs=20,
+                                          training={**QUICK, "epoch_scale": 0.3})
+    down_at = count(study_dir, "unit_trained")
+    wait_for(lambda: count(study_dir, "unit_trained") >= down_at + 1, 300, "training to go on without the server")
+    assert pending(study_dir) > 0  # writes are waiting, not lost
+    server.start()
+    assert driver.poll() is None, "the study ended before the server was back; make its units longer"
+    output = finish(driver, tmp_path / "tune.log")
+    assert "gtep sync" not in output and pending(study_dir) == 0
+    assert_complete(lineage(server.uri, "outage"), 4, 2, MlflowClient(tracking_uri=server.uri))
 
 
-def test_gtep_sync_writes_what_a_study_could_not(tmp_path):
-    server = MlflowServer(tmp_path, env=ENV).start()
+def test_gtep_sync_writes_what_a_study_could_not(tmp_path, server):
     study_dir = tmp_path / "out" / "later"
-    try:
-        config = write_config(tmp_path, tiny_study("later", trials=2, orderings=2, epochs=20, training=QUICK))
-        driver = gtep("tune", "--config", str(config), "--output", str(tmp_path / "out"), "--tracking-uri", server.uri,
-                      log=tmp_path / "tune.log")
-        wait_for(lambda: count(study_dir, "unit_trained") >= 1, 300, "a first unit")
-        server.stop()
-        output = finish(driver, tmp_path / "tune.log")  # the study ends normally while the server is away
-        assert "gtep sync" in output and pending(study_dir) > 0
-        server.start()
-        finish(gtep("sync", str(study_dir), log=tmp_path / "sync.log"), tmp_path / "sync.log")
-        assert pending(study_dir) == 0
-        assert_complete(lineage(server.uri, "later"), 2, 2, MlflowClient(tracking_uri=server.uri))
-    finally:
-        server.stop()
+    driver = tune_until_a_unit_is_trained(tmp_path, server, "later", trials=2, orderings=2, epochs=20,
+                                          training=QUICK)
+    output = finish(driver, tmp_path / "tune.log")  # the study ends normally while the server is away
+    assert "gtep sync" in output and pending(study_dir) > 0
+    server.start()
+    finish(gtep("sync", str(study_dir), log=tmp_path / "sync.log"), tmp_path / "sync.log")
+    assert pending(study_dir) == 0
+    assert_complete(lineage(server.uri, "later"), 2, 2, MlflowClient(tracking_uri=server.uri))

@@ -23,12 +23,12 @@ from typing import Any, Iterator
 import pytest
 
 from tests.test_docs_layout import CODE_LINE_LIMIT
+from tests.ui.browser import headless_chromium
 
 pytestmark = pytest.mark.ui
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "ui"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 WINDOW = (1400, 900)
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--hide-scrollbars",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -128,24 +128,9 @@ def pages(site: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not os.path.exists(path):
-            pytest.fail(f"{path} is missing: bash tests/ui/with-chromium.sh installs it")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = Path(os.environ.get("TMPDIR", "/tmp")) / f"gtep-docs-chromium-{os.getpid()}"
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_window_size(*WINDOW)
-    try:
+    for driver in headless_chromium(CHROMIUM_FLAGS, "gtep-docs-chromium", "bash tests/ui/with-chromium.sh installs it"):
+        driver.set_window_size(*WINDOW)
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_the_window_is_1400_px_wide(browser: Any, site: str) -> None:

@@ -22,16 +22,16 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import ray
 import yaml
 from mlflow.tracking import MlflowClient
-from typer.testing import CliRunner
 
-from gtep.cli import app
+from gtep.testing import free_port, http_ok
+from gtep.testing import wait_for as wait_until
+from tests.studies import own_ray, run_study
+from tests.ui.browser import headless_chromium
 
 pytestmark = pytest.mark.ui
 
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "ui"
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -50,21 +50,8 @@ def tiny_study() -> dict:
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ui-study")
-    (root / "ui.yaml").write_text(yaml.safe_dump(tiny_study()))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        result = CliRunner().invoke(app, ["run", "--config", str(root / "ui.yaml"), "--output", str(root / "out")])
-    finally:
-        ray.shutdown()
-    assert result.exit_code == 0, result.output + repr(result.exception)
-    return root / "out"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with own_ray():
+        return run_study(tmp_path_factory.mktemp("ui-study"), tiny_study())["out"]
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +68,8 @@ def ui(study):
             assert line, "gtep ui ended before printing its links:\n" + "".join(lines)
             lines.append(line)
         root = f"http://127.0.0.1:{port}/"
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(root + "health", timeout=2).read()
-                break
-            except OSError:
-                assert time.time() < deadline and proc.poll() is None, "the MLflow UI never answered"
-                time.sleep(1)
+        assert wait_until(lambda: http_ok(root + "health") or proc.poll() is not None, 120, "the MLflow UI",
+                          interval=1) and proc.poll() is None, "the MLflow UI never answered"
         links = {"runs": next(w for line in lines if ": runs" in line for w in line.split() if w.startswith(root)),
                  "orderings": next(w for line in lines if "orderings by phase" in line
                                    for w in line.split() if w.startswith(root))}
@@ -108,23 +89,8 @@ def ui(study):
 
 @pytest.fixture(scope="module")
 def browser():
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not os.path.exists(path):
-            pytest.fail(f"{path} is missing: apt-get install -y chromium chromium-driver (.ci/run does)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    profile = Path(os.environ.get("TMPDIR", "/tmp")) / f"gtep-ui-chromium-{os.getpid()}"
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+    yield from headless_chromium(CHROMIUM_FLAGS, "gtep-ui-chromium",
+                                 "apt-get install -y chromium chromium-driver (.ci/run does)")
 
 
 @pytest.fixture(scope="module")
