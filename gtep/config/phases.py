@@ -66,6 +66,17 @@ def _source(field: str, name: str):
         raise ConfigError(field, str(err)) from None
 
 
+def _class_groups(field: str, source, name: str, wanted: list[str], instead: str) -> list[str]:
+    """The dataset's group of each class, when it has groups and every wanted one is among them."""
+    groups = source.class_groups
+    if groups is None:
+        raise ConfigError(field, f"{name} has no class groups; {instead}")
+    unknown = sorted(set(wanted) - set(groups))
+    if unknown:
+        raise ConfigError(field, f"{name} has no groups {unknown[:5]}; it has e.g. {sorted(set(groups))[:5]}")
+    return list(groups)
+
+
 def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
     spec = cfg.datasets
     if spec.split is not None:
@@ -75,12 +86,7 @@ def _phase_classes(cfg: ExperimentConfig) -> tuple[PhaseSpec, PhaseSpec]:
         pool = split.classes if split.classes is not None else list(range(len(names)))
         _check_classes("datasets.split.classes", pool, len(names))
         if split.groups is not None:
-            all_groups = source.class_groups
-            if all_groups is None:
-                raise ConfigError("datasets.split.groups", f"{split.dataset} has no class groups; drop groups")
-            unknown = sorted(set(split.groups) - set(all_groups))
-            if unknown:
-                raise ConfigError("datasets.split.groups", f"{split.dataset} has no groups {unknown[:5]}")
+            all_groups = _class_groups("datasets.split.groups", source, split.dataset, split.groups, "drop groups")
             pool = [c for c in pool if all_groups[c] in set(split.groups)]
         if split.by == "group":
             groups = source.class_groups
@@ -177,13 +183,7 @@ def _check_pretrain(cfg: ExperimentConfig, phases: tuple[PhaseSpec, PhaseSpec]) 
     source = _source("pretrain.dataset", section.dataset or default)
     names = source.class_names
     if section.groups is not None:
-        groups = source.class_groups
-        if groups is None:
-            raise ConfigError("pretrain.groups", f"{source.name} has no class groups; give pretrain.classes")
-        unknown = sorted(set(section.groups) - set(groups))
-        if unknown:
-            raise ConfigError("pretrain.groups", f"{source.name} has no groups {unknown[:5]}; "
-                              f"it has e.g. {sorted(set(groups))[:5]}")
+        groups = _class_groups("pretrain.groups", source, source.name, section.groups, "give pretrain.classes")
         classes = [c for c, g in enumerate(groups) if g in set(section.groups)]
         field = "pretrain.groups"
     elif section.classes is not None:
