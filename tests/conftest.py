@@ -72,18 +72,11 @@ def xdist_scope(nodeid: str) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which would pick its scheduler by --dist alone
 def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadScopeScheduling
+    from tests.scheduling import ScopeScheduling
 
-    class GtepScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return xdist_scope(nodeid)
-
-        def _assign_work_unit(self, node) -> None:
-            for scope in LONGEST_FIRST:  # the longest waiting scope first, then in collection order
-                if scope in self.workqueue:
-                    self.workqueue.move_to_end(scope, last=False)
-                    break
-            super()._assign_work_unit(node)
+    class GtepScheduling(ScopeScheduling):
+        scope_of = staticmethod(xdist_scope)
+        longest_first = LONGEST_FIRST
 
     return GtepScheduling(config, log)
 
