@@ -392,10 +392,10 @@ def _resolved(cfg: Optional[ExperimentConfig], resume: str | Path | bool | None,
 
 
 @contextmanager
-def _ray(resolved: ResolvedExperiment) -> Iterator[None]:
-    from gtep.orchestration.ray_search import ray_session
+def _ray(resolved: ResolvedExperiment, console: Console) -> Iterator[None]:
+    from gtep.orchestration.ray_search import study_session
 
-    with ray_session(resolved.config.compute.ray_address):
+    with study_session(resolved, console):
         yield
 
 
@@ -420,7 +420,7 @@ def tune(cfg: Optional[ExperimentConfig] = None, *, resume: str | Path | bool | 
 
     console = _console(console, quiet)
     resolved = _resolved(cfg, resume, console)
-    with _ray(resolved):
+    with _ray(resolved, console):
         outcome = tune_phase(resolved, console, resume=bool(resume))
     result: TuneResult = _phase_result(outcome, resolved, TuneResult)  # type: ignore[assignment]
     _show(result, resolved, console)
@@ -454,7 +454,7 @@ def evaluate(cfg: Optional[ExperimentConfig] = None, *, best: TuneResult | Mappi
     chosen = _chosen_set(resolved, phase, best, hparams, tuning_run, resume)
     if every:
         _check_every_set(resolved, phase, chosen)
-    with _ray(resolved):
+    with _ray(resolved, console):
         if phase == CONVENTIONAL.name:
             outcome = conventional_phase(resolved, chosen, console, resume=bool(resume))
         else:
@@ -597,7 +597,7 @@ def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_
         original_best(resolved)  # a missing preset is an error before any compute
     again = bool(resume)
     extra: dict[str, PhaseResult] = {}
-    with _ray(resolved):
+    with _ray(resolved, console):
         tuned = tune_phase(resolved, console, resume=again)
         best = read_best(tuned.paths.best)
         evaluated = evaluate_phase(resolved, best, console, resume=again)

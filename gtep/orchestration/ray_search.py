@@ -6,7 +6,7 @@ import logging
 import os
 import socket
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
 import ray
@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from gtep.config import ConfigError, ResolvedExperiment
 from gtep.orchestration.interrupt import Interruption, StopOnSignal, interruptible
+from gtep.orchestration.node_loss import NodeLossCallback, watching_node_loss
 from gtep.orchestration.quiet import quiet_libraries
 from gtep.orchestration.study import Manifest, StudyPaths
 from gtep.protocol.phases import PHASES
@@ -128,14 +129,24 @@ def run_trials(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, atte
                console: Console) -> Interruption:
     """The phase's trials on Ray Tune, stopped early by SIGINT/SIGTERM (gtep.orchestration.interrupt); a node lost
     meanwhile is one line here and Ray's account of it goes to the study's log (gtep.orchestration.node_loss)."""
-    from gtep.orchestration.node_loss import NodeLossCallback, ray_lines_to_study_log
-
-    lost = NodeLossCallback(lambda line: console.print(f"[yellow]{line}[/]", highlight=False, soft_wrap=True),
-                            paths.root, phase)
-    with interruptible(console.print) as interruption, ray_lines_to_study_log(paths.root, lost.lost):
+    with interruptible(console.print) as interruption, watching_node_loss(paths.root, yellow(console)) as watch:
         run_tuner(resolved, paths, phase, attempt, trainable, param_space, search_alg, num_samples,
-                  [*callbacks, lost], StopOnSignal(interruption))
+                  [*callbacks, NodeLossCallback(watch)], StopOnSignal(interruption))
     return interruption
+
+
+def yellow(console: Console) -> Callable[[str], None]:
+    """A one-line notice on the terminal, as the node-loss watch says a loss."""
+    return lambda line: console.print(f"[yellow]{line}[/]", highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def study_session(resolved: ResolvedExperiment, console: Console) -> Iterator[None]:
+    """Ray for a study's phases (ray_session), with one node-loss watch over all of them and the gaps between:
+    the GCS declares a lost node dead some seconds late, often after the phase that lost it ended."""
+    with ray_session(resolved.config.compute.ray_address), \
+            watching_node_loss(resolved.config.study_dir, yellow(console)):
+        yield
 
 
 

@@ -1,6 +1,7 @@
 """A lost Ray node said in one line (issue 57, item 6), without a cluster: Ray's lines about it go to the study's
-log, the GCS's "marked dead" notice names the node, and the units the node was training are counted from the
-events. A whole study losing a worker node is tests/cluster/test_node_loss.py."""
+log, the GCS's "marked dead" notice names the node, the units the node was training are counted from the
+events, and the study's one watch says a loss whichever phase or gap between phases the GCS's verdict falls in.
+A whole study losing a worker node is tests/cluster/test_node_loss.py."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,14 @@ import logging
 
 from ray._private import worker
 
-from gtep.orchestration.node_loss import NodeLossCallback, ray_lines_to_study_log, units_on
+from gtep.orchestration import node_loss
+from gtep.orchestration.node_loss import (
+    NodeLossWatch,
+    died_with_its_actor,
+    ray_lines_to_study_log,
+    units_on,
+    watching_node_loss,
+)
 
 NODE = "5dcdfec2a1b2c3d4e5f6" * 2
 NOTICE = (f"The node with node id: {NODE} and address: 10.0.0.7 and node name: 10.0.0.7 has been marked dead "
@@ -50,16 +58,67 @@ def test_a_dead_actors_traceback_goes_to_the_log_and_a_trials_own_error_stays(tm
 
 
 def test_the_units_a_node_was_training_are_counted(tmp_path):
-    events = [("unit_started", "n1", 0), ("unit_started", "n1", 1), ("unit_trained", "n1", 0),
-              ("unit_started", "n2", 2), ("unit_started", "n2", 1), ("unit_trained", "n2", 1)]
+    events = [("unit_started", "n1", 0, "tune"), ("unit_started", "n1", 1, "tune"), ("unit_trained", "n1", 0, "tune"),
+              ("unit_started", "n2", 2, "tune"), ("unit_started", "n2", 1, "tune"), ("unit_trained", "n2", 1, "tune"),
+              ("unit_started", "n1", 0, "evaluate")]
     (tmp_path / "events.jsonl").write_text("".join(
-        json.dumps({"event": e, "node": n, "set_index": i, "ordering": 0, "phase": "tune"}) + "\n"
-        for e, n, i in events))
-    # n1 finished set 0 and was training set 1 (finished since on n2, by the retry): it lost one unit
-    assert units_on(tmp_path / "events.jsonl", "n1", "tune") == 1
+        json.dumps({"event": e, "node": n, "set_index": i, "ordering": 0, "phase": p}) + "\n"
+        for e, n, i, p in events))
+    # n1 finished tune's set 0 and was training its set 1 (finished since on n2, by the retry) and evaluate's unit:
+    # it lost two units, in two phases (the GCS's verdict may come in the phase after the loss)
+    assert units_on(tmp_path / "events.jsonl", "n1") == 2
     said: list[str] = []
-    callback = NodeLossCallback(said.append, tmp_path, "tune")
-    callback.lost("n1", "10.0.0.7")
-    callback.lost("n1", "10.0.0.7")  # said once
-    assert said == [f"Ray node n1 (10.0.0.7) was lost: 1 unit(s) it was training are trained again on the other "
+    watch = NodeLossWatch(said.append, tmp_path, known=set())
+    watch.lost("n1", "10.0.0.7")
+    watch.lost("n1", "10.0.0.7")  # said once
+    assert said == [f"Ray node n1 (10.0.0.7) was lost: 2 unit(s) it was training are trained again on the other "
                     f"nodes, from their last task checkpoint (Ray's account: {tmp_path / 'ray-errors.log'})"]
+
+
+def test_a_verdict_between_phases_is_said_once_by_the_studys_watch(tmp_path, capsys):
+    """The CI failure of stop 62: the retry finished the phase before the GCS declared the node dead, and the
+    notice reached the terminal raw. A phase's watch inside the study's is the same watch, and it stays after."""
+    said: list[str] = []
+    study = tmp_path / "study"  # not made yet: the log makes it
+    with watching_node_loss(study, said.append) as outer:
+        with watching_node_loss(study, lambda line: said.append("the phase's own: " + line)) as phase:
+            assert phase is outer
+        worker.print_to_stdstream({"lines": [NOTICE], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+        worker.print_to_stdstream({"lines": [NOTICE], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    assert len(said) == 1 and said[0].startswith(f"Ray node {NODE[:8]} (10.0.0.7) was lost: 0 unit(s)")
+    out = capsys.readouterr()
+    assert "marked dead" not in out.out + out.err
+    assert (study / "ray-errors.log").read_text().count("marked dead") == 2
+    worker.print_to_stdstream({"lines": [NOTICE], "pid": "raylet", "is_err": False}, ignore_prefix=False)
+    assert "marked dead" in capsys.readouterr().out  # the study over, Ray's printing is Ray's again
+
+
+def test_a_watch_that_saw_an_actor_die_waits_for_the_gcs_verdict(tmp_path, monkeypatch):
+    declared = iter([{}, {}, {"n1": "10.0.0.7"}])  # the GCS declares the node dead on the third look
+    monkeypatch.setattr(node_loss, "dead_nodes", lambda: next(declared, {"n1": "10.0.0.7"}))
+    slept: list[float] = []
+    monkeypatch.setattr(node_loss.time, "sleep", slept.append)
+    said: list[str] = []
+    watch = NodeLossWatch(said.append, tmp_path, known=set())
+    watch.await_verdict()
+    assert slept == [] and said == []  # nothing died: no wait
+    watch.trial_failed(actor_died=True)  # the first look: not declared yet
+    watch.await_verdict(poll=0.5)
+    assert slept == [0.5] and len(said) == 1 and said[0].startswith("Ray node n1 (10.0.0.7) was lost")
+    watch.trial_failed(actor_died=False)  # a trial's own error: asked once, no wait
+    watch.await_verdict()
+    assert slept == [0.5] and len(said) == 1
+
+
+class FailedTrial:
+    def __init__(self, error: str | None) -> None:
+        self.error = error
+
+    def get_error(self) -> str | None:
+        return self.error
+
+
+def test_a_trials_actor_death_is_told_from_its_own_error():
+    assert died_with_its_actor(FailedTrial("ray.exceptions.ActorDiedError: The actor died unexpectedly"))
+    assert not died_with_its_actor(FailedTrial("ValueError: nc_fscil's own error"))
+    assert not died_with_its_actor(FailedTrial(None))
