@@ -51,14 +51,21 @@ SHARED_SCOPES = {
 }
 # many independent, expensive cases and no module fixture to share: each test is a unit of its own
 PER_TEST = ("tests/algorithms/test_contract_regression.py", "tests/orchestration/test_phases.py")
-# the longest scopes (docs/development.md's measurements), handed out first so that no worker starts one at the end
+# the longest scopes (docs/development.md's measurements), handed out first so that no worker starts one at the end:
+# a group's own, longest first (a unit, or a PER_TEST module: its tests). One golden ViT case early, alone: it
+# pretrains the ViT that the module's other ViT cases then load (tests/helpers.py, pretrained_vit).
+GOLDEN = "tests/algorithms/test_contract_regression.py"
 LONGEST_FIRST = ("tests/orchestration/test_matrix.py", "tests/cluster/test_paper_scale.py", "postgres",
-                 "tests/cluster/test_slurm.py", "tests/test_install.py",
-                 "tests/orchestration/test_cheap_study.py", "tests/report/test_report_store.py",
-                 "tests/cluster/test_tracking_server.py", "tests/cluster/test_resume.py", "tiny-study",
-                 "tests/orchestration/test_interrupt.py", "tests/orchestration/test_speed.py",
-                 "tests/orchestration/test_incomplete.py", "tests/orchestration/test_iirc_study.py",
-                 "tests/cluster/test_ray_cluster.py")
+                 "tests/cluster/test_slurm.py", "tests/test_install.py", "tests/test_gpu_check.py",
+                 "tests/orchestration/test_cheap_study.py", "tests/orchestration/test_incomplete.py",
+                 "tests/report/test_report_store.py", "tests/cluster/test_tracking_server.py",
+                 "tests/cluster/test_resume.py", "tests/orchestration/test_speed.py",
+                 f"{GOLDEN}::test_results_match_the_golden_record[coda_prompt]", "tiny-study",
+                 "tests/orchestration/test_phases.py", "tests/engine/test_checkpoint.py", GOLDEN,
+                 "tests/test_entry_point_plugins.py", "tests/algorithms/test_podnet.py",
+                 "tests/orchestration/test_interrupt.py", "tests/orchestration/test_iirc_study.py",
+                 "tests/cluster/test_ray_cluster.py", "tests/report/test_every_family_report.py",
+                 "tests/orchestration/test_quiet_output.py")
 
 
 def xdist_scope(nodeid: str) -> str:
@@ -82,12 +89,14 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def ensure_local_ray() -> None:
-    """This worker's local Ray (2 CPUs, as the project's machines), started once and kept for the next module (the
-    CLI and the API join a running Ray instead of starting their own); pytest_sessionfinish stops it."""
+    """This worker's local Ray (tests/studies.py's RAY_CPUS: one trial at a time), started once and kept for the next
+    module (the CLI and the API join a running Ray instead of starting their own); pytest_sessionfinish stops it."""
     import ray
 
+    from tests.studies import start_ray
+
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        start_ray()
 
 
 @pytest.fixture(scope="module")

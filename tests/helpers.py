@@ -108,17 +108,34 @@ VIT = "vit_micro_patch4_32"
 VIT_DATASET = "synthetic:classes=20,train=40,test=20,size=32,noise=110"
 
 
+# what decides the pretrained ViT's bits besides its recipe: the kernels a process was started with (the golden
+# record's pinned process differs from a test worker's)
+KERNEL_SWITCHES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR")
+
+
 @lru_cache(maxsize=1)
 def pretrained_vit(epochs: int = 6) -> str:
-    """A small ViT pretrained on synthetic classes 10-19, kept out of the CL classes 0-9 of run_small_vit."""
+    """A small ViT pretrained on synthetic classes 10-19, kept out of the CL classes 0-9 of run_small_vit.
+
+    Pretrained once per test session and kind of process (the session's $GTEP_CACHE, tests/conftest.py, which
+    every worker and the golden record's pinned processes inherit), not once per process: some 10-35 s each."""
+    import fcntl
+    import os
     import tempfile
     from pathlib import Path
 
     from gtep.engine.pretrain import PretrainSpec, pretrain
 
-    out = Path(tempfile.mkdtemp(prefix="gtep-vit-")) / "vit.safetensors"
-    pretrain(PretrainSpec(VIT, tuple(range(10, 20)), epochs=epochs, lr=2e-3, batch_size=32, device="cpu"),
-             load(VIT_DATASET), VIT_DATASET, out)
+    kernels = "-".join(os.environ.get(switch, "native") for switch in KERNEL_SWITCHES)
+    folder = Path(os.environ.get("GTEP_CACHE") or tempfile.mkdtemp(prefix="gtep-vit-"))
+    out = folder / f"test-vit-{epochs}-{kernels}.safetensors"
+    with open(folder / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker pretraining the same one: wait for its file
+        if not out.exists():
+            staged = out.with_name(f"{out.stem}.{os.getpid()}.safetensors")
+            pretrain(PretrainSpec(VIT, tuple(range(10, 20)), epochs=epochs, lr=2e-3, batch_size=32, device="cpu"),
+                     load(VIT_DATASET), VIT_DATASET, staged)
+            staged.replace(out)
     return str(out)
 
 

@@ -15,7 +15,11 @@ from xdist.scheduler import LoadScopeScheduling
 
 
 class ScopeScheduling(LoadScopeScheduling):
-    """Work units from `scope_of(nodeid)`, the scopes named in `longest_first` handed out before the rest."""
+    """Work units from `scope_of(nodeid)`, those named in `longest_first` handed out before the rest, in its order.
+
+    An entry names a unit, or a module whose tests are units of their own: xdist otherwise queues units by their
+    number of tests, so one-test units, however long, would go last and keep a worker busy after the other ran
+    out of work."""
 
     scope_of: Callable[[str], str] = staticmethod(lambda nodeid: nodeid.split("::")[0])
     longest_first: Sequence[str] = ()
@@ -24,8 +28,9 @@ class ScopeScheduling(LoadScopeScheduling):
         return type(self).scope_of(nodeid)
 
     def _assign_work_unit(self, node) -> None:
-        for scope in self.longest_first:  # the longest waiting scope first, then in collection order
-            if scope in self.workqueue:
+        for entry in self.longest_first:  # the longest waiting unit first, then xdist's order
+            scope = next((s for s in self.workqueue if s == entry or s.startswith(entry + "::")), None)
+            if scope is not None:
                 self.workqueue.move_to_end(scope, last=False)
                 break
         super()._assign_work_unit(node)

@@ -11,6 +11,11 @@ import yaml
 
 R, S, TASKS = 3, 2, 2
 STUDY = "tiny"
+# A test worker's Ray has one CPU: the groups run a worker per core, so each worker's studies run one trial at a
+# time. A trial's process spends some 5 s importing (torch and its compiler, Ray Tune, gtep) before it trains a
+# tiny unit in a tenth of that; a second trial at once doubled that cost on cores the other worker already keeps
+# busy (three tiny studies on each of two workers at once: 85 s with two trials at a time, 50 s with one).
+RAY_CPUS = 1
 
 CONFIG: dict[str, Any] = {
     "study": STUDY,
@@ -64,15 +69,22 @@ def run_tiny_study(root: Path) -> dict[str, Any]:
     return run_study(root, CONFIG)
 
 
+def start_ray(cpus: int = RAY_CPUS) -> None:
+    """Ray on this machine for a test worker, `cpus` CPUs, no dashboard, workers' output not echoed."""
+    import ray
+
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+
+
 @contextlib.contextmanager
-def own_ray() -> Iterator[None]:
-    """A Ray of this module's own (2 CPUs), started after any other this worker holds is shut down, and shut down
-    at the end: for a study whose workers must inherit something (GTEP_PLUGINS) or start clean."""
+def own_ray(cpus: int = RAY_CPUS) -> Iterator[None]:
+    """A Ray of this module's own, started after any other this worker holds is shut down, and shut down at the
+    end: for a study whose workers must inherit something (GTEP_PLUGINS), start clean, or need more CPUs."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray(cpus)
     try:
         yield
     finally:

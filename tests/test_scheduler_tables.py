@@ -32,8 +32,10 @@ def test_every_name_in_the_scheduler_tables_matches_a_collected_test():
     assert not unmatched, f"scheduler tables name tests that pytest does not collect: {unmatched}"
 
 
-def test_every_scope_handed_out_first_is_a_module_or_a_shared_scope():
-    """A LONGEST_FIRST entry that is not a path is one of SHARED_SCOPES' scopes (a typo would never match)."""
+def test_every_scope_handed_out_first_is_a_unit_of_work():
+    """A LONGEST_FIRST entry is a module, one of SHARED_SCOPES' scopes, or a test of a PER_TEST module (each its own
+    unit): anything else is no unit's name and would never be handed out first."""
     scopes = set(SHARED_SCOPES.values())
-    strays = [entry for entry in LONGEST_FIRST if entry not in scopes and not entry.endswith(".py")]
-    assert not strays, f"LONGEST_FIRST names neither a test module nor a shared scope: {strays}"
+    strays = [entry for entry in LONGEST_FIRST if entry not in scopes and not entry.endswith(".py")
+              and entry.split("::")[0] not in PER_TEST]
+    assert not strays, f"LONGEST_FIRST names no module, shared scope or PER_TEST test: {strays}"

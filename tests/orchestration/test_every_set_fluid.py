@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from gtep.cli import app
 from tests.orchestration.test_fluid_study import SPACE, R, S, study_config
+from tests.studies import start_ray
 
 # a Ray study of its own: in the `slow` group, which .ci/run runs after the default one
 pytestmark = pytest.mark.slow
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_a_fluid_study_with_evaluation_sets_all_evaluates_every_set_and_replays_its_protocols(tmp_path):
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray()
     try:
         (tmp_path / "space.yaml").write_text(yaml.safe_dump(SPACE))
         config = tmp_path / "exp.yaml"

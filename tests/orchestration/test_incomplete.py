@@ -11,6 +11,7 @@ import yaml
 
 from gtep.algorithms import ALGORITHMS
 from tests.orchestration.test_phases import config, gtep, runs_of, store
+from tests.studies import start_ray
 
 CRASHING_LR = 0.1  # tests/orchestration/flaky_learner.py's
 SPACE = {"algorithm": "flaky_replay", "space": {"lr": [CRASHING_LR, 0.0001], "epochs": [60],
@@ -31,7 +32,7 @@ def ray_with_the_plugin(tmp_path_factory):
     patch.setenv("GTEP_TEST_FLAKY_DIR", str(markers))
     if ray.is_initialized():  # this worker's shared Ray lacks the plugin's environment
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_ray()
     yield markers
     ray.shutdown()
     patch.undo()

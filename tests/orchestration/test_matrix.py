@@ -168,9 +168,9 @@ def test_a_rerun_resumes_only_the_unfinished_cell(matrix):
 
 
 def test_parallel_cells_share_the_cluster_and_give_the_sequential_results(matrix, tmp_path):
-    """--parallel-cells 2: two cells run at once, each a driver process of its own on the test's Ray cluster (one
-    trial each at a time, so both cells' trials hold the 2 CPUs together), and they select and score exactly what
-    the sequential run of the same cells did."""
+    """--parallel-cells 2: two cells run at once, each a driver process of its own on the test worker's Ray (one
+    trial each at a time, their trials sharing its CPU), and they select and score exactly what the sequential run
+    of the same cells did."""
     split = TRAINED_CELLS
     doc = {**TRAINED, "original": False, "protocol": "gtep", "base": {**TINY, "compute": {"max_concurrent": 1}}}
     result = gtep_matrix(tmp_path, doc, "--parallel-cells", "2", "--no-report")
@@ -283,6 +283,7 @@ def test_failed_cells_are_kept_pending_ones_run_and_the_matrix_goes_on(tmp_path,
     assert refused.exit_code == 2 and calls == [] and "ran with another 'seed'" in refused.stderr
 
 
+@pytest.mark.slow  # the labelled phases' runs are the matrix fixture's (run_cell); this is their CLI and table
 def test_run_with_original_and_the_conventional_protocol_prints_their_rows(tmp_path):
     """The labelled phases on a single study through `gtep run` and `gtep evaluate --protocol conventional`."""
     doc = {"study": "labelled", "algorithm": "replay", "scenario": {"increments": "3x2"},

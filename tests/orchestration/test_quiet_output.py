@@ -174,7 +174,7 @@ def most_at_once(spans: list[tuple[float, float]]) -> int:
 
 @pytest.mark.parametrize("searcher_name", [*SEARCHERS[:2], "fixed set"])
 def test_at_most_max_concurrent_trials_run_at_once(small_ray, tmp_path, monkeypatch, searcher_name):
-    """Trials of a tenth of a CPU each, 20 of which fit the 2-CPU Ray, and Tune free to queue 8 of them (it queues one
+    """Trials of a tenth of a CPU each, 10 of which fit the 1-CPU Ray, and Tune free to queue 8 of them (it queues one
     at a time for a Searcher by default): only the limit holds them to one at a time."""
     monkeypatch.setenv("TUNE_MAX_PENDING_TRIALS_PG", "8")
     spans = tmp_path / "spans"

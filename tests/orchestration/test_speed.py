@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from gtep.cli import app
-from tests.studies import CONFIG, R, S
+from tests.studies import CONFIG, R, S, own_ray
 
 # the session's tiny study (tests/studies.py) with iCaRL: its exemplars make the first task's reuse matter
 BASE = {**CONFIG, "algorithm": "icarl"}
@@ -22,8 +22,12 @@ VARIANTS = {
 
 
 @pytest.fixture(scope="module")
-def studies(tmp_path_factory, local_ray):  # the three commands join this worker's Ray
-    root = tmp_path_factory.mktemp("speed")
+def studies(tmp_path_factory):
+    with own_ray(cpus=2):  # the parallel variant's trial takes two CPUs; the three commands join this Ray
+        return run_variants(tmp_path_factory.mktemp("speed"))
+
+
+def run_variants(root):
     out = {}
     for name, change in VARIANTS.items():
         config = root / f"{name}.yaml"
