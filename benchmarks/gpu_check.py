@@ -91,7 +91,7 @@ class Size:
 
 FULL = Size(resnet="resnet32", vit="vit_tiny_patch16_224", vit_side=224, imagenet_side=224, train=100, test=20,
             epochs=2, pretrain_epochs=1)
-QUICK = Size(resnet="resnet8", vit="vit_micro_patch4_32", vit_side=32, imagenet_side=64, train=12, test=6,
+QUICK = Size(resnet="resnet8", vit="vit_micro_patch4_32", vit_side=32, imagenet_side=32, train=12, test=6,
              epochs=1, pretrain_epochs=1)
 # CFSL's meta-learners pretrain on 5-way episodes: six classes kept out of the scenario
 PHASE_CLASSES, PRETRAIN_CLASSES = tuple(range(12)), tuple(range(12, 18))

@@ -36,7 +36,7 @@ def test_the_dry_run_checks_each_learner_and_the_imagenet_pipeline(dry_run, caps
     assert code == 0, [row["problems"] for row in report["learners"]]
     assert set(rows) == {"replay", "simplecil", "replay (ImageNet crops)"}
     assert rows["replay"]["pipeline"] == "pycil-cifar" and rows["simplecil"]["pipeline"].startswith("pilot@")
-    assert rows["replay (ImageNet crops)"]["pipeline"] == "pycil-imagenet@64"
+    assert rows["replay (ImageNet crops)"]["pipeline"] == "pycil-imagenet@32"
     for row in rows.values():
         assert row["status"] == "finished" and not row["problems"] and 0 <= row["acc"] <= 1
         assert row["seconds"] > 0 and row["peak_memory_mib"] is None  # no GPU memory on the CPU

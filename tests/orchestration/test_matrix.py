@@ -167,6 +167,7 @@ def test_a_rerun_resumes_only_the_unfinished_cell(matrix):
     assert json.loads((root / "matrix.json").read_text())["cells"][again]["status"] == "finished"
 
 
+@pytest.mark.slow  # two more cells through Ray, beside the fixture's: the slow group's
 def test_parallel_cells_share_the_cluster_and_give_the_sequential_results(matrix, tmp_path):
     """--parallel-cells 2: two cells run at once, each a driver process of its own on the test worker's Ray (one
     trial each at a time, their trials sharing its CPU), and they select and score exactly what the sequential run
