@@ -12,6 +12,10 @@ from typer.testing import CliRunner
 from gtep.cli import app
 from tests.studies import CONFIG, R, S, own_ray
 
+# three tune studies on a Ray of their own: the slow group's (the first task's sharing across processes without Ray
+# is tests/engine/test_first_task.py's, in the default group)
+pytestmark = pytest.mark.slow
+
 # the session's tiny study (tests/studies.py) with iCaRL: its exemplars make the first task's reuse matter
 BASE = {**CONFIG, "algorithm": "icarl"}
 VARIANTS = {
