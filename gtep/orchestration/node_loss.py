@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterator
 import ray
 from ray import tune
 
+from gtep.config.private import private_folder
+
 LOG_NAME = "ray-errors.log"
 # what Ray's lines about a lost node or the actors that died with it say (Ray 2.4x-2.6x)
 # (a trial that fails of its own error keeps its traceback on the terminal)
@@ -46,7 +48,7 @@ def record_text(record: logging.LogRecord) -> str:
 
 
 def append(path: Path, line: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)  # a loss may come before the phase made the study folder
+    private_folder(path.parent)  # a loss may come before the phase made the study folder: owner-only, as it makes it
     with path.open("a") as log:
         log.write(line)
 
