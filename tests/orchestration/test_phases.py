@@ -107,6 +107,7 @@ def test_optuna_searcher_records_sets_as_suggested(tmp_path):
     assert len(runs_of(store(tmp_path), "optuna", level="trial")) == 3
 
 
+@pytest.mark.slow  # three phases through Ray; `evaluate --hparams original` is also report_store's (default group)
 def test_evaluate_from_a_tuning_run_and_from_the_original_preset(tmp_path):
     doc = config(study="two-step", search={"trials": 2, "orderings": 1})
     assert gtep(tmp_path, "tune", doc).exit_code == 0
