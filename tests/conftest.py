@@ -55,7 +55,8 @@ PER_TEST = ("tests/algorithms/test_contract_regression.py", "tests/orchestration
 # a group's own, longest first (a unit, or a PER_TEST module: its tests). One golden ViT case early, alone: it
 # pretrains the ViT that the module's other ViT cases then load (tests/helpers.py, pretrained_vit).
 GOLDEN = "tests/algorithms/test_contract_regression.py"
-LONGEST_FIRST = ("tests/test_device_bundle.py", "tests/orchestration/test_matrix.py", "tests/cluster/test_paper_scale.py", "postgres",
+LONGEST_FIRST = ("tests/test_device_bundle.py", "tests/orchestration/test_matrix.py",
+                 "tests/cluster/test_paper_scale.py", "postgres",
                  "tests/cluster/test_slurm.py", "tests/test_install.py", "tests/test_gpu_check.py",
                  "tests/orchestration/test_cheap_study.py", "tests/orchestration/test_incomplete.py",
                  "tests/report/test_report_store.py", "tests/cluster/test_tracking_server.py",
