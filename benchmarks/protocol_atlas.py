@@ -193,7 +193,17 @@ UNIT_FIELDS = ("set_index", "ordering", "status", "acc", "avg_acc", "hmean", "ac
 
 
 def kept(unit: dict[str, Any], components: tuple[str, ...]) -> dict[str, Any]:
-    return {k: unit[k] for k in (*UNIT_FIELDS, *components) if unit.get(k) is not None}
+    return finite_or_null({k: unit[k] for k in (*UNIT_FIELDS, *components) if unit.get(k) is not None},
+                          f"no score: the unit's status is {unit.get('status')!r}")
+
+
+def finite_or_null(record: dict[str, Any], why: str) -> dict[str, Any]:
+    """A record as standard JSON allows it: a NaN score (a diverged unit or set has one) becomes null, and `nulls`
+    beside it says why, so the stored file parses everywhere (JavaScript's JSON.parse refuses NaN)."""
+    missing = [k for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)]
+    if not missing:
+        return record
+    return {**{k: None if k in missing else v for k, v in record.items()}, "nulls": {k: why for k in missing}}
 
 
 def raw_results(folder: Path) -> dict[str, Any]:
@@ -227,7 +237,9 @@ def raw_results(folder: Path) -> dict[str, Any]:
             "hparams": {str(i): hparams.get(i) for i in study.sets},
             "tuning": tuning,
             "evaluation": {str(i): {"units": sorted(units, key=lambda u: int(u["ordering"])),
-                                    "summary": {k: study.evaluated[i].get(k) for k in ("diverged", *components)}}
+                                    "summary": finite_or_null(
+                                        {k: study.evaluated[i].get(k) for k in ("diverged", *components)},
+                                        "no score: the set diverged on an evaluation ordering")}
                            for i, units in sorted(evaluation.items()) if i in study.evaluated}}
 
 

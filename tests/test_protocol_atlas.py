@@ -140,6 +140,27 @@ def test_every_stored_file_is_standard_json():
         json.loads(path.read_text(), parse_constant=refuse)
 
 
+def test_a_diverged_units_nan_score_is_stored_as_null_with_the_reason_and_derives_the_same(atlas):
+    """A diverged unit has NaN scores (paper-ci-bic-5x3-low's tuning had six): stored, they are null with the
+    reason beside them, and the rows derived from the stored file are the ones derived before storing."""
+    unit = {"set_index": 3, "ordering": 1, "status": "diverged", "acc": math.nan, "avg_acc": math.nan,
+            "train_seconds": 2.5, "first_task": "reused"}
+    stored = json.loads(atlas.dump({"unit": atlas.kept(unit, ("acc", "avg_acc"))}))["unit"]
+    assert stored["acc"] is None and stored["avg_acc"] is None and stored["train_seconds"] == 2.5
+    assert stored["nulls"] == {"acc": "no score: the unit's status is 'diverged'",
+                               "avg_acc": "no score: the unit's status is 'diverged'"}
+    assert atlas.kept({**unit, "status": "finished", "acc": 0.5, "avg_acc": 0.6}, ("acc", "avg_acc")) == {
+        **unit, "status": "finished", "acc": 0.5, "avg_acc": 0.6}  # finite scores: nothing added
+    raw = synthetic_raw(3)
+    for u in raw["tuning"]:
+        if u["set_index"] == 2 and u["ordering"] == 0:
+            u.update(status="diverged", acc=math.nan, avg_acc=math.nan)
+    raw["tuning"] = [atlas.kept(u, ("acc", "avg_acc")) | {"arrival": u["arrival"]} for u in raw["tuning"]]
+    raw["best_index"] = recompute.pick(recompute.scores_of(raw, raw["tuning"]))[0]
+    assert raw["best_index"] != 2  # a set that diverged on an ordering is never H*
+    assert atlas.dump(atlas.derive(json.loads(atlas.dump(raw)))) == atlas.dump(atlas.derive(raw))
+
+
 def synthetic_raw(seed: int, sets: int = 6, orderings: int = 3, tasks: int = 3, groups: int = 2) -> dict:
     """A study's raw results by hand: sets in `groups` sharing their first task (the same task-1 accuracy and
     the unit that trained it; the others reuse it), random later tasks, a diverged evaluation now and then."""
