@@ -47,8 +47,13 @@ def sqlite_write_ahead_log(path: Path) -> None:
     """Put a local sqlite store in WAL mode (it stays so in the file): a commit costs one sync instead of
     several (a unit's four MLflow writes 53 -> 34 ms here), and the MLflow UI or a parallel cell's driver reads
     while a study writes. WAL needs a local disk; on a network filesystem set GTEP_SQLITE_WAL=0 (or, better,
-    run an MLflow server). A store it creates is its owner's only (gtep.config.private)."""
+    run an MLflow server). A store it creates is its owner's only (gtep.config.private), and starts from
+    the empty store template (seed_sqlite_store)."""
+    wal = path.with_name(path.name + "-wal")  # a WAL store's pages can all be there, its main file still empty
+    fresh = (not path.exists() or path.stat().st_size == 0) and not (wal.exists() and wal.stat().st_size > 0)
     private_file(path)
+    if fresh:
+        seed_sqlite_store(path)
     if os.environ.get("GTEP_SQLITE_WAL", "1") == "0":
         return
     import sqlite3
@@ -59,6 +64,50 @@ def sqlite_write_ahead_log(path: Path) -> None:
     finally:
         connection.close()
 
+
+
+def store_template() -> Path:
+    """An empty sqlite store with MLflow's tables, made once per MLflow version by MLflow itself, under
+    $GTEP_CACHE (else ~/.cache/gtep), owner-only. Its Default experiment is removed: MLflow creates that when
+    it opens a store without one, with the artifact location and time it would give a store it made there."""
+    import sqlite3
+    import tempfile
+
+    import mlflow
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from gtep.orchestration.quiet import NOISE, dropping
+
+    cache = Path(os.environ.get("GTEP_CACHE") or Path.home() / ".cache" / "gtep")
+    template = cache / f"mlflow-{mlflow.__version__}-empty-store.db"
+    if template.exists():
+        return template
+    private_folder(cache)
+    handle, name = tempfile.mkstemp(dir=cache, prefix=".empty-store-", suffix=".db")  # 0600, and unique: two
+    os.close(handle)  # processes making the template at once each make their own and the last rename wins
+    try:
+        with dropping("mlflow.store.db.utils", *NOISE["mlflow.store.db.utils"]):  # the table-creation INFO lines
+            store = SqlAlchemyStore(f"sqlite:///{name}", str(cache / "unused-artifacts"))
+        store.engine.dispose()
+        connection = sqlite3.connect(name)
+        try:
+            with connection:
+                connection.execute("DELETE FROM experiments WHERE experiment_id = 0")
+        finally:
+            connection.close()
+        os.replace(name, template)
+    finally:
+        Path(name).unlink(missing_ok=True)
+    return template
+
+
+def seed_sqlite_store(path: Path) -> None:
+    """Fill a new, empty local store with the template's tables. MLflow creates them by running every schema
+    migration since its first, some 2 s for each new output folder (a test session makes hundreds of stores);
+    copying the template costs a few milliseconds and leaves the same store, Default experiment included."""
+    import shutil
+
+    shutil.copyfile(store_template(), path)  # into the empty file private_file made: it keeps its mode
 
 
 def server_wait() -> float:
