@@ -493,7 +493,8 @@ def _imagefolder_metadata(source: DatasetSource) -> tuple[list[str], list[str] |
 
 
 def cache_root() -> Path:
-    """Where decoded ImageFolder arrays are kept: $GTEP_CACHE, else ~/.cache/gtep."""
+    """Where decoded ImageFolder arrays (and the empty MLflow store template) are kept: $GTEP_CACHE, else
+    ~/.cache/gtep."""
     return Path(os.environ.get("GTEP_CACHE") or Path.home() / ".cache" / "gtep")
 
 

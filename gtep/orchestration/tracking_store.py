@@ -76,9 +76,10 @@ def store_template() -> Path:
     import mlflow
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
+    from gtep.data.datasets import cache_root
     from gtep.orchestration.quiet import NOISE, dropping
 
-    cache = Path(os.environ.get("GTEP_CACHE") or Path.home() / ".cache" / "gtep")
+    cache = cache_root()
     template = cache / f"mlflow-{mlflow.__version__}-empty-store.db"
     if template.exists():
         return template
