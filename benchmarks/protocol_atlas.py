@@ -70,9 +70,11 @@ EPOCH_SHARE = 0.4
 # epochs: a first task of 2 epochs) a study is about 20-40 minutes of the shared 2-core machine, the block 3-5 hours.
 PAPER_SHARE = 0.2
 BLOCKS = {"r6s3": {"trials": R, "orderings": S, "epoch_share": EPOCH_SHARE,
-                   "title": "R = 6, S = 3: the atlas's matrix (22 studies)"},
+                   "title": "R = 6, S = 3: the atlas's matrix (22 studies)",
+                   "label": "R = 6, S = 3"},
           "paper": {"trials": 30, "orderings": 5, "epoch_share": PAPER_SHARE,
-                    "title": "R = 30, S = 5: the paper's shape (8 class-incremental ResNet-8 studies)"}}
+                    "title": "R = 30, S = 5: the paper's shape (8 class-incremental ResNet-8 studies)",
+                    "label": "R = 30, S = 5"}}
 PAPER_ALGORITHMS = ("replay", "icarl", "wa", "bic")
 WITHIN = 0.01  # 1 point, in the scores' fraction units
 MAX_COMPUTE, SHARE = 0.4, 0.9  # the verdict's bar: <= 0.4 of the compute in >= 90% of the studies
@@ -480,6 +482,32 @@ def markdown(results: list[dict[str, Any]], block: str | None = None) -> str:
     return "\n".join(lines).replace("H*", "H\\*")
 
 
+def comparison(by_block: dict[str, list[dict[str, Any]]]) -> str:
+    """What changes between the blocks, per shortcut (the stopping rules and first_task): its median compute with the
+    least possible beside it, its share within 1 point and within 1 point at <= 0.4 of the compute, in each block;
+    cells are the blocks' own tables' (a test keeps them equal), so the docs restate no figure by hand."""
+    stored_blocks = [b for b in BLOCKS if by_block.get(b)]
+    if len(stored_blocks) < 2:
+        return "Not both blocks are stored yet."
+    tables = {b: {r["protocol"]: r for r in summary(by_block[b])} for b in stored_blocks}
+    shortcuts = [p for p in tables[stored_blocks[0]] if p not in REFERENCE]
+    shortcuts += [p for b in stored_blocks[1:] for p in tables[b] if p not in REFERENCE and p not in shortcuts]
+    head = " | ".join(f"{label} {BLOCKS[b]['label']}" for b in stored_blocks
+                      for label in ("median compute (least possible),", "within 1 point,", "at <= 0.4 compute,"))
+    lines = [f"| protocol | {head} |", "|---|" + "---:|" * (3 * len(stored_blocks))]
+    for protocol in shortcuts:
+        cells = []
+        for b in stored_blocks:
+            r = tables[b].get(protocol)
+            cells += (["-"] * 3 if r is None else
+                      [f"{r['median_compute']:.2f} ({cell(r['least_compute'], '.2f')})",
+                       f"{100 * r['within_1_point']:.0f} % of {r['studies']}", f"{100 * r['safe_and_cheap']:.0f} %"])
+        lines.append(f"| {protocol} | {' | '.join(cells)} |")
+    counts = ", ".join(f"{counted(len(by_block[b]))} at {BLOCKS[b]['label']}" for b in stored_blocks)
+    lines += ["", f"Over the studies stored: {counts}; '-': the protocol applies to no study of that block."]
+    return "\n".join(lines)
+
+
 def verdict_where_it_applies(table: list[dict[str, Any]], studies: int) -> str | None:
     """The bar among only the studies a protocol applies to (first_task cuts the tasks of class-incremental
     orderings; the other families report once per ordering), for the protocols the verdict leaves out so."""
@@ -546,6 +574,8 @@ def main() -> None:
     if args.markdown:
         for block in BLOCKS:
             print(f"<!-- atlas-table {block} -->\n{markdown(stored(block), block)}\n<!-- /atlas-table {block} -->\n")
+        print(f"<!-- atlas-table change -->\n{comparison({b: stored(b) for b in BLOCKS})}\n"
+              "<!-- /atlas-table change -->\n")
         print(f"<!-- atlas-table legacy -->\n{markdown(legacy())}\n<!-- /atlas-table legacy -->")
         return
     if args.rederive:

@@ -95,6 +95,36 @@ def test_the_docs_show_the_tables_of_the_stored_studies(atlas):
             assert verdict in readme, f"README states the {block} block's verdict"
 
 
+def test_what_changes_between_the_blocks_is_their_tables_and_the_docs_claims_hold(atlas):
+    """The comparison table is printed from the stored studies, each cell is the one the block's own table shows
+    (whose cells are recomputed from the raw results), and the sentence above it stays true of the data: every
+    stopping rule spends less at R = 30, S = 5 and is within 1 point at least as often, and none is within 1 point at
+    <= 0.4 of the compute at R = 6, S = 3 while at R = 30, S = 5 some are, in at most a quarter of the studies."""
+    by_block = {block: atlas.stored(block) for block in atlas.BLOCKS}
+    assert docs_block("change") == atlas.comparison(by_block).strip()
+    compared = shown_rows("change")
+    blocks = {block: shown_rows(block) for block in ("r6s3", "paper")}
+    assert compared, "the comparison table has rows"
+    for protocol, cells in compared.items():
+        for block, (compute, within, cheap) in zip(blocks, (cells[0:3], cells[3:6], )):
+            row = blocks[block].get(protocol)
+            if row is None:
+                assert (compute, within, cheap) == ("-", "-", "-")
+                continue
+            studies, _, _, _, share, median_compute, least, at_04 = row
+            assert (compute, within, cheap) == (f"{median_compute} ({least})", f"{share} of {studies}", at_04)
+    rules = [p for p in compared if p.startswith(("asha", "optuna-"))]
+    assert len(rules) == 5
+    value = float  # the shown cells: '0.79 (0.44)', '75 % of 12', '12 %'
+    for protocol in rules:
+        cells = compared[protocol]
+        assert value(cells[3].split()[0]) < value(cells[0].split()[0]), f"{protocol} spends less at R = 30, S = 5"
+        assert value(cells[4].split()[0]) >= value(cells[1].split()[0]), f"{protocol} within 1 point as often"
+        assert cells[2] == "0 %", f"{protocol} never within 1 point at <= 0.4 of the compute at R = 6, S = 3"
+        assert value(cells[5].split()[0]) <= 25
+    assert any(value(compared[p][5].split()[0]) > 0 for p in rules)
+
+
 def shown_rows(block: str) -> dict[str, list[str]]:
     rows = {}
     for line in docs_block(block).splitlines():
