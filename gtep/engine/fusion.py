@@ -5,8 +5,10 @@ runs them in lockstep, each as it runs alone (its own learner, network, exemplar
 outcome), and fuses only what costs: every `fit` the S learners reach together is one training loop over one
 network with an ordering axis.
 
-How `fit` is fused. Each learner's tensors (its network's and old network's parameters and buffers) are stacked
-along a new leading ordering axis, and the loss of ordering 0's learner runs under `torch.func.vmap` over that
+How `fit` is fused. The fused fit runs the engine's one epoch loop (gtep/engine/loop.py, run_epochs) with an
+ordering axis: it counts each ordering's images and prepares the batches as a plain fit does. Each learner's
+tensors (its network's and old network's parameters and buffers) are stacked along a new leading ordering axis,
+and the loss of ordering 0's learner runs under `torch.func.vmap` over that
 axis with `torch.func.functional_call`: a convolution whose input and weight both carry the axis runs as one
 convolution of S groups, a batch norm over S x C channels keeps every ordering's statistics (the running
 buffers are stacked, so each ordering's move with its own batches), a linear layer as one batched matmul. The
@@ -19,38 +21,36 @@ each learner's own network, so no learner code needs the ordering axis, and none
 
 How the lockstep runs. Each ordering runs its whole unit (gtep/engine/flows, or the orchestration's unit with
 its files) in a thread of its own, but only one thread runs at a time, in ordering order, each with its own
-torch RNG state swapped in: the result is that of S processes. A thread that calls `Trainer.fit` parks there;
-once every ordering is parked or finished, the parked calls that agree (same recipe, data size, parameter
-shapes and loss code) are run as one fused fit, any other alone, and the threads go on. A learner opts in with
-`fuses_orderings = True` (gtep/algorithms/base.py); `check_fusable` refuses the others.
+torch RNG state swapped in: the result is that of S processes. Each unit is given a FusedFit as its fit mode
+(gtep/engine/loop.py, FitMode): its trainer's fits park there; once every ordering is parked or finished, the
+parked calls that agree (same recipe, data size, parameter shapes and loss code) are run as one fused fit, any
+other alone, and the threads go on. A fit that trains alone in a fused trial (a fit option the fused loop does not
+run, no sibling at the same fit, a fusion that failed: out of memory, an op with no batched form, a loss drawing
+from torch's global RNG) is said in one line and recorded in the unit's FusedFit.report (the unit's event): a trial
+never changes mode silently. A learner opts in with `fuses_orderings = True` and keeps the loss contract written
+in gtep/algorithms/base.py; `check_fusable` refuses the others.
 """
 from __future__ import annotations
 
+import logging
 import threading
-from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Iterable, Sequence, TypeVar
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from gtep.engine.loop import (
-    BatchSource,
-    DivergedError,
-    Plateau,
-    Trainer,
-    make_optimizer,
-    make_scheduler,
-    parking,
-)
+from gtep.engine.loop import FIT_MODES, DivergedError, FitCall, FitMode, LossFn, run_epochs
 
 T = TypeVar("T")
 FUSE_MODES = ("off", "on", "auto")
+log = logging.getLogger(__name__)
 
 
 class FusionRefused(ValueError):
-    """A study asked for fused orderings that its learner or its way of running orderings cannot give."""
+    """A study asked for fused orderings that its learner or its way of running orderings cannot give, or a fit
+    that cannot be fused (said in one line; the fit then trains alone, recorded)."""
 
 
 def check_fusable(algorithm: type, name: str | None = None) -> None:
@@ -74,54 +74,8 @@ def fusion_wanted(mode: str, algorithm: type, device: str, parallel: int = 1) ->
 
 # ---------------------------------------------------------------------------------------------- one fused fit
 
-@dataclass
-class FitRequest:
-    """One ordering's call of Trainer.fit, as the learner made it."""
-
-    trainer: Trainer
-    parameters: list[nn.Parameter]
-    loss_fn: Callable[[Tensor, Tensor], Tensor]
-    x: Any
-    y: Tensor
-    recipe: Any
-    augment: bool = True
-    modules: list[nn.Module] = field(default_factory=list)
-    on_epoch: Callable[[int], None] | None = None
-    plateau: Plateau | None = None
-
-    def run_alone(self) -> None:
-        self.trainer.fit(self.parameters, self.loss_fn, self.x, self.y, self.recipe, augment=self.augment,
-                         modules=self.modules, on_epoch=self.on_epoch, plateau=self.plateau)
-
-
-def _owner(fn: Callable[..., Any]) -> Any:
-    """The object whose method (or closure over `self`) the loss is: the learner, whose modules it reads."""
-    owner = getattr(fn, "__self__", None)
-    if owner is not None:
-        return owner
-    for cell in getattr(fn, "__closure__", None) or ():
-        try:
-            value = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        if not isinstance(value, (nn.Module, Tensor)) and any(isinstance(v, nn.Module) for v in vars_of(value)):
-            return value
-    return None
-
-
-def vars_of(obj: Any) -> list[Any]:
-    try:
-        return list(vars(obj).values())
-    except TypeError:
-        return []
-
-
-def _code(fn: Callable[..., Any]) -> Any:
-    return getattr(getattr(fn, "__func__", fn), "__code__", None)
-
-
 class _Tensors(nn.Module):
-    """Every module a loss can read (the learner's modules and fit's), under one root, so that one
+    """Every module a loss can read (its learner's modules and the call's), under one root, so that one
     functional_call swaps all of their tensors for an ordering's slice."""
 
     def __init__(self, modules: Iterable[nn.Module]) -> None:
@@ -132,25 +86,35 @@ class _Tensors(nn.Module):
         self.parts = nn.ModuleList(seen.values())
 
 
-def _root(request: FitRequest) -> _Tensors | None:
-    owner = _owner(request.loss_fn)
-    if owner is None:
-        return None
-    return _Tensors([*request.modules, *(v for v in vars_of(owner) if isinstance(v, nn.Module))])
+def _root(call: FitCall) -> _Tensors:
+    owned = [v for v in vars(call.owner).values() if isinstance(v, nn.Module)]
+    return _Tensors([*call.modules, *owned])
 
 
-def fusion_key(request: FitRequest) -> tuple[Any, ...] | None:
-    """What must agree for requests to fuse; None where this request cannot (a plateau schedule, a per-epoch hook,
-    a loss that is no learner's)."""
-    if request.on_epoch is not None or request.plateau is not None or _owner(request.loss_fn) is None:
-        return None
-    x = request.x
+def _code(fn: Callable[..., Any]) -> Any:
+    return getattr(getattr(fn, "__func__", fn), "__code__", None)
+
+
+def unfusable(call: FitCall) -> str | None:
+    """Why this call cannot train fused, before it trains; None where it can."""
+    options = [o for o in call.options() if o not in FusedFit.supports]
+    if options:
+        return f"the fused loop does not run {' or '.join(options)}"
+    if call.owner is None:
+        return "its loss names no learner (only a learner's fits, bound by the engine, fuse)"
+    return None
+
+
+def fusion_key(call: FitCall) -> tuple[Any, ...]:
+    """What must agree for calls to fuse: data shape and pipeline, labels, recipe, loss code, trained shapes and the
+    trainer's settings."""
+    x = call.x
     data: tuple[Any, ...] = (type(x).__name__, tuple(x.shape), str(x.dtype) if isinstance(x, Tensor) else "")
     if hasattr(x, "pixels"):  # stored images: their pipeline must agree
         data = (*data, repr(x.pipeline.spec))
-    trainer = request.trainer
-    return (data, tuple(request.y.shape), request.recipe, request.augment, _code(request.loss_fn),
-            tuple(tuple(p.shape) for p in request.parameters if p.requires_grad), str(trainer.device),
+    trainer = call.trainer
+    return (data, tuple(call.y.shape), call.recipe, call.augment, _code(call.loss_fn),
+            tuple(tuple(p.shape) for p in call.parameters if p.requires_grad), str(trainer.device),
             trainer.precision, trainer.compile_backend, trainer.augment)
 
 
@@ -158,45 +122,74 @@ def _state(root: nn.Module) -> dict[str, Tensor]:
     return {**dict(root.named_parameters()), **dict(root.named_buffers())}
 
 
-def fit_fused(requests: Sequence[FitRequest]) -> list[BaseException | None]:
-    """Train the requests' S networks as one (module docstring); returns, per request, None or the
-    DivergedError its ordering raised alone. The requests must share fusion_key."""
-    roots = [_root(r) for r in requests]
-    if any(root is None for root in roots):
-        raise ValueError("fit_fused: a request's loss belongs to no learner")
-    states = [_state(root) for root in roots]  # type: ignore[arg-type]
-    names = list(states[0])
-    if any(list(s) != names or any(s[n].shape != states[0][n].shape for n in names) for s in states):
-        raise ValueError("fit_fused: the orderings' networks differ in structure")
-    trained: list[str] = []
-    for s, request in enumerate(requests):
-        by_id = {id(t): n for n, t in states[s].items()}
-        mine = [by_id.get(id(p)) for p in request.parameters if p.requires_grad]
-        if any(n is None for n in mine):
-            raise ValueError("fit_fused: a trained parameter lies outside the learner's modules")
-        if s == 0:
-            trained = [n for n in mine if n is not None]
-        elif mine != trained:
-            raise ValueError("fit_fused: the orderings train different parameters")
-    template = roots[0]
-    assert template is not None
-    for request in requests:
-        for module in request.modules:
-            module.train()
-    with torch.no_grad():
-        stacked = {n: torch.stack([s[n].detach() for s in states]) for n in names}
-    leaves = {n: stacked[n].requires_grad_() for n in trained}
-    fixed = {n: t for n, t in stacked.items() if n not in leaves}
-    errors = _fused_loop(requests, template, leaves, fixed)
-    with torch.no_grad():  # every ordering's network gets its slice back: weights and statistics alike
-        for s, state in enumerate(states):
-            for n in names:
-                state[n].copy_(stacked[n][s])
+class FusedStep:
+    """The loop's step over S networks stacked along an ordering axis (module docstring): built from the calls (it
+    refuses networks that differ), `write_back` gives each network its slice after the loop."""
+
+    def __init__(self, calls: Sequence[FitCall]) -> None:
+        roots = [_root(c) for c in calls]
+        self.states = [_state(root) for root in roots]
+        names = list(self.states[0])
+        if any(list(s) != names or any(s[n].shape != self.states[0][n].shape for n in names) for s in self.states):
+            raise FusionRefused("the orderings' networks differ in structure")
+        trained: list[str] = []
+        for s, call in enumerate(calls):
+            by_id = {id(t): n for n, t in self.states[s].items()}
+            mine = [by_id.get(id(p)) for p in call.parameters if p.requires_grad]
+            if any(n is None for n in mine):
+                raise FusionRefused("a trained parameter lies outside the learner's modules")
+            if s == 0:
+                trained = [n for n in mine if n is not None]
+            elif mine != trained:
+                raise FusionRefused("the orderings train different parameters")
+        with torch.no_grad():
+            stacked = {n: torch.stack([s[n].detach() for s in self.states]) for n in names}
+        self.names, self.stacked = names, stacked
+        self.leaves = {n: stacked[n].requires_grad_() for n in trained}
+        self.fixed = {n: t for n, t in stacked.items() if n not in self.leaves}
+        self.params: list[Tensor] = list(self.leaves.values())
+        first = calls[0]
+        trainer = first.trainer
+        # compile_mode: torch.compile's mode where a caller set one on the trainer (benchmarks/fusion.py: CUDA graphs)
+        self._losses = stacked_loss(roots[0], first.loss_fn, trainer.compile_backend,
+                                    getattr(trainer, "compile_mode", None))
+        self.precision = trainer.precision
+        self._checked_rng = False
+
+    def losses(self, xb: Tensor, yb: Tensor) -> Tensor:
+        before = None if self._checked_rng else torch.get_rng_state()
+        with self.precision.autocast():
+            out = self._losses(self.leaves, self.fixed, xb, yb).float()
+        if before is not None:  # the loss contract (gtep/algorithms/base.py), checked on the first step
+            self._checked_rng = True
+            if not torch.equal(before, torch.get_rng_state()):
+                raise FusionRefused("the loss draws from torch's global RNG, which a fused fit cannot give each "
+                                    "ordering (draw from the trainer's generator instead)")
+        return out
+
+    def weight_sums(self) -> Tensor:
+        return torch.stack([p.detach().float().abs().flatten(1).sum(1) for p in self.params]).sum(0)
+
+    def write_back(self) -> None:
+        """Every ordering's network gets its slice back: weights and statistics alike."""
+        with torch.no_grad():
+            for s, state in enumerate(self.states):
+                for n in self.names:
+                    state[n].copy_(self.stacked[n][s])
+
+
+def fit_fused(mode: FitMode, calls: Sequence[FitCall]) -> list[DivergedError | None]:
+    """Train the calls' S networks as one (module docstring); returns, per call, None or the DivergedError its
+    ordering ends with, as it would alone. The calls must share fusion_key. Raises FusionRefused (or torch's
+    error: out of memory, an op with no batched form) before any network is touched."""
+    step = FusedStep(calls)
+    errors = run_epochs(mode, calls, step)
+    step.write_back()
     return errors
 
 
-def stacked_loss(template: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
-                 backend: str | None = None, mode: str | None = None) -> Callable[..., Tensor]:
+def stacked_loss(template: nn.Module, loss_fn: LossFn, backend: str | None = None,
+                 mode: str | None = None) -> Callable[..., Tensor]:
     """(trained, fixed, x, y) with a leading ordering axis -> the S losses: `loss_fn`, which reads the
     modules under `template`, run once over the axis with each ordering's tensors swapped in."""
     def one(trained: dict[str, Tensor], fixed: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -206,8 +199,8 @@ def stacked_loss(template: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor
     return torch.compile(fused, backend=backend, mode=mode) if backend else fused
 
 
-def _call(template: nn.Module, trained: dict[str, Tensor], fixed: dict[str, Tensor],
-          loss_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor) -> Tensor:
+def _call(template: nn.Module, trained: dict[str, Tensor], fixed: dict[str, Tensor], loss_fn: LossFn, x: Tensor,
+          y: Tensor) -> Tensor:
     """functional_call of the template with the loss as its forward: the tensors are swapped for the call."""
     runner = _LossCall(template, loss_fn)
     prefixed = {f"root.{n}": t for n, t in {**trained, **fixed}.items()}
@@ -215,7 +208,7 @@ def _call(template: nn.Module, trained: dict[str, Tensor], fixed: dict[str, Tens
 
 
 class _LossCall(nn.Module):
-    def __init__(self, root: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor]) -> None:
+    def __init__(self, root: nn.Module, loss_fn: LossFn) -> None:
         super().__init__()
         self.root = root
         self.loss_fn = loss_fn
@@ -224,71 +217,89 @@ class _LossCall(nn.Module):
         return self.loss_fn(x, y)
 
 
-def _fused_loop(requests: Sequence[FitRequest], template: nn.Module, leaves: dict[str, Tensor],
-                fixed: dict[str, Tensor]) -> list[BaseException | None]:
-    """Trainer.fit's loop, with an ordering axis: each ordering's batches from its own generator."""
-    first = requests[0]
-    trainer, recipe = first.trainer, first.recipe
-    n_orderings = len(requests)
-    errors: list[BaseException | None] = [None] * n_orderings
-    params = list(leaves.values())
-    if not params or len(first.x) == 0 or recipe.epochs < 1:
-        return errors
-    # compile_mode: torch.compile's mode where a caller set one on the trainer (benchmarks/fusion.py: CUDA graphs)
-    losses = stacked_loss(template, first.loss_fn, trainer.compile_backend, getattr(trainer, "compile_mode", None))
-    precision = trainer.precision
-    optimizer = make_optimizer(params, recipe)  # type: ignore[arg-type]
-    scheduler = make_scheduler(optimizer, recipe)
-    device = first.y.device
-    n, batch = len(first.x), max(1, recipe.batch_size)
-    sources = [BatchSource(r.x, r.trainer.generator, r.augment and r.trainer.augment) for r in requests]
-    diverged = torch.zeros(n_orderings, dtype=torch.bool)
-    for epoch in range(recipe.epochs):
-        orders = []
-        for request, source in zip(requests, sources):
-            orders.append(torch.randperm(n, generator=request.trainer.generator).to(request.x.device))
-            source.new_epoch()
-        epoch_loss = torch.zeros(n_orderings, device=device)
-        for start in range(0, n, batch):
-            idx = [order[start : start + batch] for order in orders]
-            if len(idx[0]) < 2 and n >= 2:  # BatchNorm cannot train on a single image
-                continue
-            xb = torch.stack([source.batch(i, start) for source, i in zip(sources, idx)])
-            yb = torch.stack([r.y[i] for r, i in zip(requests, idx)])
-            with precision.autocast():
-                loss = losses(leaves, fixed, xb, yb).float()
-            optimizer.zero_grad(set_to_none=True)
-            loss.sum().backward()
-            optimizer.step()
-            epoch_loss = epoch_loss + loss.detach()
-        weights = torch.stack([p.detach().float().abs().flatten(1).sum(1) for p in params]).sum(0)
-        finite = torch.isfinite(epoch_loss + weights).cpu()
-        for s in range(n_orderings):
-            if not finite[s] and not diverged[s]:
-                diverged[s] = True
-                errors[s] = DivergedError(f"non-finite training loss or weights in epoch {epoch + 1}")
-        if bool(diverged.all()):
-            break
-        scheduler.step()
-    return errors
+# ------------------------------------------------------------------------------------------ the fused fit mode
+
+@FIT_MODES.register("fused")
+class FusedFit(FitMode):
+    """A unit of a fused trial: its fits park until the lockstep runs them with its siblings' (module docstring).
+    Made without a lockstep (FusedFit()), it is a unit with no siblings: each fit trains alone, recorded so."""
+
+    name = "fused"
+    supports: ClassVar[frozenset[str]] = frozenset()  # on_epoch and plateau read one network between epochs
+
+    def __init__(self, worker: "_Worker | None" = None) -> None:
+        self.worker = worker
+        self.fused_fits = 0
+        self.alone: list[str] = []  # why each fit that trained alone did
+
+    def fit(self, call: FitCall) -> None:
+        if self.worker is None:
+            self.train_alone(call, "no sibling ordering in this trial")
+            return
+        self.worker.park(call)
+
+    def train_alone(self, call: FitCall, why: str) -> None:
+        self.alone.append(why)
+        self.run_plain(call)
+
+    def report(self) -> dict[str, Any]:
+        reasons = sorted(set(self.alone))
+        return {"mode": self.name, "fused_fits": self.fused_fits, "alone_fits": len(self.alone),
+                "alone_why": reasons[:5]}
+
+    @classmethod
+    def check(cls, algorithm: type, name: str) -> None:
+        """Only a learner that opted in trains fused orderings (check_fusable)."""
+        check_fusable(algorithm, name)
+
+    @classmethod
+    def run_units(cls, units: Sequence[Callable[[FitMode], T]], names: Sequence[str] = ()) -> list[T]:
+        """Run each unit as it would run alone, fusing the fits they reach together (module docstring); their
+        results in order. The first unit's error is raised once all have stopped."""
+        labels = list(names) or [f"unit {i}" for i in range(len(units))]
+        outer_rng = torch.get_rng_state()
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        workers = [_Worker(i, labels[i], outer_rng.clone(), torch.cuda.get_rng_state_all() if cuda else None)
+                   for i in range(len(units))]
+        for worker, unit in zip(workers, units):
+            worker.mode = cls(worker)
+            worker.start(partial(unit, worker.mode))
+        try:
+            while any(w.state != "done" for w in workers):
+                for worker in workers:
+                    if worker.state == "ready":
+                        worker.resume()
+                _run_parked([w for w in workers if w.state == "parked"])
+        finally:
+            torch.set_rng_state(outer_rng)
+        for worker in workers:
+            worker.thread.join()
+            if worker.error is not None:
+                raise worker.error
+        return [w.result for w in workers]
 
 
 # ------------------------------------------------------------------------------------------------ the lockstep
 
 class _Worker:
-    def __init__(self, index: int, target: Callable[[], Any], rng: Tensor, cuda_rng: list[Tensor] | None) -> None:
-        self.index, self.target = index, target
+    def __init__(self, index: int, label: str, rng: Tensor, cuda_rng: list[Tensor] | None) -> None:
+        self.index, self.label = index, label
         self.state = "ready"  # ready | parked | done
-        self.request: FitRequest | None = None
+        self.call: FitCall | None = None
+        self.mode: FusedFit | None = None
         self.reply: BaseException | None = None
         self.result: Any = None
         self.error: BaseException | None = None
         self.rng, self.cuda_rng = rng, cuda_rng
         self.go, self.yielded = threading.Event(), threading.Event()
         self.thread = threading.Thread(target=self._main, name=f"gtep-ordering-{index}", daemon=True)
+        self.target: Callable[[], Any] = lambda: None
+
+    def start(self, target: Callable[[], Any]) -> None:
+        self.target = target
+        self.thread.start()
 
     def _main(self) -> None:
-        parking.fit = self.park_call
         self.go.wait()
         self.go.clear()
         try:
@@ -298,20 +309,13 @@ class _Worker:
         self.state = "done"
         self.yielded.set()
 
-    def park_call(self, trainer: Trainer, parameters: Iterable[nn.Parameter],
-                  loss_fn: Callable[[Tensor, Tensor], Tensor], x: Any, y: Tensor, recipe: Any, *,
-                  augment: bool = True, modules: Iterable[nn.Module] = (),
-                  on_epoch: Callable[[int], None] | None = None, plateau: Plateau | None = None) -> None:
-        """Trainer.fit in this thread: park the call until the driver has run it (fused or alone)."""
-        self.park(FitRequest(trainer, list(parameters), loss_fn, x, y, recipe, augment, list(modules), on_epoch,
-                             plateau))
-
-    def park(self, request: FitRequest) -> None:
-        self.request, self.state = request, "parked"
+    def park(self, call: FitCall) -> None:
+        """A fit of this unit, in its thread: wait until the driver has run it (fused or alone)."""
+        self.call, self.state = call, "parked"
         self.yielded.set()
         self.go.wait()
         self.go.clear()
-        reply, self.reply, self.request = self.reply, None, None
+        reply, self.reply, self.call = self.reply, None, None
         if reply is not None:
             raise reply
 
@@ -337,92 +341,51 @@ class _Worker:
             self.cuda_rng = torch.cuda.get_rng_state_all()
 
 
-@dataclass
-class LockstepStats:
-    """What a lockstep did, for logs and tests: fits fused (with how many orderings each) and fits run alone."""
-
-    fused: list[int] = field(default_factory=list)
-    alone: int = 0
-    refused: list[str] = field(default_factory=list)  # why a group that agreed still trained alone
+def _mode_of(worker: _Worker) -> FusedFit:
+    assert worker.mode is not None
+    return worker.mode
 
 
-def run_in_lockstep(targets: Sequence[Callable[[], T]], stats: LockstepStats | None = None) -> list[T]:
-    """Run each target (one ordering's whole unit) as it would run alone, fusing the fits they reach together
-    (module docstring); their results in order. The first target's error is raised once all have stopped."""
-    stats = stats if stats is not None else LockstepStats()
-    outer_rng = torch.get_rng_state()
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    workers = [_Worker(i, t, outer_rng.clone(), torch.cuda.get_rng_state_all() if cuda else None)
-               for i, t in enumerate(targets)]
-    for worker in workers:
-        worker.thread.start()
-    try:
-        while any(w.state != "done" for w in workers):
-            for worker in workers:
-                if worker.state == "ready":
-                    worker.resume()
-            _run_parked([w for w in workers if w.state == "parked"], stats)
-    finally:
-        torch.set_rng_state(outer_rng)
-    for worker in workers:
-        worker.thread.join()
-        if worker.error is not None:
-            raise worker.error
-    return [w.result for w in workers]
-
-
-def _run_parked(parked: list[_Worker], stats: LockstepStats) -> None:
+def _run_parked(parked: list[_Worker]) -> None:
     groups: dict[Any, list[_Worker]] = {}
-    alone: list[_Worker] = []
+    alone: list[tuple[_Worker, str]] = []
     for worker in parked:
-        assert worker.request is not None
-        key = fusion_key(worker.request)
-        if key is None:
-            alone.append(worker)
+        assert worker.call is not None
+        why = unfusable(worker.call)
+        if why is not None:
+            alone.append((worker, why))
         else:
-            groups.setdefault(key, []).append(worker)
+            groups.setdefault(fusion_key(worker.call), []).append(worker)
     for group in groups.values():
         if len(group) == 1:
-            alone += group
+            alone.append((group[0], "no sibling ordering reached the same fit"))
             continue
-        requests = [w.request for w in group if w.request is not None]
-        generators = [r.trainer.generator.get_state() for r in requests]
+        calls = [w.call for w in group if w.call is not None]
+        generators = [c.trainer.generator.get_state() for c in calls]
+        images = [c.trainer.images_trained for c in calls]
         try:
-            replies = fit_fused(requests)
+            replies = fit_fused(_mode_of(group[0]), calls)
         except (ValueError, RuntimeError) as err:
-            # the networks differ after all, or an op of the loss has no batched form: each trains alone, from
-            # where it was (its tensors were not touched; its generator is put back)
-            for request, state in zip(requests, generators):
-                request.trainer.generator.set_state(state)
-            stats.refused.append(f"{type(err).__name__}: {err}"[:300])
-            alone += group
+            # refused (networks that differ, a loss drawing from the global RNG), out of memory, an op with no
+            # batched form: each trains alone from where it was (its tensors untouched, its generator and count
+            # put back), said once here and recorded in each unit's event
+            for call, state, count in zip(calls, generators, images):
+                call.trainer.generator.set_state(state)
+                call.trainer.images_trained = count
+            units = ", ".join(w.label for w in group)
+            why = f"fusing {units} failed: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"[:300]
+            log.warning("gtep: %s; they train this fit one after another", why)
+            alone += [(w, why) for w in group]
             continue
-        stats.fused.append(len(group))
         for worker, reply in zip(group, replies):
+            _mode_of(worker).fused_fits += 1
             worker.reply, worker.state = reply, "ready"
-    for worker in sorted(alone, key=lambda w: w.index):
-        assert worker.request is not None
+    for worker, why in sorted(alone, key=lambda pair: pair[0].index):
+        assert worker.call is not None
         worker._enter()  # its fit runs here, with its RNG, as it would in its own thread
         try:
-            worker.request.run_alone()
+            _mode_of(worker).train_alone(worker.call, why)
         except BaseException as err:  # noqa: BLE001 - raised in the worker's thread
             worker.reply = err
         worker._leave()
-        stats.alone += 1
         worker.state = "ready"
-
-
-def run_fused_orderings(jobs: Sequence[Any], data: Any, on_task_end: Any = None,
-                        checkpoints: Sequence[Any] | None = None, first_tasks: Any = None,
-                        stats: LockstepStats | None = None) -> list[Any]:
-    """A trial's orderings (OrderingJobs that differ only in `ordering`) trained fused: their outcomes, each that
-    of run_ordering alone. Refuses, in one line, a learner that has not opted in."""
-    from gtep.algorithms import ALGORITHMS
-    from gtep.engine.flows import run_ordering
-
-    names = {job.algorithm for job in jobs}
-    for name in names:
-        check_fusable(ALGORITHMS.get(name), name)
-    paths = list(checkpoints) if checkpoints is not None else [None] * len(jobs)
-    return run_in_lockstep([partial(run_ordering, job, data, on_task_end, path, first_tasks)
-                            for job, path in zip(jobs, paths)], stats)

@@ -23,7 +23,7 @@ from gtep.engine.checkpoint import TaskCheckpoint, fingerprint, restore_rng, rng
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import TRAINED, first_task_key
 from gtep.engine.images import StoredImages
-from gtep.engine.loop import DivergedError, Precision, Trainer
+from gtep.engine.loop import DivergedError, FitMode, Precision, Trainer
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, TaskFamily
 from gtep.protocol.sampling import steplr_milestones
 from gtep.protocol.scenarios import TaskSpec, few_shot_indices, ordering_seed, shots_at_phase_positions
@@ -192,7 +192,8 @@ def hparams_reaching_first_task(algorithm: type[IncrementalLearner], job: Orderi
 class OrderingRun:
     """One ordering's state between tasks: the learner, the trainer's RNG and the accuracy rows so far."""
 
-    def __init__(self, job: OrderingJob, data: ImageSet) -> None:
+    def __init__(self, job: OrderingJob, data: ImageSet, fit_mode: FitMode | None = None) -> None:
+        """`fit_mode`: how the learner's fits run (gtep/engine/loop.py, FitMode; plain by default)."""
         self.job, self.data = job, data
         self.device = resolve_device(job.device)
         self.seed = ordering_seed(job.seed, job.ordering)
@@ -206,7 +207,7 @@ class OrderingRun:
         self.params = self.algorithm.Params.from_mapping(job.hparams)
         pipeline = choose_pipeline(job.augment, job.dataset or data.name, job.backbone, job.algorithm)
         self.trainer = Trainer(self.device, self.seed, pipeline.augments,
-                               Precision.for_device(self.device, job.mixed_precision), job.compile)
+                               Precision.for_device(self.device, job.mixed_precision), job.compile, fit_mode)
         self.key = fingerprint(job)
         self._learner: IncrementalLearner | None = None
         self.images = PhaseTensors(data, order, self.device, pipeline, job.weights)
@@ -261,9 +262,10 @@ class OrderingRun:
     def learn(self, task: TaskData) -> None:
         """The learner's three steps (gtep/algorithms/base.py); its bookkeeping is its own, not the engine's."""
         learner = self.learner
+        fit = self.trainer.fit_for(learner)
         learner.begin_task(task)
-        learner.learn_task(task, self.trainer.fit)
-        learner.end_task(task, self.trainer.fit)
+        learner.learn_task(task, fit)
+        learner.end_task(task, fit)
 
     def test_row(self, task: TaskSpec) -> list[float]:
         """Accuracy on each seen task's test images, NaN for the tasks still to come."""

@@ -25,6 +25,8 @@ from gtep.engine import OrderingJob, run_ordering
 from gtep.engine.checkpoint import checkpoints_every
 from gtep.engine.device import GpuNotVisibleError, TrialDevice, trial_device
 from gtep.engine.first_task import FirstTaskStore, first_task_key
+from gtep.engine.loop import FitMode
+from gtep.engine.orderings import run_orderings
 from gtep.engine.runner import OrderingOutcome, hparams_reaching_first_task
 from gtep.orchestration.study import write_atomic
 from gtep.orchestration.trial_job import StudyFolders, TrialJob, trial_job
@@ -72,12 +74,13 @@ def first_task_store(job: TrialJob) -> FirstTaskStore | None:
 
 
 def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet, job: TrialJob,
-                checkpoint: Path | None, on_task_end: TaskHook | None = None) -> dict[str, Any]:
+                checkpoint: Path | None, on_task_end: TaskHook | None = None,
+                fit_mode: FitMode | None = None) -> dict[str, Any]:
     torch.set_num_threads(job.resources.threads)
     started_at = int(time.time() * 1000)  # the ordering run's start in MLflow (it is written after training)
     with checkpoints_every(job.checkpoint_every_seconds):  # tasks of milliseconds are not each saved
         outcome = run_ordering(ordering_job(hparams, s, job), phase_data, on_task_end=on_task_end,
-                               checkpoint=checkpoint, first_tasks=first_task_store(job))
+                               checkpoint=checkpoint, first_tasks=first_task_store(job), fit_mode=fit_mode)
     record = {"status": outcome.status, **outcome.metrics}
     record.setdefault("acc", float("nan"))
     record.setdefault("avg_acc", float("nan"))
@@ -95,8 +98,10 @@ def _train_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: Ima
 
 
 def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageSet,
-             job: TrialJob, on_task_end: TaskHook | None = None) -> dict[str, Any]:
-    """Train one (set, ordering) unit, or return its record when an earlier attempt finished it."""
+             job: TrialJob, on_task_end: TaskHook | None = None, fit_mode: FitMode | None = None) -> dict[str, Any]:
+    """Train one (set, ordering) unit, or return its record when an earlier attempt finished it. `fit_mode`: how its
+    fits run (plain by default; a fused trial's lockstep gives each unit its own); what it says of them is in the
+    unit's record and its unit_trained event (`fit_mode`)."""
     name = unit_name(set_index, hparams, s)
     folders = job.folders
     unit_file = folders.unit_dir / f"{name}.json" if folders else None
@@ -112,8 +117,10 @@ def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageS
     job = job.on_device(placed.device)
     log_event(job, "unit_started", set_index=set_index, ordering=int(s), node=_node_id(),
               checkpoint=bool(checkpoint and checkpoint.exists()), gpu_ids=list(placed.gpu_ids), device=placed.device)
-    record = {**_train_unit(set_index, hparams, int(s), phase_data, job, checkpoint, on_task_end), "unit_file": name,
-              "gpu_ids": ",".join(placed.gpu_ids)}
+    record = {**_train_unit(set_index, hparams, int(s), phase_data, job, checkpoint, on_task_end, fit_mode),
+              "unit_file": name, "gpu_ids": ",".join(placed.gpu_ids)}
+    if fit_mode is not None:
+        record["fit_mode"] = fit_mode.report()
     if placed.simulated:  # what MLflow's gtep.device says: the CPU it ran on, and the GPUs it stood in for
         record["device"] = f"{record['device']} (simulating GPU {record['gpu_ids']})"
     if unit_file is not None:
@@ -123,7 +130,7 @@ def run_unit(set_index: int, hparams: dict[str, Any], s: int, phase_data: ImageS
     log_event(job, "unit_trained", set_index=set_index, ordering=int(s), node=record["node"],
               resumed_tasks=record["resumed_tasks"], status=record["status"], first_task=record["first_task"],
               gpu_ids=list(placed.gpu_ids), images_trained=record.get("images_trained"),
-              train_seconds=record.get("train_seconds"))
+              train_seconds=record.get("train_seconds"), fit_mode=record.get("fit_mode", {"mode": "plain"}))
     return record
 
 
@@ -304,10 +311,11 @@ def _train_fused(pending: list[int], set_index: int, hparams: dict[str, Any], ph
     in ordering order once all have finished (no per-task interim reports)."""
     from functools import partial
 
-    from gtep.engine.fusion import check_fusable, run_in_lockstep
+    def unit(s: int, fit_mode: FitMode) -> dict[str, Any]:
+        return run_unit(set_index, hparams, s, phase_data, job, fit_mode=fit_mode)
 
-    check_fusable(ALGORITHMS.get(job.scenario.algorithm), job.scenario.algorithm)
-    records = run_in_lockstep([partial(run_unit, set_index, hparams, s, phase_data, job) for s in pending])
+    records = run_orderings([partial(unit, s) for s in pending], "fused", job.scenario.algorithm,
+                            [f"ordering {s}" for s in pending])
     for i, record in enumerate(records):
         report(record, i == len(records) - 1)
 

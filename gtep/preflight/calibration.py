@@ -29,7 +29,9 @@ from gtep.config import ExperimentConfig
 from gtep.data import ImageSet, resolve_dataset
 from gtep.engine.device import choose_device, describe_device, resolve_device
 from gtep.engine.flows import FLOWS, Flow, flow_of
-from gtep.engine.fusion import fusion_wanted, run_in_lockstep
+from gtep.engine.fusion import fusion_wanted
+from gtep.engine.loop import FIT_MODES, FitCall, FitMode, PlainFit
+from gtep.engine.orderings import run_orderings
 from gtep.engine.pretrain import pretraining_pipeline, train_supervised, training_subset
 from gtep.engine.runner import FirstTaskSpec, OrderingJob, PhaseTensors, task_recipe
 from gtep.models import create_backbone
@@ -220,7 +222,10 @@ def _timed_tasks(plan: StudyPlan, phase: PhasePlan, slots: TrialSlots) -> Calibr
     start = study_flow(plan).start  # the class-incremental flow's OrderingRun
     warm_up = start(job, data)
     warm_up.train_task(warm_up.tasks[0])
-    repeats = [_two_tasks(start(job, data), job.memory_size) for _ in range(CALIBRATION_REPEATS)]
+    repeats = []
+    for _ in range(CALIBRATION_REPEATS):
+        fit = TimedFit()
+        repeats.append(_two_tasks(start(job, data, fit), fit, job.memory_size))
     # each task's quickest repeat: a burst of other work on a shared machine slows one repeat, not every one
     first, later = (min((r[i] for r in repeats), key=lambda t: t.fit + t.outside_fit + t.test)
                     for i in (0, len(repeats[0]) - 1))
@@ -246,8 +251,8 @@ def fusion_ratio(job: Any, data: Any, plan: StudyPlan) -> float:
     orderings (search.orderings), trained both ways after the warm-up."""
     jobs = [replace(job, ordering=s) for s in range(plan.resolved.config.search.orderings)]
 
-    def two_tasks(spec: Any) -> None:
-        run = study_flow(plan).start(spec, data)
+    def two_tasks(spec: Any, fit_mode: FitMode | None = None) -> None:
+        run = study_flow(plan).start(spec, data, fit_mode)
         for task in run.tasks[:2]:
             run.train_task(task)
 
@@ -263,14 +268,15 @@ def fusion_ratio(job: Any, data: Any, plan: StudyPlan) -> float:
             two_tasks(spec)
 
     alone = timed(one_after_another)
-    fused = timed(lambda: run_in_lockstep([partial(two_tasks, spec) for spec in jobs]))
+    fused = timed(lambda: run_orderings([partial(two_tasks, spec) for spec in jobs], "fused", job.algorithm))
     return fused / alone if alone > 0 else 1.0
 
 
-def _two_tasks(run: Any, memory_size: int) -> list[TaskTiming]:
-    """Train the run's first two tasks, timing each: in `fit`, in the scoring pass, and the rest."""
-    fit, test = _Stopwatch(run.trainer.fit, run.device), _Stopwatch(run.test_row, run.device)
-    run.trainer.fit, run.test_row = fit, test
+def _two_tasks(run: Any, fit: "TimedFit", memory_size: int) -> list[TaskTiming]:
+    """Train the run's first two tasks, timing each: in `fit` (the run's fit mode, a TimedFit), in the scoring
+    pass, and the rest."""
+    test = _Stopwatch(run.test_row, run.device)
+    run.test_row = test
     timings: list[TaskTiming] = []
     seen = 0
     for task in run.tasks[:2]:
@@ -325,30 +331,52 @@ def linear_cost(train: Any, device: Any, batch: int, images: int) -> tuple[float
     return max(0.0, one.seconds - per_image * small), per_image
 
 
-class _SampledFit:
-    """Stands in for the trainer's `fit` in a calibration run: each call trains one epoch on its first batches
+@FIT_MODES.register("timed")
+class TimedFit(PlainFit):
+    """A calibration run's fit mode: each fit trains as a plain one, and the seconds spent in fits are summed (on
+    CUDA, once its kernels have run)."""
+
+    name = "timed"
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def fit(self, call: FitCall) -> None:
+        tic = time.perf_counter()
+        try:
+            self.run_plain(call)
+        finally:
+            if call.trainer.device.type == "cuda":  # kernels run asynchronously: wait for them
+                torch.cuda.synchronize(call.trainer.device)
+            self.seconds += time.perf_counter() - tic
+
+
+@FIT_MODES.register("sampled")
+class SampledFit(FitMode):
+    """A calibration run's fit mode for the flows timed in part: each fit trains one epoch on its first batches
     (linear_cost), timed, and counts what the call would have cost at its full images x epochs (the first call
     runs once more before, as the warm-up)."""
 
-    def __init__(self, fit: Any, device: Any) -> None:
-        self.fit, self.device = fit, device
+    name = "sampled"
+
+    def __init__(self) -> None:
         self.seconds = 0.0  # spent here, in the sampled epochs
         self.full_seconds = 0.0  # what the calls would have taken in full
         self.calls = 0
 
-    def __call__(self, parameters: Any, loss_fn: Any, x: Any, y: Any, recipe: Any, **kwargs: Any) -> None:
+    def fit(self, call: FitCall) -> None:
+        recipe, x = call.recipe, call.x
         if len(x) == 0 or recipe.epochs < 1:
             return
-        parameters = list(parameters)  # a generator would be spent by the first of the timed epochs
-        one_epoch = replace(recipe, epochs=1, milestones=())
+        one_epoch = replace(call, recipe=replace(recipe, epochs=1, milestones=()))
 
         def train(n: int) -> None:
-            self.fit(parameters, loss_fn, x[:n], y[:n], one_epoch, **kwargs)
+            self.run_plain(replace(one_epoch, x=x[:n], y=call.y[:n]))
 
         tic = time.perf_counter()
         if self.calls == 0:
             train(min(len(x), recipe.batch_size))
-        per_call, per_image = linear_cost(train, self.device, recipe.batch_size, len(x))
+        per_call, per_image = linear_cost(train, call.trainer.device, recipe.batch_size, len(x))
         self.calls += 1
         self.seconds += time.perf_counter() - tic
         self.full_seconds += per_call + per_image * len(x) * recipe.epochs
@@ -387,10 +415,11 @@ def phase_images(plan: StudyPlan, phase: PhasePlan) -> ImageSet:
     return resolve_dataset(phase.spec.dataset).load().subset(sorted({*phase.spec.classes, *extra}))
 
 
-def flow_run(plan: StudyPlan, phase: PhasePlan, hparams: dict[str, Any], device: str, data: ImageSet) -> Any:
+def flow_run(plan: StudyPlan, phase: PhasePlan, hparams: dict[str, Any], device: str, data: ImageSet,
+             fit_mode: FitMode | None = None) -> Any:
     """The flow's run object of ordering 0 of the phase, as the flow builds it for a trial (Flow.start)."""
     job = phase_job(plan, phase, hparams, device, plan.resolved.config.training.epoch_scale)
-    return study_flow(plan).start(job, data)
+    return study_flow(plan).start(job, data, fit_mode)
 
 
 def flow_units(plan: StudyPlan, phase: PhasePlan, data: ImageSet | None = None) -> int:
@@ -402,7 +431,7 @@ def flow_units(plan: StudyPlan, phase: PhasePlan, data: ImageSet | None = None) 
 def calibrate_flow(plan: StudyPlan, data: ImageSet | None = None) -> FlowCalibration:
     """Run the part of ordering 0 of the tuning phase its flow says to time (Flow.time_part: every IIRC task; a
     FLUID stream's first samples; CFSL's task 2, task 1 the warm-up) as a trial runs it (the trial's threads and
-    device, the median set's hyperparameters, the real learner and data), `fit` sampled (_SampledFit)."""
+    device, the median set's hyperparameters, the real learner and data), `fit` sampled (SampledFit)."""
     slots = trial_slots(plan.resolved.config)
     before = torch.get_num_threads()
     torch.set_num_threads(slots.threads)
@@ -416,10 +445,9 @@ def _timed_flow(plan: StudyPlan, data: ImageSet, slots: TrialSlots) -> FlowCalib
     flow = study_flow(plan)
     sets = sorted(sampled_params(plan), key=lambda pair: pair[0].batch_size)
     params, hparams = sets[len(sets) // 2]
-    run = flow_run(plan, plan.tuning, hparams, calibration_device(slots), data)
-    fit = _SampledFit(run.trainer.fit, run.device) if hasattr(run, "trainer") else None
-    if fit is not None:
-        run.trainer.fit = fit
+    fit_mode = SampledFit()
+    run = flow_run(plan, plan.tuning, hparams, calibration_device(slots), data, fit_mode)
+    fit = fit_mode if hasattr(run, "trainer") else None  # CFSL's learners train without the engine's Trainer
     tic = time.perf_counter()
     part = flow.time_part(run)
     total = time.perf_counter() - tic

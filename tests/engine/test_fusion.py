@@ -14,23 +14,19 @@ import math
 import pytest
 import torch
 
+import logging
+from functools import partial
+
 from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
 from gtep.engine import run_ordering
-from gtep.engine.fusion import (
-    FitRequest,
-    FusionRefused,
-    LockstepStats,
-    check_fusable,
-    fit_fused,
-    fusion_wanted,
-    run_fused_orderings,
-    run_in_lockstep,
-)
-from gtep.engine.loop import DivergedError, Trainer
+from gtep.engine.fusion import FusedFit, FusionRefused, check_fusable, fit_fused, fusion_wanted
+from gtep.engine.loop import DivergedError, FitCall, PlainFit, Precision, Trainer
+from gtep.engine.orderings import run_orderings
 from gtep.engine.runner import OrderingRun
 from tests.helpers import small_job
 
-FUSED = ["finetune", "replay", "icarl", "wa", "bic", "der"]
+# the learners that opted in, found in the registry (a new one is tested as soon as it sets fuses_orderings)
+FUSED = [name for name in ALGORITHMS.names() if getattr(ALGORITHMS.get(name), "fuses_orderings", False)]
 SHORT = {"bic": {"bias_epochs": 1}}
 FEW_STEPS = "synthetic:classes=10,train=16,test=8"  # task 2: 48 images and 16 exemplars, 2 steps of 32
 SCENARIO = "synthetic:classes=10,train=16,test=20"
@@ -44,7 +40,7 @@ def norm_relative(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> flo
     return float((wa - wb).norm() / wa.norm())
 
 
-def runs_after_first_task(algorithm: str, orderings: tuple[int, ...]) -> list[OrderingRun]:
+def runs_after_first_task(algorithm: str, orderings: tuple[int, ...], fused: bool = False) -> list[OrderingRun]:
     """Runs whose task 1 was trained alone (deterministic): task 2 then starts from the same state everywhere.
     A few steps at a small learning rate: some trajectories of this toy scenario amplify rounding (two runs alone
     with one and with two threads end 1e-4 apart after a few steps at lr 0.05), which is not what is tested."""
@@ -53,6 +49,19 @@ def runs_after_first_task(algorithm: str, orderings: tuple[int, ...]) -> list[Or
     for run in runs:
         run.train_task(run.tasks[0])
     return runs
+
+
+def in_lockstep(runs: list[OrderingRun], task: int) -> list[FusedFit]:
+    """Task `task` of each run trained as a fused trial's units: each run's trainer given its unit's mode."""
+    modes: list[FusedFit] = []
+
+    def unit(run: OrderingRun, mode) -> None:
+        run.trainer.mode = mode
+        modes.append(mode)
+        run.train_task(run.tasks[task])
+
+    run_orderings([partial(unit, run) for run in runs], "fused", "replay")
+    return sorted(modes, key=lambda m: m.worker.index)
 
 
 @pytest.mark.parametrize("algorithm", FUSED)
@@ -67,10 +76,10 @@ def test_a_fused_task_gives_the_separate_runs_weights(algorithm):
         torch.set_rng_state(rng)  # each as the first thing its own process does after task 1
         run.train_task(run.tasks[1])
     torch.set_rng_state(rng)
-    stats = LockstepStats()
-    run_in_lockstep([(lambda run=run: run.train_task(run.tasks[1])) for run in fused], stats)
-    assert stats.fused and set(stats.fused) == {3} and not stats.refused, stats
+    modes = in_lockstep(fused, 1)
+    assert all(m.fused_fits >= 1 and not m.alone for m in modes), [m.report() for m in modes]
     for a, b in zip(alone, fused):
+        assert a.trainer.images_trained == b.trainer.images_trained > 0  # the fused loop counts each one's images
         assert not a.outcome.diverged and not b.outcome.diverged
         assert norm_relative(a.learner.net.state_dict(), b.learner.net.state_dict()) < 1e-5
         xa, ya = a.learner.memory.tensors()
@@ -84,11 +93,17 @@ def test_a_fused_scenario_gives_the_separate_runs_accuracies(algorithm):
     """A whole tiny scenario (3 tasks) of S = 3 orderings: fused and alone within the golden tolerance."""
     jobs = [small_job(algorithm, SHORT.get(algorithm), ordering=s, epochs=2, dataset=SCENARIO) for s in range(3)]
     alone = [run_ordering(job, data) for job, data in jobs]
-    stats = LockstepStats()
-    fused = run_fused_orderings([job for job, _ in jobs], jobs[0][1], stats=stats)
-    assert stats.fused and not stats.refused, stats
+    modes: list = []
+
+    def unit(job, mode):
+        modes.append(mode)
+        return run_ordering(job, jobs[0][1], fit_mode=mode)
+
+    fused = run_orderings([partial(unit, job) for job, _ in jobs], "fused", algorithm)
+    assert all(m.fused_fits >= 1 for m in modes), [m.report() for m in modes]
     for a, b in zip(alone, fused):
         assert a.status == b.status == "finished"
+        assert b.images_trained == a.images_trained > 0
         assert a.class_order == b.class_order
         for row_a, row_b in zip(a.acc_matrix, b.acc_matrix):
             for j, (x, y) in enumerate(zip(row_a, row_b)):
@@ -98,7 +113,7 @@ def test_a_fused_scenario_gives_the_separate_runs_accuracies(algorithm):
                 assert abs(x - y) * a.test_counts[j] <= GOLDEN_SAMPLES, (a.acc_matrix, b.acc_matrix)
 
 
-def _requests(poisoned: int | None) -> tuple[list, list[FitRequest]]:
+def _requests(poisoned: int | None) -> tuple[list, list[FitCall]]:
     """Three replay learners on one task of plain tensors, ordering `poisoned`'s images NaN."""
     from tests.helpers import make_task
 
@@ -111,8 +126,8 @@ def _requests(poisoned: int | None) -> tuple[list, list[FitRequest]]:
         x = torch.full_like(task.x, float("nan")) if s == poisoned else task.x
         recipe = FitRecipe(epochs=2, lr=0.05, batch_size=16, weight_decay=5e-4, scheduler="constant",
                            milestones=(), lr_decay=0.1)
-        requests.append(FitRequest(Trainer(torch.device("cpu"), seed=s), learner.trainable_parameters(),
-                                   learner.loss, x, task.y, recipe, modules=[learner.net]))
+        requests.append(FitCall(Trainer(torch.device("cpu"), seed=s), list(learner.trainable_parameters()),
+                                learner.loss, x, task.y, recipe, modules=[learner.net], owner=learner))
         learners.append(learner)
     return learners, requests
 
@@ -124,12 +139,12 @@ def test_one_diverged_ordering_leaks_into_no_other():
     outcomes = []
     for request in alone:
         try:
-            request.run_alone()
+            PlainFit().fit(request)
             outcomes.append(None)
         except DivergedError as err:
             outcomes.append(err)
     fused_learners, fused = _requests(poisoned=1)
-    replies = fit_fused(fused)
+    replies = fit_fused(FusedFit(), fused)
     assert [type(r) for r in replies] == [type(o) for o in outcomes] == [type(None), DivergedError, type(None)]
     for s in (0, 2):
         a, b = alone_learners[s].net.state_dict(), fused_learners[s].net.state_dict()
@@ -140,7 +155,7 @@ def test_one_diverged_ordering_leaks_into_no_other():
 def test_the_engine_refuses_a_learner_that_does_not_opt_in():
     job, data = small_job("podnet")
     with pytest.raises(FusionRefused) as err:
-        run_fused_orderings([job], data)
+        run_orderings([partial(run_ordering, job, data)], "fused", "podnet")
     assert "podnet" in str(err.value) and "\n" not in str(err.value)
     for name in FUSED:
         check_fusable(ALGORITHMS.get(name), name)

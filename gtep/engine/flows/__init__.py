@@ -18,6 +18,7 @@ from gtep.engine.first_task import FirstTaskStore
 # the flows of gtep register on import (each imports only base)
 from gtep.engine.flows import class_incremental, continual_few_shot, multi_label, stream  # noqa: E402,F401
 from gtep.engine.flows.base import FLOWS, Flow, TaskHook, TimedPart
+from gtep.engine.loop import FitMode
 from gtep.engine.runner import OrderingJob, OrderingOutcome
 
 
@@ -29,9 +30,11 @@ def flow_of(name: str) -> Flow:
 
 
 def run_ordering(job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
-                 checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
-    """One ordering of `job` on its family's data flow; never raises for a diverged run."""
-    return flow_of(job.scenario_family.data_flow).run(job, data, on_task_end, checkpoint, first_tasks)
+                 checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None,
+                 fit_mode: FitMode | None = None) -> OrderingOutcome:
+    """One ordering of `job` on its family's data flow, its fits run by `fit_mode` (plain by default); never raises
+    for a diverged run."""
+    return flow_of(job.scenario_family.data_flow).run(job, data, on_task_end, checkpoint, first_tasks, fit_mode)
 
 
 __all__ = ["FLOWS", "Flow", "TaskHook", "TimedPart", "flow_of", "run_ordering"]

@@ -10,6 +10,7 @@ from typing import Any, Callable, ClassVar
 
 from gtep.data import ImageSet
 from gtep.engine.first_task import FirstTaskStore
+from gtep.engine.loop import FitMode
 from gtep.engine.runner import OrderingJob, OrderingOutcome
 from gtep.registry import Registry
 
@@ -44,15 +45,19 @@ class Flow(ABC):
     by_image_epochs: ClassVar[bool] = False
 
     @abstractmethod
-    def start(self, job: OrderingJob, data: ImageSet) -> Any:
-        """The run object of one ordering, as `run` builds it (the calibration counts and times its units)."""
+    def start(self, job: OrderingJob, data: ImageSet, fit_mode: FitMode | None = None) -> Any:
+        """The run object of one ordering, as `run` builds it (the calibration counts and times its units), its
+        trainer's fits run by `fit_mode` (plain by default; a flow whose learner trains without the engine's
+        Trainer has no fits to give it)."""
 
     @abstractmethod
     def run(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
-            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
+            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None,
+            fit_mode: FitMode | None = None) -> OrderingOutcome:
         """One ordering of `job` on a phase's data, never raising for a diverged run. `on_task_end(t, outcome)` after
         each unit of work; `checkpoint` and `first_tasks` where the flow can resume a task or share a first task
-        (the class-incremental flow; the others take and ignore them, and a retried ordering restarts)."""
+        (the class-incremental flow; the others take and ignore them, and a retried ordering restarts). `fit_mode`:
+        how the ordering's fits run (Flow.start)."""
 
     def units(self, run: Any) -> int:
         """Units of work of the ordering `run` holds (by default its tasks)."""

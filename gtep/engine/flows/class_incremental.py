@@ -8,6 +8,7 @@ from gtep.data import ImageSet
 from gtep.engine.checkpoint import CheckpointClock, load_checkpoint, save_checkpoint
 from gtep.engine.first_task import RESUMED, REUSED, FirstTaskStore
 from gtep.engine.flows.base import FLOWS, Flow, TaskHook
+from gtep.engine.loop import FitMode
 from gtep.engine.runner import OrderingJob, OrderingOutcome, OrderingRun
 from gtep.protocol.families.base import CLASS_INCREMENTAL
 
@@ -18,11 +19,12 @@ class ClassIncrementalFlow(Flow):
     unit = "task"
     by_image_epochs = True
 
-    def start(self, job: OrderingJob, data: ImageSet) -> OrderingRun:
-        return OrderingRun(job, data)
+    def start(self, job: OrderingJob, data: ImageSet, fit_mode: FitMode | None = None) -> OrderingRun:
+        return OrderingRun(job, data, fit_mode)
 
     def run(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
-            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
+            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None,
+            fit_mode: FitMode | None = None) -> OrderingOutcome:
         """Train one ordering task by task; never raises for a diverged run.
 
         With `checkpoint`, the learner and RNG states are saved there after a finished task (every task, or once
@@ -31,7 +33,7 @@ class ClassIncrementalFlow(Flow):
         `first_tasks`, task 1 of a method with a fixed first-task recipe comes from the study's store when
         another set trained it already (the same result as training it here), and is put there when this run
         trains it."""
-        run = self.start(job, data)
+        run = self.start(job, data, fit_mode)
         saved = load_checkpoint(checkpoint, run.key, run.device) if checkpoint is not None else None
         if saved is not None:
             run.restore(saved, saved.first_task or RESUMED)

@@ -40,6 +40,7 @@ from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import FirstTaskStore
 from gtep.engine.flows.base import FLOWS, Flow, TaskHook, TimedPart
+from gtep.engine.loop import FitMode
 from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors
 from gtep.protocol.families.cfsl import CONTINUAL_FEW_SHOT, with_aliases
 from gtep.protocol.families.cfsl import metrics as cfsl_metrics
@@ -169,11 +170,13 @@ class ContinualFewShotFlow(Flow):
     unit = "support set"
     calibration_tasks: ClassVar[int] = 1
 
-    def start(self, job: OrderingJob, data: ImageSet) -> CfslRun:
+    def start(self, job: OrderingJob, data: ImageSet, fit_mode: FitMode | None = None) -> CfslRun:
+        """(Its learners train their episodes themselves, without the engine's Trainer: no fits for `fit_mode`.)"""
         return CfslRun(job, data)
 
     def run(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
-            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
+            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None,
+            fit_mode: FitMode | None = None) -> OrderingOutcome:
         """Run one CFSL ordering's tasks one by one; never raises for a diverged run (module docstring)."""
         run = self.start(job, data)
         for task in run.tasks:

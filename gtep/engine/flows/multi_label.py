@@ -46,7 +46,7 @@ from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import FirstTaskStore
 from gtep.engine.flows.base import FLOWS, Flow, TaskHook
-from gtep.engine.loop import DivergedError, Plateau, Precision, Trainer
+from gtep.engine.loop import DivergedError, FitMode, Plateau, Precision, Trainer
 from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
 from gtep.protocol.families.iirc import (
     MULTI_LABEL,
@@ -74,7 +74,7 @@ THRESHOLD = 0.5
 class MultiLabelRun:
     """One IIRC ordering's state between tasks: the learner, the trainer and the predictions so far."""
 
-    def __init__(self, job: OrderingJob, data: ImageSet) -> None:
+    def __init__(self, job: OrderingJob, data: ImageSet, fit_mode: FitMode | None = None) -> None:
         self.job, self.data = job, data
         self.device = resolve_device(job.device)
         self.seed = ordering_seed(job.seed, job.ordering)
@@ -93,7 +93,7 @@ class MultiLabelRun:
         self.complete_history = bool(getattr(self.algorithm, "complete_history", False))
         pipeline = choose_pipeline(job.augment, job.dataset or data.name, job.backbone, job.algorithm)
         self.trainer = Trainer(self.device, self.seed, pipeline.augments,
-                               Precision.for_device(self.device, job.mixed_precision), job.compile)
+                               Precision.for_device(self.device, job.mixed_precision), job.compile, fit_mode)
         self.images = PhaseTensors(data, list(job.classes), self.device, pipeline, job.weights)
         test_mask = np.isin(data.y_test, np.asarray(job.classes))
         self.test_mask = test_mask
@@ -234,13 +234,14 @@ class MultiLabelFlow(Flow):
 
     unit = "task"
 
-    def start(self, job: OrderingJob, data: ImageSet) -> MultiLabelRun:
-        return MultiLabelRun(job, data)
+    def start(self, job: OrderingJob, data: ImageSet, fit_mode: FitMode | None = None) -> MultiLabelRun:
+        return MultiLabelRun(job, data, fit_mode)
 
     def run(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
-            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
+            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None,
+            fit_mode: FitMode | None = None) -> OrderingOutcome:
         """Train one multi-label ordering task by task; never raises for a diverged run (module docstring)."""
-        run = self.start(job, data)
+        run = self.start(job, data, fit_mode)
         for task in run.tasks:
             run.train_task(task)
             if run.outcome.diverged:

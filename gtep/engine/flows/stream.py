@@ -39,7 +39,7 @@ from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import FirstTaskStore
 from gtep.engine.flows.base import FLOWS, Flow, TaskHook, TimedPart
 from gtep.engine.images import StoredImages
-from gtep.engine.loop import DivergedError, Precision, Trainer
+from gtep.engine.loop import DivergedError, FitMode, Precision, Trainer
 from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
 from gtep.protocol.families.fluid import STREAM, FluidOptions, phase_stream, with_aliases
 from gtep.protocol.families.fluid import metrics as fluid_metrics
@@ -73,7 +73,7 @@ class ComputeMeter:
 class StreamRun:
     """One sequence's state: the stream, the learner and the compute so far."""
 
-    def __init__(self, job: OrderingJob, data: ImageSet) -> None:
+    def __init__(self, job: OrderingJob, data: ImageSet, fit_mode: FitMode | None = None) -> None:
         self.job, self.data = job, data
         self.device = resolve_device(job.device)
         self.seed = ordering_seed(job.seed, job.ordering)
@@ -84,7 +84,7 @@ class StreamRun:
         self.params = self.algorithm.Params.from_mapping(job.hparams)
         pipeline = choose_pipeline(job.augment, job.dataset or data.name, job.backbone, job.algorithm)
         self.trainer = Trainer(self.device, self.seed, pipeline.augments,
-                               Precision.for_device(self.device, job.mixed_precision), job.compile)
+                               Precision.for_device(self.device, job.mixed_precision), job.compile, fit_mode)
         self.tensors = PhaseTensors(data, list(job.classes), self.device, pipeline, job.weights)
         self.recipe = task_recipe(1, self.params, job.first_task, job.epoch_scale, fixed_first_task=False)
         self.meter = ComputeMeter(self.options.backward_factor)
@@ -156,13 +156,14 @@ class StreamFlow(Flow):
     # a stream longer than this is timed on its first this-many samples and scaled to its length
     calibration_steps: ClassVar[int] = 1000
 
-    def start(self, job: OrderingJob, data: ImageSet) -> StreamRun:
-        return StreamRun(job, data)
+    def start(self, job: OrderingJob, data: ImageSet, fit_mode: FitMode | None = None) -> StreamRun:
+        return StreamRun(job, data, fit_mode)
 
     def run(self, job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None = None,
-            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None) -> OrderingOutcome:
+            checkpoint: Path | None = None, first_tasks: FirstTaskStore | None = None,
+            fit_mode: FitMode | None = None) -> OrderingOutcome:
         """Run one FLUID sequence; never raises for a diverged run (module docstring)."""
-        outcome = self.start(job, data).run()
+        outcome = self.start(job, data, fit_mode).run()
         if on_task_end is not None and not outcome.diverged:
             on_task_end(0, outcome)
         return outcome
