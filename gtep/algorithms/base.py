@@ -277,8 +277,15 @@ class IncrementalLearner(Generic[P]):
     fixed_first_task: ClassVar[bool] = True
     # The engine may train a trial's S orderings of this method as one fused network (compute.fuse_orderings,
     # gtep/engine/fusion.py): set where an equivalence test shows the fused trial gives the S separate runs'
-    # results (tests/engine/test_fusion.py). Its losses must run under torch.func.vmap: no .item() or
-    # data-dependent Python branching on tensors inside a loss.
+    # results (tests/engine/test_fusion.py). The loss contract of a fused learner, for every loss it gives `fit`
+    # (tests/engine/test_fit_modes.py checks each learner that sets it):
+    # - it reads the batch, the tensors of the learner's modules (parameters and buffers: each ordering's are
+    #   swapped in) and plain values that are equal across a trial's orderings (class counts, the sampled set);
+    #   never a tensor attribute that is not a module's parameter or buffer (ordering 0's would serve them all);
+    # - it draws nothing from torch's global RNG (no dropout, no torch.rand): the fused fit runs once for all
+    #   orderings, with no ordering's global RNG in place; randomness comes from the trainer's generator, which
+    #   draws each ordering's batches and augmentation (a fused fit refuses a loss that draws, and trains alone);
+    # - it runs under torch.func.vmap: no .item() or data-dependent Python branching on tensors.
     fuses_orderings: ClassVar[bool] = False
     # The method's own hyperparameters that shape task 1 under the fixed recipe (its network, its first-task
     # loss, its memory): they key the study's shared first-task results. tests/engine/test_first_task.py
