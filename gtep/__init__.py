@@ -1,7 +1,7 @@
 """gtep: the Generalizable Two-phase Evaluation Protocol for continual learning (Cha & Cho).
 
-`import gtep` gives the Python API of gtep/api.py (experiment, check, tune, evaluate, run, report, replay, load);
-it is imported on first use, so that `import gtep` (and `gtep --help`) stays fast. (`gtep.experiment` builds
+`import gtep` gives the Python API of gtep/api.py (experiment, check, resolve, tune, evaluate, run, report, replay,
+load); it is imported on first use, so that `import gtep` (and `gtep --help`) stays fast. (`gtep.experiment` builds
 a config: `gtep.config` is the package of the config schema.)"""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-API = ("experiment", "study_config", "check", "tune", "evaluate", "run", "report", "replay", "load", "PhaseResult",
-       "TuneResult", "StudyResult", "phases_table")
+API = ("experiment", "study_config", "check", "resolve", "tune", "evaluate", "run", "report", "replay", "load",
+       "PhaseResult", "TuneResult", "StudyResult", "phases_table")
 __all__ = [*API, "__version__"]
 
 

@@ -37,7 +37,7 @@ from gtep.config import (
     validate_config,
 )
 from gtep.config.resolution import check_algorithm
-from gtep.protocol.phases import CONVENTIONAL, EVALUATE, TUNE, phase_named
+from gtep.protocol.phases import CONVENTIONAL, EVALUATE, TUNE, Phase, phase_named, phases_in_order, study_phases
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -131,7 +131,7 @@ def check(cfg: ExperimentConfig, console: Optional[Console] = None) -> ResolvedE
     """Every check that needs no compute (the file, the names, the data, the search space, the address, the
     store), as `gtep check` runs them; the resolved experiment the phases take."""
     from gtep.orchestration.ray_search import check_address
-    from gtep.orchestration.tracking_store import check_tracking
+    from gtep.orchestration.tracking_store import check_tracking_server
     from gtep.preflight import preflight
 
     address = cfg.compute.ray_address
@@ -141,11 +141,30 @@ def check(cfg: ExperimentConfig, console: Optional[Console] = None) -> ResolvedE
                           "with `gtep submit`")
     resolved = preflight(cfg).resolved
     check_address(resolved.config.compute.ray_address)
-    check_tracking(resolved.config.tracking_uri)
+    check_tracking_server(resolved.config.tracking_uri)  # the address itself was checked once, by the resolution
     say = (console or Console()).print
     for phase, note in resolved.data_conversions.items():  # and in the runs' params
         say(f"[yellow]note:[/] {escape(phase)} phase data converted: {escape(note)}", highlight=False)
     return resolved
+
+
+def resolve(source: str | Path | Mapping[str, Any] | ExperimentConfig | None = None, *,
+            preset: Optional[str] = None, resume: str | Path | None = None,
+            fields: Optional[Mapping[str, Any]] = None, console: Optional[Console] = None,
+            **options: Any) -> ResolvedExperiment:
+    """The resolved experiment a phase function takes, in one call: the config `experiment` builds from `source`,
+    `preset`, `options` and `fields`, or with `resume=OUTPUT/STUDY` the study's own (`study_config`: only the
+    options address and tracking_uri may be given), then every check `check` runs. The commands tune | evaluate
+    | run build it once and hand it down (DESIGN.md, "Downward only"); the phase functions resolve nothing again."""
+    if resume is not None:
+        extra = sorted(k for k, v in options.items() if v is not None and k not in ("address", "tracking_uri"))
+        if source is not None or preset is not None or fields or extra:
+            raise ConfigError("resume", "a study resumes with the config it started with; beside resume= give only "
+                              "address= and tracking_uri=")
+        cfg = study_config(resume, address=options.get("address"), tracking_uri=options.get("tracking_uri"))
+    else:
+        cfg = experiment(source, preset=preset, fields=fields, **options)
+    return check(cfg, console)
 
 
 # ---------------------------------------------------------------- results
@@ -225,7 +244,7 @@ class TuneResult(PhaseResult):
 
 @dataclass(repr=False)  # __repr__ below: the table `gtep run` prints
 class StudyResult:
-    """Both phases of a study (and the extra phases run beside them: original, conventional). Its repr is what
+    """Both phases of a study (and the extra phases run beside them: conventional, original). Its repr is what
     `gtep run` prints (H*, the phases side by side, the study folder); in a notebook, an HTML table."""
     tuning: TuneResult
     evaluation: PhaseResult
@@ -317,6 +336,12 @@ def _phase_result(outcome: Any, resolved: ResolvedExperiment, kind: type[PhaseRe
                 outcome.paths.root, dict(outcome.extra), spec.dataset)
 
 
+def _step(phase: str) -> int:
+    """Where a phase runs in a study's plan (its record's step); a name no phase has, last."""
+    record = phase_named(phase)
+    return record.step if record is not None else max((p.step for p in phases_in_order()), default=0) + 1
+
+
 def _label(phase: str) -> str:
     """A phase's result name (its record's label: `original`, `conventional`); a name no phase has, as it is."""
     record = phase_named(phase)
@@ -348,7 +373,7 @@ def load(study_dir: str | Path) -> StudyResult | TuneResult:
     fixed = {name: PhaseResult(name, record.get("mlflow_run_id", ""), int(record.get("set_index", -1)),
                                dict(record.get("hparams", {})), dict(record["summary"]), folder,
                                dataset=record.get("dataset", ""))
-             for name, record in phases.items()
+             for name, record in sorted(phases.items(), key=lambda item: _step(item[0]))  # the plan's order
              if name != TUNE.name and record.get("status") == "finished" and record.get("summary")}
     if EVALUATE.name not in fixed:
         return tuning
@@ -370,12 +395,19 @@ def _tuning_summary(folder: Path, manifest: dict[str, Any], best: dict[str, Any]
 # ---------------------------------------------------------------- the phases
 
 
-def _resolved(cfg: Optional[ExperimentConfig], resume: str | Path | bool | None,
+def _resolved(cfg: ExperimentConfig | ResolvedExperiment | None, resume: str | Path | bool | None,
               console: Console) -> ResolvedExperiment:
-    """The checked experiment a phase runs. `resume` is a study folder (its own config is used), or True with
-    `cfg` the study's config (gtep.study_config(folder, address=...), for a resume on another cluster)."""
+    """The checked experiment a phase runs. `cfg` already resolved (gtep.resolve, as the commands hand it down) is
+    checked no further; `resume` is then True for a resumed study. Else `resume` is a study folder (its own config
+    is used), or True with `cfg` the study's config (gtep.study_config(folder, address=...), for a resume on
+    another cluster)."""
     from gtep.orchestration.pretraining import with_pretrained_weights
 
+    if isinstance(cfg, ResolvedExperiment):
+        if isinstance(resume, (str, Path)):
+            raise ConfigError("resume", "a study resumes with the config it started with; give either a resolved "
+                              "experiment with resume=True or resume=<OUTPUT/STUDY>, not both")
+        return with_pretrained_weights(cfg, console.print)
     if isinstance(resume, (str, Path)):
         if cfg is not None:
             raise ConfigError("resume", "a study resumes with the config it started with; give either a config or "
@@ -411,10 +443,11 @@ def _show(result: PhaseResult | StudyResult, resolved: ResolvedExperiment, conso
     print_store(resolved.config, console)
 
 
-def tune(cfg: Optional[ExperimentConfig] = None, *, resume: str | Path | bool | None = None,
+def tune(cfg: ExperimentConfig | ResolvedExperiment | None = None, *, resume: str | Path | bool | None = None,
          console: Optional[Console] = None, quiet: bool = False) -> TuneResult:
     """Phase 1: sample R sets, train each over S orderings of D^HT, select H* (writes best.yaml).
-    `resume=OUTPUT/STUDY` runs what an interrupted tuning phase is missing, with the study's own config.
+    `cfg` is a config, or the experiment gtep.resolve made of one (then checked no further, as `gtep tune` hands
+    it down). `resume=OUTPUT/STUDY` runs what an interrupted tuning phase is missing, with the study's own config.
     Prints its progress and then H* as `gtep tune` does, on `console`; `quiet=True` prints nothing."""
     from gtep.orchestration.phases import tune_phase
 
@@ -438,8 +471,7 @@ def evaluate(cfg: Optional[ExperimentConfig] = None, *, best: TuneResult | Mappi
     evaluation.sets) then trains every other tuned set over the same orderings too (the evaluate_sets phase: the
     sets' rank correlation, H*'s regret, the protocols' regret table); H* stays the result. Prints its progress
     and then its summary as `gtep evaluate` does, on `console`; `quiet=True` prints nothing."""
-    from gtep.orchestration.phases import conventional_phase, evaluate_phase
-    from gtep.orchestration.set_evaluation import evaluate_sets_phase
+    from gtep.orchestration.study_plan import run_plan
 
     if protocol not in ("gtep", "conventional"):
         raise ConfigError("protocol", f"{protocol!r} is not a protocol here; choose gtep, conventional")
@@ -447,29 +479,25 @@ def evaluate(cfg: Optional[ExperimentConfig] = None, *, best: TuneResult | Mappi
         raise ConfigError("sets", f"{sets!r} is not a choice; use best (H* alone) or all (every tuned set too)")
     console = _console(console, quiet)
     resolved = _resolved(cfg, resume, console)
-    phase = CONVENTIONAL.name if protocol == "conventional" else EVALUATE.name
+    phase = CONVENTIONAL if protocol == "conventional" else EVALUATE  # the phase whose summary is the result
     # asked for here, every set or an error; from the config, only where the study's own H* is evaluated
-    every = sets == "all" or (sets is None and resolved.config.evaluation.sets == "all" and phase == EVALUATE.name
+    every = sets == "all" or (sets is None and resolved.config.evaluation.sets == "all" and phase is EVALUATE
                               and best is None and hparams is None and tuning_run is None)
     chosen = _chosen_set(resolved, phase, best, hparams, tuning_run, resume)
     if every:
         _check_every_set(resolved, phase, chosen)
+    plan = study_phases(protocol, every_set=every, evaluate_only=True)  # the phase, then evaluate_sets
     with _ray(resolved, console):
-        if phase == CONVENTIONAL.name:
-            outcome = conventional_phase(resolved, chosen, console, resume=bool(resume))
-        else:
-            outcome = evaluate_phase(resolved, chosen, console, resume=bool(resume))
-            if every:
-                evaluate_sets_phase(resolved, console, resume=bool(resume))
-    result = _phase_result(outcome, resolved)
+        outcomes = run_plan(plan, resolved, console, resume=bool(resume), best=chosen)
+    result = _phase_result(outcomes[phase.name], resolved)
     _show(result, resolved, console)
     return result
 
 
-def _check_every_set(resolved: ResolvedExperiment, phase: str, chosen: Mapping[str, Any]) -> None:
+def _check_every_set(resolved: ResolvedExperiment, phase: Phase, chosen: Mapping[str, Any]) -> None:
     """sets="all" evaluates the sets of the study's own finished tuning phase beside its H*: refused before any
     compute otherwise."""
-    if phase != EVALUATE.name:
+    if phase is not EVALUATE:
         raise ConfigError("sets", "all evaluates every tuned set on D^E; drop --protocol conventional (protocol=)")
     manifest_path = resolved.config.study_dir / "manifest.json"
     tuned = json.loads(manifest_path.read_text())["phases"].get(TUNE.name, {}) if manifest_path.exists() else {}
@@ -481,7 +509,7 @@ def _check_every_set(resolved: ResolvedExperiment, phase: str, chosen: Mapping[s
                           "and --tuning-run (best=, hparams=, tuning_run= in Python)")
 
 
-def _chosen_set(resolved: ResolvedExperiment, phase: str, best: Any, hparams: Optional[str],
+def _chosen_set(resolved: ResolvedExperiment, phase: Phase, best: Any, hparams: Optional[str],
                 tuning_run: Optional[str], resume: Any) -> dict[str, Any]:
     """The set a fixed-set phase trains, in the record shape best.yaml has; every way of naming it is checked
     against the study's algorithm and search space before any compute."""
@@ -555,12 +583,13 @@ def _read_best_file(path: Path) -> dict[str, Any]:
     return data
 
 
-def _resumed_set(study_dir: Path, phase: str) -> dict[str, Any]:
+def _resumed_set(study_dir: Path, phase: Phase) -> dict[str, Any]:
     """The set a resumed fixed-set phase ran, from the study's manifest (a resume never changes it)."""
     manifest = json.loads((study_dir / "manifest.json").read_text())
-    record = manifest["phases"].get(phase)
+    record = manifest["phases"].get(phase.name)
     if not record or "hparams" not in record:
-        raise ConfigError("resume", f"{study_dir} has no {phase} phase to resume; run gtep evaluate without --resume")
+        raise ConfigError("resume", f"{study_dir} has no {phase.name} phase to resume; run gtep evaluate without "
+                          "--resume")
     return {"algorithm": manifest["algorithm"], "set_index": record.get("set_index", -1), "hparams": record["hparams"],
             "tuning_run_id": record.get("tuning_run_id", ""), "source": record.get("hparams_source", "tuning")}
 
@@ -574,15 +603,8 @@ def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_
     (the paper's "Original"). Prints its progress and then what `gtep run` prints (H*, the phases side by side,
     the study folder, the MLflow store) on `console`; `quiet=True` prints nothing. The result's repr shows the
     same table."""
-    from gtep.orchestration.phases import (
-        conventional_phase,
-        evaluate_phase,
-        original_best,
-        original_phase,
-        tune_phase,
-    )
-    from gtep.orchestration.set_evaluation import evaluate_sets_phase
-    from gtep.orchestration.study import read_best
+    from gtep.orchestration.phases import original_best
+    from gtep.orchestration.study_plan import run_plan
 
     if protocol not in ("gtep", "conventional", "first_task"):
         raise ConfigError("protocol", f"{protocol!r} is not a protocol here; choose gtep, conventional, first_task")
@@ -595,20 +617,16 @@ def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_
                   f"scenario={c.scenario.describe()} R={c.search.trials} S={c.search.orderings}")
     if with_original:
         original_best(resolved)  # a missing preset is an error before any compute
-    again = bool(resume)
-    extra: dict[str, PhaseResult] = {}
+    # the study's plan (gtep/protocol/phases.py): tune, evaluate, [evaluate_sets], [conventional], [original]
+    plan = study_phases("conventional" if c.search.protocol == "conventional" else protocol,
+                        with_original=with_original, every_set=c.evaluation.sets == "all")
     with _ray(resolved, console):
-        tuned = tune_phase(resolved, console, resume=again)
-        best = read_best(tuned.paths.best)
-        evaluated = evaluate_phase(resolved, best, console, resume=again)
-        if c.evaluation.sets == "all":  # every other tuned set on D^E too; H* stays the result
-            evaluate_sets_phase(resolved, console, resume=again)
-        if protocol == "conventional" or c.search.protocol == "conventional":
-            extra["conventional"] = _phase_result(conventional_phase(resolved, best, console, resume=again), resolved)
-        if with_original:
-            extra["original"] = _phase_result(original_phase(resolved, console, resume=again), resolved)
-    result = StudyResult(_phase_result(tuned, resolved, TuneResult), _phase_result(evaluated, resolved),  # type: ignore[arg-type]
-                         extra, resolved.config)
+        outcomes = run_plan(plan, resolved, console, resume=bool(resume))
+    # beside H*'s two phases, every other phase with a summary (evaluate_sets has none: H* stays the result)
+    extra = {phase.label: _phase_result(outcomes[phase.name], resolved) for phase in plan.summarized()
+             if phase not in (TUNE, EVALUATE)}
+    result = StudyResult(_phase_result(outcomes[TUNE.name], resolved, TuneResult),  # type: ignore[arg-type]
+                         _phase_result(outcomes[EVALUATE.name], resolved), extra, resolved.config)
     _show(result, resolved, console)
     return result
 

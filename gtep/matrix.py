@@ -47,6 +47,7 @@ from gtep.config import (
 )
 from gtep.data.file_parsing import parse_yaml
 from gtep.preflight import preflight
+from gtep.protocol.phases import study_phases
 from gtep.protocol.scenarios import parse_increments
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -124,9 +125,9 @@ class MatrixConfig(_Strict):
     protocol: Literal["gtep", "conventional"] = "gtep"  # conventional: also re-run H* on D^HT, orderings S..2S-1
 
     def phases(self) -> list[str]:
-        """The phases every cell runs, in order."""
-        conventional = self.protocol == "conventional"
-        return ["tune", "evaluate"] + ["original"] * self.original + ["conventional"] * conventional
+        """The phases the matrix file asks every cell to run, in the study plan's order (study_phases, the order
+        `gtep run` runs them in); a cell whose evaluation.sets is `all` runs evaluate_sets too."""
+        return study_phases(self.protocol, with_original=self.original).names
 
 
 @dataclass(frozen=True)

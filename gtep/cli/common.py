@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn, Optional
 
@@ -73,8 +74,16 @@ def fail(message: str) -> NoReturn:
 
 
 def run_guarded(fn: Callable[[], object]) -> None:
-    """Run a command's body: bad input (ConfigError and the like) is `fail`, a phase that stopped before its
-    result was complete (StudyStopped) prints its message and exits with its own code, never 0."""
+    """Run a command's body `fn` inside `guarded`, named after the command whose function defines it."""
+    with guarded(fn.__qualname__.split(".")[0]):  # `go` is defined inside the command's function: run, report...
+        fn()
+
+
+@contextmanager
+def guarded(command: str) -> Iterator[None]:
+    """A command's body: bad input (ConfigError and the like) is `fail`, a phase that stopped before its
+    result was complete (StudyStopped) prints its message and exits with its own code, never 0. A `with` block,
+    so that the body runs in the command's own function, not called back from here."""
     from gtep.data import DatasetError
     from gtep.errors import StudyStopped
     from gtep.plugins import PluginError
@@ -82,11 +91,10 @@ def run_guarded(fn: Callable[[], object]) -> None:
     from gtep.spaces import SearchSpaceError
 
     try:
-        fn()
+        yield
     except (ConfigError, DatasetError, SearchSpaceError, AllSetsDivergedError, PluginError) as err:
         fail(str(err))
     except StudyStopped as err:
-        command = fn.__qualname__.split(".")[0]  # `go` is defined inside the command's function: tune, run...
         summary = getattr(err, "summary", None)
         if summary:  # what did finish, with its k/S, so that nothing reads it as complete
             from gtep.reporting.tables import phase_summary
@@ -149,34 +157,42 @@ def build_config(config: Optional[Path], preset: Optional[str], **overrides: Any
         raise as_option(err, overrides) from None
 
 
-def resumed_config(study_dir: Path, config: Optional[Path], preset: Optional[str],
-                   overrides: dict[str, Any]) -> ExperimentConfig:
-    """The config a study was started with (its manifest), placed where the study folder is now."""
+def check_resumable(study_dir: Path, config: Optional[Path], preset: Optional[str],
+                    overrides: dict[str, Any]) -> None:
+    """A study resumes with the config it started with (its manifest): the options that would change it are
+    refused, named as typed."""
     allowed = {"address", "tracking_uri"}
     extra = sorted(k for k, v in overrides.items() if v is not None and k not in allowed)
     if (study_dir / "manifest.json").exists() and (config or preset or extra):
         given = ["--config"] * bool(config) + ["--preset"] * bool(preset) + [option_name(k) for k in extra]
         raise ConfigError("--resume", f"a study resumes with the config it started with; drop {', '.join(given)} "
                           "(only --address and --tracking-uri may change)")
-    try:
-        return api.study_config(study_dir, address=overrides.get("address"),
-                                tracking_uri=overrides.get("tracking_uri"))
-    except ConfigError as err:
-        raise as_option(err, overrides) from None
 
 
 def study_config(config: Optional[Path], preset: Optional[str], resume: Optional[Path] = None,
                  **overrides: Any) -> ExperimentConfig:
-    """The config a command runs: its file or preset with the options typed, or a resumed study's own."""
-    return resumed_config(resume, config, preset, overrides) if resume else build_config(config, preset, **overrides)
+    """The config a command runs, unresolved: its file or preset with the options typed, or a resumed study's own
+    (gtep evaluate and gtep run, whose API functions resolve it; gtep tune hands down `prepare`'s instead)."""
+    if not resume:
+        return build_config(config, preset, **overrides)
+    check_resumable(resume, config, preset, overrides)
+    try:
+        return api.study_config(resume, address=overrides.get("address"), tracking_uri=overrides.get("tracking_uri"))
+    except ConfigError as err:
+        raise as_option(err, overrides) from None
 
 
 def prepare(config: Optional[Path], preset: Optional[str], resume: Optional[Path] = None,
             **overrides: Any) -> ResolvedExperiment:
-    """All validation that needs no compute: the file, the names, the data, the search space, the address."""
-    cfg = study_config(config, preset, resume, **overrides)
+    """The resolved experiment a command hands down, made by one call (gtep.api.resolve): its file or preset with
+    the options typed, or a resumed study's own config placed where the study folder is now; then all validation
+    that needs no compute (the file, the names, the data, the search space, the address, the store)."""
+    if resume:  # the study's own config, only its address and store as typed
+        check_resumable(resume, config, preset, overrides)
+        config, preset = None, None
+        overrides = {k: v for k, v in overrides.items() if k in ("address", "tracking_uri")}
     try:
-        return api.check(cfg, console)
+        return api.resolve(config, preset=preset, resume=resume, console=console, **overrides)
     except ConfigError as err:
         raise as_option(err, overrides) from None
 

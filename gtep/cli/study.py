@@ -34,6 +34,8 @@ from gtep.cli.common import (
     as_option,
     check_protocol,
     console,
+    guarded,
+    prepare,
     run_guarded,
     search_protocol,
     study_config,
@@ -65,7 +67,7 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
 
     It samples R hyperparameter sets, trains each over the same S class orderings of the tuning classes D^HT
     and writes the best-scoring set, H*, to best.yaml."""
-    def go():
+    with guarded("tune"):  # the body runs here, downward: resolved once, then handed to api.tune
         check_protocol(protocol, ("gtep", "first_task"))
         if through_ray_client(address, config):
             return
@@ -73,10 +75,9 @@ def tune(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, 
                          orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
                          study=study, backbone=backbone, weights=weights, protocol=protocol,
                          protocol_tasks=protocol_tasks, scheduler=scheduler)
-        cfg = study_config(config, preset, resume, **overrides)
+        resolved = prepare(config, preset, resume, **overrides)
         # api.tune prints H* and the store, as it does for a notebook
-        naming_options(lambda: api.tune(cfg, resume=resume is not None, console=console), overrides)
-    run_guarded(go)
+        naming_options(lambda: api.tune(resolved, resume=resume is not None, console=console), overrides)
 
 
 @app.command()

@@ -20,7 +20,7 @@ from gtep.config.phases import (
 )
 from gtep.config.schema import ExperimentConfig
 from gtep.protocol.families import FAMILIES, StudyLayout
-from gtep.protocol.phases import PHASES
+from gtep.protocol.phases import Phase, as_phase
 
 if TYPE_CHECKING:
     from gtep.data.pipelines import PipelineSpec
@@ -58,14 +58,16 @@ class ResolvedExperiment:
 
         return CRITERIA.get(self.config.search.criterion or self.family.default_criterion)
 
-    def phase(self, name: str) -> PhaseSpec:
-        """The data of a phase label, as its record says: D^HT for tune and conventional (H* re-run where it was
-        tuned, paper section 3.1), D^E for evaluate, original and evaluate_sets."""
-        return self.tuning if PHASES.get(name).on_tuning_data else self.evaluation
+    def phase(self, phase: Phase | str) -> PhaseSpec:
+        """The data of a phase (its record, or its name as a store holds it), as its record says: D^HT for tune
+        and conventional (H* re-run where it was tuned, paper section 3.1), D^E for evaluate, original and
+        evaluate_sets."""
+        return self.tuning if as_phase(phase).on_tuning_data else self.evaluation
 
-    def pipeline(self, name: str) -> "PipelineSpec":
-        """The data pipeline of a phase label: chosen by its dataset, unless training.augment names one."""
-        return phase_pipeline(self.config, self.phase(name).dataset)
+    def pipeline(self, phase: Phase | str) -> "PipelineSpec":
+        """The data pipeline of a phase (its record or its name): chosen by its dataset, unless training.augment
+        names one."""
+        return phase_pipeline(self.config, self.phase(phase).dataset)
 
 
 def check_algorithm(name: str, field: str = "algorithm") -> None:

@@ -102,8 +102,9 @@ class TrackingJournal:
     # ---- opening -------------------------------------------------------------------------------
     @classmethod
     def open(cls, study_root: Path, tracking_uri: str, experiment_id: str) -> "TrackingJournal":
+        """The study's journal for a phase. `tracking_uri` is stored in state.json: it is a resolved experiment's
+        address, which its resolution checked once (gtep.config.uris), so it is not checked again here."""
         state_path = study_root / "tracking" / "state.json"
-        check_no_userinfo(tracking_uri, "--tracking-uri")  # the address is stored in state.json
         if state_path.exists():
             state = JournalState(**json.loads(state_path.read_text()))
             state.tracking_uri, state.experiment_id = tracking_uri, experiment_id

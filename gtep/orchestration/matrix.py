@@ -34,10 +34,10 @@ from gtep.config import ConfigError
 from gtep.errors import StudyStopped
 from gtep.matrix import MatrixConfig, ResolvedCell, changed_field
 from gtep.orchestration.interrupt import StudyInterrupted
-from gtep.orchestration.phases import conventional_phase, evaluate_phase, original_phase, tune_phase
 from gtep.orchestration.ray_search import check_resources, ray_session, redraws
-from gtep.orchestration.study import json_by_entry, read_best, write_atomic
-from gtep.protocol.phases import PHASES
+from gtep.orchestration.study import json_by_entry, write_atomic
+from gtep.orchestration.study_plan import run_plan
+from gtep.protocol.phases import PHASES, PhaseSequence, study_phases
 
 STATE_FILE = "matrix.json"
 
@@ -96,7 +96,7 @@ def plan_cells(state: MatrixState, cells: list[ResolvedCell], phases: list[str],
     for rc in cells:
         record = state.cell(rc.cell.name)
         status = record.get("status", "pending")
-        if status == "finished" and set(phases) <= set(record.get("phases", [])):
+        if status == "finished" and study_phases(asked=phases).ran_by(record.get("phases", [])):
             plans.append(CellPlan(rc, "skip", record))
         elif status == "failed" and not retry_failed:
             plans.append(CellPlan(rc, "skip-failed", record))
@@ -106,25 +106,21 @@ def plan_cells(state: MatrixState, cells: list[ResolvedCell], phases: list[str],
     return plans
 
 
+def cell_plan(rc: ResolvedCell, phases: list[str]) -> PhaseSequence:
+    """The phases a cell runs, in the study plan's order: those the matrix file asks for, and evaluate_sets where
+    the cell's evaluation.sets is `all` (every other tuned set on D^E; H* unchanged)."""
+    return study_phases(every_set=rc.resolved.config.evaluation.sets == "all", asked=phases)
+
+
 def run_cell(rc: ResolvedCell, phases: list[str], console: Console, resume: bool) -> dict[str, float]:
-    """The cell's phases in order, each tagged with the cell; returns the harmonic mean of each phase's set."""
+    """The cell's plan in order, each phase tagged with the cell; returns the harmonic mean of each phase's set
+    (of the phases with a summary: evaluate_sets has none)."""
     from gtep.orchestration.pretraining import with_pretrained_weights
 
     resolved, tags = with_pretrained_weights(rc.resolved, console.print), rc.cell.tags  # a pretrain section's, once
-    hmeans: dict[str, float] = {}
-    tuned = tune_phase(resolved, console, resume=resume, tags=tags)
-    hmeans["tune"] = tuned.summary["hmean"]
-    best = read_best(tuned.paths.best)
-    hmeans["evaluate"] = evaluate_phase(resolved, best, console, resume=resume, tags=tags).summary["hmean"]
-    if resolved.config.evaluation.sets == "all":  # every other tuned set on D^E too (its own phase; H* unchanged)
-        from gtep.orchestration.set_evaluation import evaluate_sets_phase
-
-        evaluate_sets_phase(resolved, console, resume=resume, tags=tags)
-    if "original" in phases:
-        hmeans["original"] = original_phase(resolved, console, resume=resume, tags=tags).summary["hmean"]
-    if "conventional" in phases:
-        hmeans["conventional"] = conventional_phase(resolved, best, console, resume=resume, tags=tags).summary["hmean"]
-    return hmeans
+    plan = cell_plan(rc, phases)
+    outcomes = run_plan(plan, resolved, console, resume=resume, tags=tags)
+    return {phase.name: outcomes[phase.name].summary["hmean"] for phase in plan.summarized()}
 
 
 def _finite(value: float) -> float | None:

@@ -4,7 +4,12 @@ The shape every phase shares: check resources, open the study, reuse a finished 
 the journal and the phase run (begin_phase), mark the phase running in the manifest, train on Ray Tune with the MLflow
 writer and a progress bar, record an interruption as such, close the trial runs that did not finish, then finish.
 A runner says only what differs: what it trains (PhaseRunner.plan: the sets, the parameter space, the writer's
-arguments, the manifest's fields) and how it ends (PhaseRunner.finish: select H*, summarize one set, rank every set).
+arguments, the manifest's fields) and how it ends (PhaseRunner.finish: select H*, summarize one set, rank every set);
+the steps every phase ends with (results CSV, manifest, the phase run's metrics, files and end, the journal) are
+PhaseRun's, written once.
+
+A phase's runner is found through one mapping, RUNNERS (phase name -> a factory of its runner), so a study's plan
+(gtep/protocol/phases.py, study_phases) runs phase by phase with run_plan (gtep/orchestration/study_plan.py).
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from gtep.protocol.families import ScenarioFamily
 from gtep.protocol.phases import Phase
 from gtep.protocol.replay import spent_seconds
 from gtep.protocol.selection import SetScore
+from gtep.registry import Registry
 
 
 @dataclass
@@ -77,8 +83,10 @@ class PhasePlan:
 
 @dataclass
 class PhaseRun:
-    """A phase whose trials have returned, as its runner's finish hook sees it."""
+    """A phase whose trials have returned, as its runner's finish hook sees it; `close` ends it as every phase
+    ends."""
 
+    phase: Phase
     resolved: ResolvedExperiment
     console: Console
     paths: StudyPaths
@@ -93,7 +101,42 @@ class PhaseRun:
 
     @property
     def phase_key(self) -> str:
-        return f"{self.writer.phase}:{self.attempt}"
+        return f"{self.phase.name}:{self.attempt}"
+
+    @property
+    def results_file(self) -> Path:
+        return self.paths.results(self.phase)
+
+    def close(self, units: list[dict[str, Any]], hparams_of: Callable[[int], dict[str, Any]], scores: list[SetScore],
+              status: str, metrics: dict[str, float], run_status: str,
+              steps: list[tuple[str, float, int]] | None = None, params: dict[str, Any] | None = None,
+              tags: dict[str, str] | None = None, files: tuple[Path, ...] = (), **manifest_fields: Any) -> None:
+        """What every phase does at its end: its results CSV (one row per unit), its manifest entry (`status` and
+        `manifest_fields`), the phase run's metrics, params, tags and files (the results CSV and `files`), the run
+        ended with `run_status` (FINISHED, FAILED), the journal written to the store."""
+        self.write_results(units, hparams_of, scores)
+        self.manifest.set_phase(self.phase.name, status=status, **manifest_fields)
+        self.end(metrics, run_status, steps, params, tags, files)
+
+    def write_results(self, units: list[dict[str, Any]], hparams_of: Callable[[int], dict[str, Any]],
+                      scores: list[SetScore]) -> None:
+        """The phase's results CSV: one row per (set, ordering) unit (write_results_csv)."""
+        write_results_csv(self.results_file, units, hparams_of, scores, self.resolved.family)
+
+    def end(self, metrics: dict[str, float], run_status: str, steps: list[tuple[str, float, int]] | None = None,
+            params: dict[str, Any] | None = None, tags: dict[str, str] | None = None,
+            files: tuple[Path, ...] = ()) -> None:
+        """The phase run's metrics, params, tags and files (the results CSV first), its end, the journal flushed."""
+        self.journal.log(self.phase_key, metrics, steps or (), params=params, tags=tags)
+        for path in (self.results_file, *files):
+            self.journal.log_file(self.phase_key, path)
+        self.journal.terminate(self.phase_key, run_status)
+        finish_journal(self.journal, self.paths, self.console)
+
+    def incomplete(self, finished: int, expected: int, summary: dict[str, float] | None = None) -> "PhaseIncomplete":
+        """The error a phase raises when fewer units than expected finished (never a result)."""
+        return PhaseIncomplete(self.paths.root, self.phase.name, finished, expected, summary or {},
+                               self.resolved.phase(self.phase).dataset)
 
 
 class PhaseRunner(ABC):
@@ -114,7 +157,26 @@ class PhaseRunner(ABC):
 
     @abstractmethod
     def finish(self, run: PhaseRun) -> PhaseOutcome:
-        """Results CSV, manifest, the phase run's metrics, tags and files, its end; the outcome."""
+        """Results CSV, manifest, the phase run's metrics, tags and files, its end (PhaseRun.close); the outcome."""
+
+
+# A phase's runner, made when the plan reaches the phase: from its record, the experiment and H* (the set the tuning
+# phase selected, or the one `gtep evaluate` was given; None before the tuning phase has run).
+RunnerFactory = Callable[[Phase, ResolvedExperiment, "dict[str, Any] | None"], PhaseRunner]
+RUNNERS: Registry[RunnerFactory] = Registry("phase runner")
+
+
+def register_runner(phase: Phase) -> Callable[[RunnerFactory], RunnerFactory]:
+    """Register the factory of a phase's runner under the phase's name (twice is an error)."""
+    return RUNNERS.register(phase.name)
+
+
+def runner_for(phase: Phase, resolved: ResolvedExperiment, best: dict[str, Any] | None = None) -> PhaseRunner:
+    """The runner of a phase of the plan, from the one mapping RUNNERS."""
+    if phase.name not in RUNNERS:
+        raise KeyError(f"phase {phase.name!r} has no runner; register one with register_runner "
+                       "(docs/extending.md, \"Adding a phase to a study's plan\")")
+    return RUNNERS.get(phase.name)(phase, resolved, best)
 
 
 def run_phase(runner: PhaseRunner, resolved: ResolvedExperiment, console: Console, resume: bool = False,
@@ -129,24 +191,24 @@ def run_phase(runner: PhaseRunner, resolved: ResolvedExperiment, console: Consol
     journal = open_journal(resolved, paths)
     attempt, run_id = begin_phase(resolved, journal, manifest, phase, plan.run_tags, plan.resume, plan.hparams)
     phase_key = f"{phase.name}:{attempt}"
-    spec = resolved.phase(phase.name)
+    spec = resolved.phase(phase)
     manifest.set_phase(phase.name, mlflow_run_id=run_id, attempt=attempt, status="running", dataset=spec.dataset,
                        classes=list(spec.classes), **plan.manifest_fields)
-    writer = MlflowWriter(journal, phase_key, phase.name, S, manifest, plan.set_of_trial, plan.hparams_of,
+    writer = MlflowWriter(journal, phase_key, phase, S, manifest, plan.set_of_trial, plan.hparams_of,
                           common_params(resolved, phase), trial_label=plan.trial_label, family=resolved.family,
                           criterion=resolved.criterion)
     with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(plan.progress_label, total=plan.total_units, status="",
                                 completed=len(manifest.units(phase.name)))
-        trainable = trainable_for(resolved, phase.name, study_folders(resolved, paths, phase.name, attempt))
-        interruption = run_trials(resolved, paths, phase.name, attempt, trainable, plan.param_space, plan.search_alg,
-                                  plan.num_samples, [writer, ProgressCallback(progress, bar, manifest, phase.name)],
+        trainable = trainable_for(resolved, phase.name, study_folders(resolved, paths, phase, attempt))
+        interruption = run_trials(resolved, paths, phase, attempt, trainable, plan.param_space, plan.search_alg,
+                                  plan.num_samples, [writer, ProgressCallback(progress, bar, manifest, phase)],
                                   console)
     sets = plan.sets if plan.sets is not None else [s["index"] for s in manifest.data["sets"]]
     if interruption.requested:
         raise stop_interrupted_phase(phase.name, phase_key, writer, journal, manifest, paths, console, interruption,
                                      sets, plan.total_units)
-    run = PhaseRun(resolved, console, paths, manifest, journal, writer, plan, attempt, run_id, sets)
+    run = PhaseRun(phase, resolved, console, paths, manifest, journal, writer, plan, attempt, run_id, sets)
     run.stopped = runner.stopped_sets(run)
     writer.close_unfinished(sets, interrupted=False, stopped=run.stopped)
     return runner.finish(run)
@@ -159,12 +221,12 @@ def common_params(resolved: ResolvedExperiment, phase: Phase) -> dict[str, Any]:
     """The params of every phase, trial and ordering run. Data conversions are recorded per data role (the tuning
     or the evaluation classes' loader), so a phase on D^HT shows the tuning data's."""
     cfg = resolved.config
-    spec = resolved.phase(phase.name)
+    spec = resolved.phase(phase)
     return {"gtep.algorithm": cfg.algorithm, "gtep.backbone": cfg.backbone, "gtep.dataset": spec.dataset,
             "gtep.increments": "+".join(map(str, resolved.increments)), "gtep.seed": cfg.seed,
             "gtep.memory_size": cfg.training.memory_size, "gtep.epoch_scale": cfg.training.epoch_scale,
             "gtep.weights": str(resolved.weights) if resolved.weights else "",
-            "gtep.augment": resolved.pipeline(phase.name).describe(), "gtep.scenario": cfg.scenario.describe(),
+            "gtep.augment": resolved.pipeline(phase).describe(), "gtep.scenario": cfg.scenario.describe(),
             "gtep.data_conversion": resolved.data_conversions.get(spec.phase, "")}
 
 
@@ -246,7 +308,7 @@ def stop_interrupted_phase(phase: str, phase_key: str, writer: MlflowWriter, jou
 def phase_tags(resolved: ResolvedExperiment, phase: Phase) -> dict[str, str]:
     """Tags that tell the phase runs apart in the UI: the data (dataset, D^HT or D^E, a digest of its classes)
     and how similar D^HT and D^E are (a matrix cell's own tag replaces it)."""
-    spec = resolved.phase(phase.name)
+    spec = resolved.phase(phase)
     digest = hashlib.sha1(",".join(map(str, spec.classes)).encode()).hexdigest()[:10]
     return {"gtep.dataset": f"{spec.dataset} {phase.data} ({len(spec.classes)} classes)", "gtep.data_role": phase.data,
             "gtep.classes_digest": digest,
@@ -279,7 +341,7 @@ def begin_phase(resolved: ResolvedExperiment, journal: TrackingJournal, manifest
     The run is created now, while the store answers, so its id can go into best.yaml. `hparams`: the set a
     fixed-set phase runs, logged as the run's params (the tuning phase logs H*'s when it has selected it)."""
     cfg = resolved.config
-    spec = resolved.phase(phase.name)
+    spec = resolved.phase(phase)
     previous = manifest.data["phases"].get(phase.name, {})
     if resume and previous.get("attempt"):
         attempt = previous["attempt"]

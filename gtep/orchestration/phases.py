@@ -25,8 +25,9 @@ from gtep.orchestration.phase_run import (
     PhaseRunner,
     compute_metrics,
     phase_tags,
+    register_runner,
     run_phase,
-    write_results_csv,
+    runner_for,
 )
 from gtep.orchestration.ray_search import searcher
 from gtep.orchestration.study import Manifest, StudyPaths, read_best, write_best
@@ -38,7 +39,6 @@ from gtep.orchestration.tracking import (
     step_points,
     summarize_units,
 )
-from gtep.orchestration.tracking_store import finish_journal
 from gtep.protocol.phases import CONVENTIONAL, EVALUATE, ORIGINAL, TUNE, Phase
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
 from gtep.protocol.selection import score_set, select_best
@@ -131,11 +131,8 @@ def score_rows(selection) -> list[dict[str, Any]]:
 
 def fail_tuning(run: PhaseRun, counts: dict[str, int]) -> None:
     """No set could be selected: the phase run and the manifest say so before the error propagates."""
-    run.journal.log(run.phase_key, counts, tags={"gtep.status": "failed"})
-    run.journal.log_file(run.phase_key, run.paths.results(TUNE))
-    run.journal.terminate(run.phase_key, "FAILED")
-    finish_journal(run.journal, run.paths, run.console)
-    run.manifest.set_phase(TUNE.name, status="failed")
+    run.end(dict(counts), "FAILED", tags={"gtep.status": "failed"})
+    run.manifest.set_phase(run.phase.name, status="failed")
 
 
 class TuneRunner(PhaseRunner):
@@ -169,15 +166,14 @@ class TuneRunner(PhaseRunner):
                             units)
 
     def finish(self, run: PhaseRun) -> PhaseOutcome:
-        resolved, paths, manifest, journal = run.resolved, run.paths, run.manifest, run.journal
-        phase_key = run.phase_key
+        resolved, paths, manifest, phase_key = run.resolved, run.paths, run.manifest, run.phase_key
         cfg, name, stopped, set_indices = resolved.config, self.phase.name, run.stopped, run.sets
         S = cfg.search.orderings
         units = manifest.units(name)
         results = [ordering_result(u) for u in units]
         scores = [score_set(i, [r for r in results if r.set_index == i], S, resolved.criterion, i in stopped)
                   for i in set_indices]
-        write_results_csv(paths.results(self.phase), units, manifest.hparams, scores, resolved.family)
+        run.write_results(units, manifest.hparams, scores)
         states = ("complete", "incomplete", "diverged") + (("stopped",) if cfg.search.stops_sets else ())
         counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in states}
         manifest.set_phase(name, stopped_sets=stopped)
@@ -192,7 +188,6 @@ class TuneRunner(PhaseRunner):
         best_units = [u for u in units if u["set_index"] == best_index]
         summary = summarize_units(best_units, S, resolved.family, resolved.criterion)
         write_best(paths.best, best_record(resolved, selection, hparams, summary, run.run_id))
-        manifest.set_phase(name, status="finished", best_set_index=best_index, scores=score_rows(selection))
         note = phase_note(name, phase_tags(resolved, self.phase)["gtep.dataset"], summary, hparams,
                           f"H* = set{best_index:03d} of {len(selection.scores)}",
                           ranked_sets_note(resolved, selection, best_index))
@@ -200,18 +195,14 @@ class TuneRunner(PhaseRunner):
         # the phase run carries H* as params too, so the UI compares it with the evaluation run that re-ran it
         # the same metric names as every phase run (no metric only one phase has: MLflow's compare view would show
         # NaN); which set H* is stays a tag, gtep.best_set_index
-        journal.log(phase_key, {**phase_metrics(best_units, summary), "diverged": summary["diverged"],
-                                "orderings": summary["orderings"], **counts,
-                                **compute_metrics(paths, name, run.attempt, units, partial)},
-                    step_points(summary),
-                    params=hparams,
-                    tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished",
-                          "mlflow.note.content": note,
-                          "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
-        for path in (paths.manifest, paths.best, paths.results(self.phase)):
-            journal.log_file(phase_key, path)
-        journal.terminate(phase_key, "FINISHED")
-        finish_journal(journal, paths, run.console)
+        metrics = {**phase_metrics(best_units, summary), "diverged": summary["diverged"],
+                   "orderings": summary["orderings"], **counts,
+                   **compute_metrics(paths, name, run.attempt, units, partial)}
+        manifest.set_phase(name, status="finished", best_set_index=best_index, scores=score_rows(selection))
+        run.end(metrics, "FINISHED", step_points(summary), params=hparams, files=(paths.manifest, paths.best),
+                tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished",
+                      "mlflow.note.content": note,
+                      "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
         return PhaseOutcome(name, run.run_id, best_index, hparams, summary, paths,
                             {"diverged_sets": counts["sets_diverged"], "incomplete_sets": counts["sets_incomplete"],
                              "trials": len(selection.scores)})
@@ -220,8 +211,7 @@ class TuneRunner(PhaseRunner):
 def tune_phase(resolved: ResolvedExperiment, console: Console, resume: bool = False,
                tags: dict[str, str] | None = None) -> PhaseOutcome:
     """Algorithm 2 and SelectBestHyperparameter of Algorithm 1. `tags` go on the phase run (a matrix cell's)."""
-    space = load_space(resolved.config.algorithm, resolved.space_path).space
-    return run_phase(TuneRunner(space), resolved, console, resume, tags)
+    return run_phase(runner_for(TUNE, resolved), resolved, console, resume, tags)
 
 
 def finished_tune_outcome(resolved: ResolvedExperiment, paths: StudyPaths, manifest: Manifest) -> PhaseOutcome:
@@ -305,7 +295,7 @@ class FixedSetRunner(PhaseRunner):
                              "hparams_source": run_tags["gtep.hparams_source"]})
 
     def finish(self, run: PhaseRun) -> PhaseOutcome:
-        resolved, paths, journal, phase_key = run.resolved, run.paths, run.journal, run.phase_key
+        resolved, paths, journal = run.resolved, run.paths, run.journal
         name, set_index, hparams, label = self.phase.name, self.set_index, self.hparams, self.label
         S = resolved.config.search.orderings
         units = run.manifest.units(name)
@@ -313,8 +303,6 @@ class FixedSetRunner(PhaseRunner):
         complete = len(units) == S
         status = "finished" if complete else "incomplete"
         score = score_set(set_index, [ordering_result(u) for u in units], S, resolved.criterion)
-        write_results_csv(paths.results(self.phase), units, lambda _: hparams, [score], resolved.family)
-        run.manifest.set_phase(name, status=status, summary=summary)
         tags = {"gtep.status": status, "gtep.orderings": f"{len(units)}/{S}"}
         if not complete:
             tags["gtep.reason"] = (f"{len(units)} of {S} orderings finished; the others' trials failed after their "
@@ -326,32 +314,55 @@ class FixedSetRunner(PhaseRunner):
                                                  hparams, label if label != "H*" else
                                                  f"H* (set{set_index:03d} of the tuning run)", link)
         counts = {f"sets_{state}": int(score.status == state) for state in ("complete", "incomplete", "diverged")}
-        journal.log(phase_key, {**phase_metrics(units, summary), **counts,
-                                **compute_metrics(paths, name, run.attempt, units),
-                                **{k: float(summary[k]) for k in ("diverged", "orderings") if pd.notna(summary[k])}},
-                    step_points(summary), tags=tags)
-        for path in (paths.manifest, paths.results(self.phase)) + ((paths.best,) if paths.best.exists() else ()):
-            journal.log_file(phase_key, path)
-        journal.terminate(phase_key, "FINISHED" if complete and not summary["diverged"] else "FAILED")
-        finish_journal(journal, paths, run.console)
+        metrics = {**phase_metrics(units, summary), **counts, **compute_metrics(paths, name, run.attempt, units),
+                   **{k: float(summary[k]) for k in ("diverged", "orderings") if pd.notna(summary[k])}}
+        run.close(units, lambda _: hparams, [score], status, metrics,
+                  "FINISHED" if complete and not summary["diverged"] else "FAILED", step_points(summary), tags=tags,
+                  files=(paths.manifest,) + ((paths.best,) if paths.best.exists() else ()), summary=summary)
         if not complete:
-            raise PhaseIncomplete(paths.root, name, len(units), S, summary, resolved.phase(name).dataset)
+            raise run.incomplete(len(units), S, summary)
         return PhaseOutcome(name, run.run_id, set_index, hparams, summary, paths)
 
 
 def evaluate_phase(resolved: ResolvedExperiment, best: dict[str, Any], console: Console,
                    resume: bool = False, tags: dict[str, str] | None = None) -> PhaseOutcome:
     """Algorithm 3: H* (or the given set) over S orderings of D^E."""
-    return run_phase(FixedSetRunner(EVALUATE, best), resolved, console, resume, tags)
+    return run_phase(runner_for(EVALUATE, resolved, best), resolved, console, resume, tags)
 
 
 def original_phase(resolved: ResolvedExperiment, console: Console, resume: bool = False,
                    tags: dict[str, str] | None = None) -> PhaseOutcome:
     """The algorithm's `original` preset over S orderings of D^E, beside H* (the paper's "Original", section 4.1)."""
-    return run_phase(FixedSetRunner(ORIGINAL, original_best(resolved)), resolved, console, resume, tags)
+    return run_phase(runner_for(ORIGINAL, resolved), resolved, console, resume, tags)
 
 
 def conventional_phase(resolved: ResolvedExperiment, best: dict[str, Any], console: Console, resume: bool = False,
                        tags: dict[str, str] | None = None) -> PhaseOutcome:
     """The conventional protocol (section 3.1): H* evaluated on the classes it was tuned on, orderings S..2S-1."""
-    return run_phase(FixedSetRunner(CONVENTIONAL, best), resolved, console, resume, tags)
+    return run_phase(runner_for(CONVENTIONAL, resolved, best), resolved, console, resume, tags)
+
+
+# ---------------------------------------------------------------- each phase's runner, in the one mapping RUNNERS
+
+
+@register_runner(TUNE)
+def tuning_runner(phase: Phase, resolved: ResolvedExperiment, best: dict[str, Any] | None) -> PhaseRunner:
+    """The tuning phase over the algorithm's search space, loaded before the study folder is touched."""
+    return TuneRunner(load_space(resolved.config.algorithm, resolved.space_path).space, phase)
+
+
+def tuned_set_runner(phase: Phase, resolved: ResolvedExperiment, best: dict[str, Any] | None) -> PhaseRunner:
+    """A phase that runs H* (the set the tuning phase selected, or the one given) over S orderings."""
+    if best is None:
+        raise ValueError(f"the {phase.name} phase runs H*, and there is none yet: tune first, or give a set")
+    return FixedSetRunner(phase, best)
+
+
+def original_runner(phase: Phase, resolved: ResolvedExperiment, best: dict[str, Any] | None) -> PhaseRunner:
+    """The algorithm's `original` preset over S orderings (whatever H* is)."""
+    return FixedSetRunner(phase, original_best(resolved))
+
+
+register_runner(EVALUATE)(tuned_set_runner)
+register_runner(CONVENTIONAL)(tuned_set_runner)
+register_runner(ORIGINAL)(original_runner)

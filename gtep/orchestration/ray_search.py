@@ -21,7 +21,7 @@ from gtep.orchestration.interrupt import Interruption, StopOnSignal, interruptib
 from gtep.orchestration.node_loss import NodeLossCallback, watching_node_loss
 from gtep.orchestration.quiet import quiet_libraries
 from gtep.orchestration.study import Manifest, StudyPaths
-from gtep.protocol.phases import PHASES
+from gtep.protocol.phases import Phase
 
 
 def check_address(address: str | None) -> None:
@@ -111,7 +111,7 @@ class ProgressCallback(tune.Callback):
     """Advances with the manifest's units, so reused units of a resumed study are not counted twice.
     Runs after the MLflow writer, which records the units."""
 
-    def __init__(self, progress: Progress, task_id: Any, manifest: Manifest, phase: str) -> None:
+    def __init__(self, progress: Progress, task_id: Any, manifest: Manifest, phase: Phase) -> None:
         self.progress, self.task_id, self.manifest, self.phase = progress, task_id, manifest, phase
 
     def __getstate__(self) -> dict[str, Any]:
@@ -120,11 +120,11 @@ class ProgressCallback(tune.Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
         if "ordering" in result:
             status = f"last: acc {result.get('acc', float('nan')):.3f} ({result['status']})"
-            self.progress.update(self.task_id, completed=len(self.manifest.units(self.phase)), status=status)
+            self.progress.update(self.task_id, completed=len(self.manifest.units(self.phase.name)), status=status)
 
 
 
-def run_trials(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, trainable: Any,
+def run_trials(resolved: ResolvedExperiment, paths: StudyPaths, phase: Phase, attempt: str, trainable: Any,
                param_space: dict[str, Any], search_alg, num_samples: int, callbacks: list[tune.Callback],
                console: Console) -> Interruption:
     """The phase's trials on Ray Tune, stopped early by SIGINT/SIGTERM (gtep.orchestration.interrupt); a node lost
@@ -232,11 +232,11 @@ def concurrency_limited(search_alg: SearchAlgorithm | Searcher | None,
 
 
 
-def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str, trainable: Any,
+def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: Phase, attempt: str, trainable: Any,
               param_space: dict[str, Any], search_alg, num_samples: int, callbacks: list[tune.Callback],
               stopper: tune.Stopper | None = None) -> None:
     cfg = resolved.config
-    scheduler = trial_scheduler(resolved) if PHASES.get(phase).selects_best else None
+    scheduler = trial_scheduler(resolved) if phase.selects_best else None
     tuner = tune.Tuner(
         trainable,
         param_space=param_space,
@@ -247,7 +247,7 @@ def run_tuner(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attem
         tune_config=tune.TuneConfig(num_samples=num_samples,
                                     search_alg=concurrency_limited(search_alg, cfg.compute.max_concurrent),
                                     max_concurrent_trials=None, reuse_actors=True, scheduler=scheduler),
-        run_config=tune.RunConfig(name=f"{phase}-{attempt}", storage_path=str(paths.ray_storage), verbose=0,
+        run_config=tune.RunConfig(name=f"{phase.name}-{attempt}", storage_path=str(paths.ray_storage), verbose=0,
                                   callbacks=[*callbacks, *ray_loggers()], stop=stopper,
                                   failure_config=tune.FailureConfig(max_failures=cfg.compute.max_failures)),
     )

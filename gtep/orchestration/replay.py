@@ -16,7 +16,7 @@ from gtep.orchestration.pruning import PrunerBook, make_pruner
 from gtep.orchestration.study import full_units
 from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION, Criterion
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES
-from gtep.protocol.phases import EVALUATE, PHASES, TUNE
+from gtep.protocol.phases import EVALUATE, TUNE, phases_in_order
 from gtep.protocol.regret import ProtocolRow, SetRanking, protocol_rows, rank_sets
 from gtep.protocol.replay import ReplayOutcome, replay
 from gtep.protocol.selection import SelectionRule
@@ -108,8 +108,8 @@ def recorded_study(root: Path, manifest: dict[str, Any]) -> RecordedStudy:
 
 
 def ranked_phases() -> list[str]:
-    """The phases that evaluate every tuned set on D^E (their records say so: writes_regret)."""
-    return [name for name in PHASES if PHASES.get(name).writes_regret]
+    """The phases that evaluate every tuned set on D^E (their records say so: writes_regret), in report order."""
+    return [phase.name for phase in phases_in_order() if phase.writes_regret]
 
 
 def tasks_to_cut(config: dict[str, Any], units: list[dict[str, Any]]) -> int | None:

@@ -112,7 +112,8 @@ def open_store(tracking_uri: str, option: str = "--tracking-uri") -> RunStore:
                           "(gtep run wrote <output>/mlflow.db) or their --tracking-uri")
     from gtep.orchestration.tracking_auth import check_credentials
 
-    check_credentials(tracking_uri, option)  # a server's 401 is one line naming the credentials, not "no answer"
+    if is_server(tracking_uri):  # a server's 401 is one line naming the credentials, not "no answer"
+        check_credentials(tracking_uri, option)
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         client.search_experiments(max_results=1)

@@ -20,19 +20,18 @@ from rich.console import Console
 from gtep.config import ConfigError, ResolvedExperiment
 from gtep.orchestration.journal import TrackingJournal
 from gtep.orchestration.phase_run import (
-    PhaseIncomplete,
     PhaseOutcome,
     PhasePlan,
     PhaseRun,
     PhaseRunner,
     compute_metrics,
+    register_runner,
     run_phase,
-    write_results_csv,
+    runner_for,
 )
 from gtep.orchestration.replay import load_study, protocol_table, set_ranking
 from gtep.orchestration.study import Manifest, StudyPaths, write_atomic
 from gtep.orchestration.tracking import ordering_result, summarize_units
-from gtep.orchestration.tracking_store import finish_journal
 from gtep.protocol.phases import EVALUATE, EVALUATE_SETS, REGRET_FILE, TUNE, Phase
 from gtep.protocol.regret import json_ready
 from gtep.protocol.selection import score_set
@@ -93,7 +92,7 @@ class EverySetRunner(PhaseRunner):
         units = manifest.units(name)
         by_set = {i: [u for u in units if u["set_index"] == i] for i in sets}
         scores = [score_set(i, [ordering_result(u) for u in by_set[i]], S, resolved.criterion) for i in sets]
-        write_results_csv(paths.results(self.phase), units, manifest.hparams, scores, resolved.family)
+        run.write_results(units, manifest.hparams, scores)
         summaries = {str(i): summarize_units(by_set[i], S, resolved.family, resolved.criterion) for i in sets}
         complete = all(len(by_set[i]) == S for i in sets)
         counts = {f"sets_{state}": sum(s.status == state for s in scores) for state in ("complete", "incomplete",
@@ -109,13 +108,9 @@ class EverySetRunner(PhaseRunner):
             metrics.update(ranking_metrics(ranking))
         else:
             tags["gtep.reason"] = "some sets' orderings failed after their retries; resume to run them"
-        journal.log(phase_key, metrics, tags=tags)
-        journal.log_file(phase_key, paths.results(self.phase))
-        journal.terminate(phase_key, "FINISHED" if complete else "FAILED")
-        finish_journal(journal, paths, run.console)
+        run.end(metrics, "FINISHED" if complete else "FAILED", tags=tags)
         if not complete:
-            finished = sum(len(u) for u in by_set.values())
-            raise PhaseIncomplete(paths.root, name, finished, len(sets) * S, {}, resolved.phase(name).dataset)
+            raise run.incomplete(sum(len(u) for u in by_set.values()), len(sets) * S)
         run.console.print(ranking_line(ranking))
         return PhaseOutcome(name, run.run_id, best, manifest.hparams(best), {}, paths, {"ranking": ranking})
 
@@ -124,7 +119,13 @@ def evaluate_sets_phase(resolved: ResolvedExperiment, console: Console, resume: 
                         tags: dict[str, str] | None = None) -> PhaseOutcome:
     """Train every tuned set but H* over the S orderings of D^E, then write the set ranking and the protocols'
     regret table (EverySetRunner)."""
-    return run_phase(EverySetRunner(), resolved, console, resume, tags)
+    return run_phase(runner_for(EVALUATE_SETS, resolved), resolved, console, resume, tags)
+
+
+@register_runner(EVALUATE_SETS)
+def every_set_runner(phase: Phase, resolved: ResolvedExperiment, best: dict[str, Any] | None) -> PhaseRunner:
+    """Every tuned set but H* (the manifest says which) on D^E."""
+    return EverySetRunner(phase)
 
 
 def write_regret(paths: StudyPaths, journal: TrackingJournal, phase_key: str) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from gtep.orchestration.study import Manifest
 from gtep.protocol.criteria import DEFAULT_CRITERION, Criterion
 from gtep.protocol.families import CLASS_INCREMENTAL, FAMILIES, ScenarioFamily, known_metrics, metric_label
 from gtep.protocol.metrics import harmonic_mean
-from gtep.protocol.phases import PHASES
+from gtep.protocol.phases import Phase
 from gtep.protocol.selection import OrderingResult, score_set
 from gtep.protocol.summary import ordering_statistics
 
@@ -178,7 +178,7 @@ class MlflowWriter(tune.Callback):
     A unit already in the manifest (a resumed study, or a trial retried after its worker died re-reporting
     the orderings it had finished) is counted once and never logged twice."""
 
-    def __init__(self, journal: TrackingJournal, phase_key: str, phase: str, orderings: int, manifest: Manifest,
+    def __init__(self, journal: TrackingJournal, phase_key: str, phase: Phase, orderings: int, manifest: Manifest,
                  set_index_of: Callable[[Any], int], hparams_of: Callable[[int], dict[str, Any]],
                  common_params: dict[str, Any], trial_label: Callable[[int], str] | None = None,
                  family: ScenarioFamily | None = None, criterion: Criterion = DEFAULT_CRITERION) -> None:
@@ -199,7 +199,7 @@ class MlflowWriter(tune.Callback):
         # training seconds of each set's unfinished ordering (its tasks so far), from its interim reports
         self.partial_seconds: dict[int, float] = {}
         self.results: dict[int, dict[int, OrderingResult]] = {}
-        for unit in manifest.units(phase):
+        for unit in manifest.units(phase.name):
             self._count(unit)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -211,16 +211,16 @@ class MlflowWriter(tune.Callback):
 
     # ---- runs -----------------------------------------------------------------------------------
     def _tags(self, level: str, **extra: str) -> dict[str, str]:
-        return {"gtep.phase": self.phase, "gtep.level": level, **UNITS_TAG,
+        return {"gtep.phase": self.phase.name, "gtep.level": level, **UNITS_TAG,
                 **scenario_tags(self.family, self.criterion), **extra}
 
     def trial_name(self, set_index: int) -> str:
-        return f"{self.phase}/{self.trial_label(set_index)}"
+        return f"{self.phase.name}/{self.trial_label(set_index)}"
 
     def ordering_name(self, set_index: int, ordering: int) -> str:
         # a phase of several sets names their orderings apart
-        many_sets = PHASES.get(self.phase).many_sets
-        return f"{self.trial_name(set_index) if many_sets else self.phase}/o{ordering}"
+        many_sets = self.phase.many_sets
+        return f"{self.trial_name(set_index) if many_sets else self.phase.name}/o{ordering}"
 
     def trial_run(self, set_index: int, start_time: int | None = None) -> str:
         key = trial_key(self.phase_key, set_index)
@@ -229,13 +229,13 @@ class MlflowWriter(tune.Callback):
             self.journal.create_run(key, self.trial_name(set_index), parent=self.phase_key, start_time=start_time,
                                     tags=self._tags("trial", **{"gtep.set_index": str(set_index)}))
             self.journal.log(key, params={**self.common_params, **self.hparams_of(set_index)})
-            runs = self.manifest.data["phases"].get(self.phase, {}).get("trial_keys", {})
-            self.manifest.set_phase(self.phase, deferred=True, trial_keys={**runs, str(set_index): key})
+            runs = self.manifest.data["phases"].get(self.phase.name, {}).get("trial_keys", {})
+            self.manifest.set_phase(self.phase.name, deferred=True, trial_keys={**runs, str(set_index): key})
         return key
 
     def log_ordering(self, set_index: int, result: dict[str, Any]) -> None:
         s = int(result["ordering"])
-        if f"{self.phase}/{set_index}/{s}" in self.manifest.data["units"]:
+        if f"{self.phase.name}/{set_index}/{s}" in self.manifest.data["units"]:
             self._maybe_finish(set_index)  # already logged by an earlier attempt
             return
         # a reused unit's points carry the time it was trained, not the time it was reused: a unit logged before a
@@ -267,7 +267,7 @@ class MlflowWriter(tune.Callback):
                                            "node", "device", "started_at", "finished_at", "first_task",
                                            "unit_file", *self.extra_metrics, *step_metrics())}
         unit.update(set_index=set_index, ordering=s, mlflow_key=key)
-        self.manifest.record_unit(self.phase, set_index, s, unit, deferred=True)  # saved by on_step_end
+        self.manifest.record_unit(self.phase.name, set_index, s, unit, deferred=True)  # saved by on_step_end
         self._count(unit)
         self._maybe_finish(set_index)
 
@@ -293,10 +293,11 @@ class MlflowWriter(tune.Callback):
                   "mean_of_hmeans": hm.mean_of_hmeans, "diverged_orderings": score.diverged_orderings,
                   "orderings": score.orderings, "orderings_finished": score.finished_orderings,
                   "score": score.hmean_of_means, "score_mean_of_orderings": score.mean_of_hmeans}
-        units = [u for u in self.manifest.units(self.phase) if u["set_index"] == set_index]
+        units = [u for u in self.manifest.units(self.phase.name) if u["set_index"] == set_index]
         values.update(ordering_statistics(units, self.extra_metrics))
         # the time of its last unit: finishing the same trial again (a resumed study) writes the same points
-        stamps = [u.get("finished_at") or 0 for u in self.manifest.units(self.phase) if u["set_index"] == set_index]
+        stamps = [u.get("finished_at") or 0 for u in self.manifest.units(self.phase.name)
+                  if u["set_index"] == set_index]
         state = "interrupted" if status == "KILLED" and score.status == "incomplete" else score.status
         tags = {"gtep.status": state, "gtep.orderings": f"{score.finished_orderings}/{self.orderings}"}
         if reason:

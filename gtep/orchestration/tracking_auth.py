@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from gtep.config import ConfigError
-from gtep.config.uris import REDACTED, check_no_userinfo, is_server, redact_uri, redact_uris
+from gtep.config.uris import REDACTED, check_no_userinfo, redact_uri, redact_uris
 
 SECRET_VARIABLES = ("MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN", "MLFLOW_AUTH_ADMIN_PASSWORD")
 CREDENTIALS_FILE = Path("~/.mlflow/credentials")
@@ -93,10 +93,9 @@ def _request(uri: str, endpoint: str, method: str, **body):
 
 def check_credentials(uri: str, option: str = "--tracking-uri") -> None:
     """A server that refuses who we are (401) is one error now, naming where the credentials came from. A
-    server without authentication answers 200; one that does not answer is check_tracking's business."""
-    if not is_server(uri):
-        return
-    refuse_password_in_uri(uri, option)
+    server without authentication answers 200; one that does not answer is check_tracking's business.
+    `uri` is a tracking server's address its caller has checked (gtep.config.uris) and classified (is_server):
+    the address is not passed back there from here."""
     try:
         response = _request(uri, "/api/2.0/mlflow/experiments/search", "GET", max_results=1)
     except Exception:  # noqa: BLE001 - a server that is away: reported by the caller's own check
@@ -108,10 +107,9 @@ def check_credentials(uri: str, option: str = "--tracking-uri") -> None:
 
 
 def check_can_write(uri: str, study: str, experiment_id: str) -> None:
-    """The user may write the study's experiment (EDIT or MANAGE): found by writing one experiment tag, the
-    smallest write, at the phase's start (before Ray trains anything)."""
-    if not is_server(uri):
-        return
+    """The user may write the study's experiment (EDIT or MANAGE) on the tracking server at `uri` (checked and
+    classified by the caller, as for check_credentials): found by writing one experiment tag, the smallest write,
+    at the phase's start (before Ray trains anything)."""
     response = _request(uri, "/api/2.0/mlflow/experiments/set-experiment-tag", "POST",
                         experiment_id=experiment_id, key=WRITER_TAG, value=username() or "")
     if response.status_code == 401:

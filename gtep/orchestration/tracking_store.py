@@ -26,8 +26,15 @@ from gtep.orchestration.tracking_auth import (
 
 def check_tracking(uri: str) -> None:
     """A store MLflow cannot open, or a tracking server that does not answer, is refused before Ray starts (an
-    outage later is journaled)."""
+    outage later is journaled). For an address no resolution has checked (gtep ui, gtep matrix, gtep users)."""
     check_tracking_uri(uri, "--tracking-uri")  # first: no password in the address (gtep.config.uris)
+    check_tracking_server(uri)
+
+
+def check_tracking_server(uri: str) -> None:
+    """A tracking server that does not answer, or refuses our credentials, is refused before Ray starts; a local
+    store passes. `uri` is an address already checked (a resolved experiment's: gtep.config.resolution checked
+    it once), so it is only classified here, and a server's own checks take it as it is."""
     if not is_server(uri):
         return
     import urllib.request
@@ -129,13 +136,16 @@ def mlflow_client(resolved: ResolvedExperiment) -> tuple[MlflowClient, str]:
     if uri.startswith("sqlite:///"):
         sqlite_write_ahead_log(Path(uri[len("sqlite:///"):]))
         artifact_root = private_folder(cfg.tracking.output.resolve() / "mlartifacts")
+    # the address as the resolution checked it (api.check asked a server for our credentials before any compute);
+    # classified once here. A refusal (401, 403) below is final: refusal_error, no waiting for the server.
+    server = is_server(uri)
     client = quiet_http_client(uri)
-    check_credentials(uri)  # a refusal (401) is final: no waiting for the server below
-    deadline = time.monotonic() + (server_wait() if is_server(uri) else 0.0)
+    deadline = time.monotonic() + (server_wait() if server else 0.0)
     while True:
         try:
             experiment_id = ensure_experiment(client, cfg.study, artifact_root)
-            check_can_write(uri, cfg.study, experiment_id)  # EDIT on the study, before Ray trains anything
+            if server:
+                check_can_write(uri, cfg.study, experiment_id)  # EDIT on the study, before Ray trains anything
             return client, experiment_id
         except ConfigError:
             raise

@@ -12,11 +12,11 @@ import re
 from typing import Any, Protocol
 
 from gtep.config import ConfigError
+from gtep.config.uris import is_server
 from gtep.orchestration.tracking import experiment_name
 from gtep.orchestration.tracking_auth import (
     credential_source,
     file_credentials,
-    is_server,
     refusal,
     refuse_password_in_uri,
 )

@@ -19,7 +19,7 @@ from gtep.engine import FirstTaskSpec, OrderingJob
 from gtep.engine.device import choose_device
 from gtep.engine.fusion import fusion_wanted
 from gtep.orchestration.study import StudyPaths
-from gtep.protocol.phases import PHASES
+from gtep.protocol.phases import Phase, as_phase
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,8 @@ def ordering_resources(resolved: ResolvedExperiment) -> OrderingResources:
     return OrderingResources(parallel, cpus, gpus, max(1, int(cpus)))
 
 
-def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: str, attempt: str) -> StudyFolders:
-    tag = f"{phase}-{attempt}"
+def study_folders(resolved: ResolvedExperiment, paths: StudyPaths, phase: Phase, attempt: str) -> StudyFolders:
+    tag = f"{phase.name}-{attempt}"
     return StudyFolders(
         unit_dir=paths.root / "units" / tag, events=paths.root / "events.jsonl", attempt=attempt,
         checkpoint_dir=paths.root / "checkpoints" / tag if resolved.config.compute.checkpoints else None,
@@ -103,7 +103,7 @@ def trials_device(resolved: ResolvedExperiment) -> str:
     return choose_device(cfg.training.device, None, trial_gpus=cfg.compute.gpus_per_trial)
 
 
-def phase_scenario(resolved: ResolvedExperiment, phase: str) -> OrderingJob:
+def phase_scenario(resolved: ResolvedExperiment, phase: Phase) -> OrderingJob:
     """The engine's job of the phase, every field from the config (hparams and ordering set per unit)."""
     cfg = resolved.config
     device = trials_device(resolved)
@@ -118,15 +118,17 @@ def phase_scenario(resolved: ResolvedExperiment, phase: str) -> OrderingJob:
         dataset=spec.dataset, mixed_precision=cfg.training.mixed_precision, compile=cfg.training.compile,
         family=cfg.scenario.family, family_options=tuple(sorted(family_options.items())),
         # the first-task protocol (Lee et al. 2024): the tuning phase compares sets on the first k tasks only
-        max_tasks=cfg.search.protocol_tasks if PHASES.get(phase).selects_best and cfg.search.protocol == "first_task"
+        max_tasks=cfg.search.protocol_tasks if phase.selects_best and cfg.search.protocol == "first_task"
         else None)
 
 
-def trial_job(resolved: ResolvedExperiment, phase: str, folders: StudyFolders | None = None) -> TrialJob:
-    """What every trial of the phase shares; `folders` are the study's unit, checkpoint and event paths."""
+def trial_job(resolved: ResolvedExperiment, phase: Phase | str, folders: StudyFolders | None = None) -> TrialJob:
+    """What every trial of the phase (its record, or its name) shares; `folders` are the study's unit, checkpoint
+    and event paths. The job carries the phase's name, as the unit files and the store do."""
     search = resolved.config.search
-    return TrialJob(phase=phase, scenario=phase_scenario(resolved, phase), criterion=resolved.criterion.name,
-                    fidelity=search.fidelity if PHASES.get(phase).selects_best else "orderings",
+    phase = as_phase(phase)
+    return TrialJob(phase=phase.name, scenario=phase_scenario(resolved, phase), criterion=resolved.criterion.name,
+                    fidelity=search.fidelity if phase.selects_best else "orderings",
                     resources=ordering_resources(resolved), folders=folders,
                     report_every_seconds=report_every_seconds(resolved, phase),
                     checkpoint_every_seconds=max(0.0, float(os.environ.get("GTEP_CHECKPOINT_EVERY_SECONDS", 10.0))),
@@ -141,14 +143,14 @@ def fused_orderings(resolved: ResolvedExperiment) -> bool:
                          cfg.compute.parallel_orderings(cfg.search.orderings))
 
 
-def report_every_seconds(resolved: ResolvedExperiment, phase: str) -> float:
+def report_every_seconds(resolved: ResolvedExperiment, phase: Phase) -> float:
     """How long a trial may hold finished units before reporting them. A function trainable's `tune.report` waits
     until the driver has taken the result: one round trip per unit, a third of a trial's time when units take a
     tenth of a second (the paper-scale rehearsal). Units that train for a second or more are reported one by one
     as before; a scheduler or a pruner, which decide after every ordering, always get every ordering alone.
     GTEP_REPORT_EVERY_SECONDS, 1 by default; 0 reports every unit alone."""
     search = resolved.config.search
-    decides_per_ordering = PHASES.get(phase).selects_best and (search.scheduler != "none" or search.pruner != "none"
+    decides_per_ordering = phase.selects_best and (search.scheduler != "none" or search.pruner != "none"
                                                 or search.fidelity == "tasks")
     return 0.0 if decides_per_ordering else max(0.0, float(os.environ.get("GTEP_REPORT_EVERY_SECONDS", 1.0)))
 

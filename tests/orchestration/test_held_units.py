@@ -14,6 +14,7 @@ from gtep.config.resolution import resolve
 from gtep.orchestration import trainable
 from gtep.orchestration.trainable import HeldUnits
 from gtep.orchestration.trial_job import report_every_seconds
+from gtep.protocol.phases import EVALUATE, TUNE
 from tests.orchestration.test_phases import config, gtep, runs_of, store
 
 
@@ -74,15 +75,15 @@ def resolved_with(**search):
                                     {"fidelity": "tasks", "scheduler": "asha"}])
 def test_a_scheduler_or_pruner_gets_every_ordering_alone_in_tuning(search):
     resolved = resolved_with(**search)
-    assert report_every_seconds(resolved, "tune") == 0.0
-    assert report_every_seconds(resolved, "evaluate") == 1.0, "the evaluation phase has no scheduler"
+    assert report_every_seconds(resolved, TUNE) == 0.0
+    assert report_every_seconds(resolved, EVALUATE) == 1.0, "the evaluation phase has no scheduler"
 
 
 def test_the_window_is_a_second_unless_set(monkeypatch):
     resolved = resolved_with()
-    assert report_every_seconds(resolved, "tune") == 1.0
+    assert report_every_seconds(resolved, TUNE) == 1.0
     monkeypatch.setenv("GTEP_REPORT_EVERY_SECONDS", "0")
-    assert report_every_seconds(resolved, "tune") == 0.0
+    assert report_every_seconds(resolved, TUNE) == 0.0
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from ray.tune.search.optuna import OptunaSearch
 from gtep.config import resolve, validate_config
 from gtep.orchestration.ray_search import concurrency_limited, run_tuner, searcher
 from gtep.orchestration.study import Manifest, StudyPaths
+from gtep.protocol.phases import EVALUATE, TUNE
 from gtep.spaces import load_space
 from tests.orchestration.test_phases import config
 
@@ -191,7 +192,7 @@ def test_at_most_max_concurrent_trials_run_at_once(small_ray, tmp_path, monkeypa
         param_space, search_alg, num_samples = {"orderings": tune.grid_search([[0], [1], [2]])}, None, 1
     else:
         resolved, param_space, search_alg, num_samples = tuning_search(tmp_path, searcher_name, 1)
-    run_tuner(resolved, StudyPaths(tmp_path / "study"), "tune" if search_alg else "evaluate", "a",
+    run_tuner(resolved, StudyPaths(tmp_path / "study"), TUNE if search_alg else EVALUATE, "a",
               tune.with_resources(trial, {"cpu": 0.1}), param_space, search_alg, num_samples, [])
     runs = [tuple(json.loads(p.read_text())) for p in spans.iterdir()]
     assert len(runs) == 3

@@ -15,13 +15,14 @@ from gtep.orchestration.study import Manifest
 from gtep.orchestration.tracking import MlflowWriter
 from gtep.orchestration.trainable import run_unit
 from gtep.orchestration.trial_job import StudyFolders
+from gtep.protocol.phases import TUNE
 
 
 def writer(study, uri: str, experiment: str) -> MlflowWriter:
     journal = TrackingJournal.open(study, uri, experiment)
     journal.create_run("tune", "tune")
     manifest = Manifest.create(study / "manifest.json", {"study": "s"})
-    return MlflowWriter(journal, "tune", "tune", 2, manifest, set_index_of=lambda trial: 0,
+    return MlflowWriter(journal, "tune", TUNE, 2, manifest, set_index_of=lambda trial: 0,
                         hparams_of=lambda i: {"lr": 0.1}, common_params={})
 
 
