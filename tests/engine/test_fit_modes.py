@@ -58,24 +58,36 @@ def test_every_fit_mode_runs_a_trials_units_and_counts_their_images(name):
 
 
 def test_a_new_fit_mode_is_one_class_and_its_registration(monkeypatch):
-    """docs/extending.md, "Adding a fit mode": the class below and its entry in FIT_MODES are all it takes."""
-    class CountingFit(PlainFit):
+    """docs/extending.md, "Adding a fit mode": its block, run here, is all a new mode takes."""
+    monkeypatch.setattr(FIT_MODES, "_entries", dict(FIT_MODES._entries))  # the block's registration, undone after
+
+    from gtep.engine.loop import FIT_MODES as REGISTRY
+    from gtep.engine.loop import FitCall as Call
+    from gtep.engine.loop import PlainFit as Plain
+
+    @REGISTRY.register("counting")
+    class CountingFit(Plain):
+        """Each fit trains as a plain one; the unit's event says how many fits and epochs it ran."""
+
         name = "counting"
 
         def __init__(self) -> None:
             self.fits = self.epochs = 0
 
-        def fit(self, call: FitCall) -> None:
+        def fit(self, call: Call) -> None:
             self.fits += 1
             self.run_plain(call)
 
         def end_epoch(self, epoch, calls, step) -> None:
             self.epochs += 1
 
-    monkeypatch.setitem(FIT_MODES._entries, "counting", CountingFit)  # FIT_MODES.register("counting"), undone after
+        def report(self) -> dict:
+            return {"mode": self.name, "fits": self.fits, "epochs": self.epochs}
+
     (outcome, mode), = run_orderings([partial(unit, *jobs((0,))[0])], "counting", "replay")
-    assert outcome.status == "finished"
-    assert mode.fits >= 3 and mode.epochs >= mode.fits, "a fit per task at least, an end_epoch per epoch"
+    assert outcome.status == "finished" and isinstance(mode, CountingFit)
+    report = mode.report()
+    assert report["fits"] >= 3 and report["epochs"] >= report["fits"], "a fit per task at least, an end_epoch per epoch"
     with pytest.raises(KeyError, match="unknown fit mode 'countin'.*counting"):
         FIT_MODES.get("countin")
 
