@@ -26,20 +26,8 @@ import torch  # noqa: E402
 
 from gtep.data import resolve_dataset  # noqa: E402
 from gtep.engine.runner import FirstTaskSpec, OrderingJob, OrderingRun  # noqa: E402
+from gtep.preflight.calibration import TimedFit  # noqa: E402
 from gtep.protocol.scenarios import parse_increments  # noqa: E402
-
-
-class CountingFit:
-    """Wraps a trainer's `fit`: counts the images it trains on (per epoch) and the seconds it takes."""
-
-    def __init__(self, fit) -> None:
-        self.fit, self.images, self.seconds = fit, 0, 0.0
-
-    def __call__(self, parameters, loss_fn, x, y, recipe, **kwargs) -> None:
-        tic = time.perf_counter()
-        self.fit(parameters, loss_fn, x, y, recipe, **kwargs)
-        self.seconds += time.perf_counter() - tic
-        self.images += len(x) * recipe.epochs
 
 
 def job_for(args: argparse.Namespace, seed: int) -> OrderingJob:
@@ -57,16 +45,16 @@ def job_for(args: argparse.Namespace, seed: int) -> OrderingJob:
 
 def run_seed(args: argparse.Namespace, data, seed: int) -> tuple[list[float], float, float]:
     """(Acc_t per task in %, images per second in fit, seconds) of one seed."""
-    run = OrderingRun(job_for(args, seed), data)
-    counting = CountingFit(run.trainer.fit)
-    run.trainer.fit = counting  # train_task hands learners `self.trainer.fit`
+    timed = TimedFit()  # the fit mode that sums the seconds spent in fits; the trainer counts their images
+    run = OrderingRun(job_for(args, seed), data, timed)
     tic = time.perf_counter()
     for task in run.tasks:
         run.train_task(task)
         if run.outcome.diverged:
             raise SystemExit(f"seed {seed} diverged: {run.outcome.message}")
     outcome = run.finish()
-    return [100 * a for a in outcome.metrics["acc_t"]], counting.images / counting.seconds, time.perf_counter() - tic
+    images_per_second = run.trainer.images_trained / timed.seconds
+    return [100 * a for a in outcome.metrics["acc_t"]], images_per_second, time.perf_counter() - tic
 
 
 def mean_std(values: list[float]) -> str:

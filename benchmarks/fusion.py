@@ -31,8 +31,8 @@ sys.path.insert(0, str(HERE.parent))  # gtep from this checkout
 import torch  # noqa: E402
 
 from gtep.algorithms import ALGORITHMS, FitRecipe  # noqa: E402
-from gtep.engine.fusion import FitRequest, fit_fused  # noqa: E402
-from gtep.engine.loop import Precision, Trainer  # noqa: E402
+from gtep.engine.fusion import FusedFit, fit_fused  # noqa: E402
+from gtep.engine.loop import FitCall, PlainFit, Precision, Trainer  # noqa: E402
 
 SIZES = (1, 2, 3, 5, 8, 16)
 
@@ -63,7 +63,7 @@ class Row:
 
 
 def _requests(s: int, setting: Setting, device: torch.device, precision: Precision, compiled: bool,
-              fused: bool) -> list[FitRequest]:
+              fused: bool) -> list[FitCall]:
     """S Replay learners, each with its own images and labels, and the fit each would call."""
     replay = ALGORITHMS.get("replay")
     recipe = FitRecipe(epochs=1, lr=0.05, batch_size=setting.batch, weight_decay=5e-4, scheduler="constant",
@@ -85,7 +85,8 @@ def _requests(s: int, setting: Setting, device: torch.device, precision: Precisi
             trainer.compile_mode = "reduce-overhead"  # type: ignore[attr-defined]
         elif compiled:
             loss = torch.compile(learner.loss, mode="reduce-overhead")
-        out.append(FitRequest(trainer, list(learner.trainable_parameters()), loss, x, y, recipe, modules=[learner.net]))
+        out.append(FitCall(trainer, list(learner.trainable_parameters()), loss, x, y, recipe, modules=[learner.net],
+                           owner=learner))
     return out
 
 
@@ -110,11 +111,11 @@ def measure(s: int, setting: Setting, device: torch.device, precision: Precision
     fused = _requests(s, setting, device, precision, compiled, fused=True)
 
     def run_alone() -> None:
-        for request in alone:
-            request.run_alone()
+        for call in alone:
+            PlainFit().fit(call)
 
     seconds_alone = _time(run_alone, device)
-    seconds_fused = _time(lambda: fit_fused(fused), device)
+    seconds_fused = _time(lambda: fit_fused(FusedFit(), fused), device)
     return seconds_alone, seconds_fused
 
 

@@ -1,7 +1,7 @@
 """The one device rule (gtep/engine/device.py: choose_device), as each of its callers asks it: the driver naming a
 trial's device (orchestration/trial_job.py, the calibration's trial slots), a command on this machine (gtep
 pretrain, the study's pretraining, the engine's resolve_device, the pre-flight device check) and the calibration
-timing a trial where its GPUs are simulated. trial_device's table is tests/test_simulated_gpus.py's."""
+timing a trial where its GPUs are simulated. trial_device's table is tests/orchestration/test_simulated_gpus.py's."""
 from __future__ import annotations
 
 import pytest

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gtep.preflight.calibration  # noqa: F401 - registers the calibration's modes (timed, sampled)
-from gtep.algorithms import ALGORITHMS, FitRecipe
+from gtep.algorithms import ALGORITHMS
 from gtep.config import ExperimentConfig
 from gtep.config.resolution import resolve
 from gtep.data import resolve_dataset

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import copy
 import math
+from functools import partial
 
 import pytest
 import torch
 
-import logging
-from functools import partial
-
 from gtep.algorithms import ALGORITHMS, FitRecipe, TaskData
 from gtep.engine import run_ordering
 from gtep.engine.fusion import FusedFit, FusionRefused, check_fusable, fit_fused, fusion_wanted
-from gtep.engine.loop import DivergedError, FitCall, PlainFit, Precision, Trainer
+from gtep.engine.loop import DivergedError, FitCall, PlainFit, Trainer
 from gtep.engine.orderings import run_orderings
 from gtep.engine.runner import OrderingRun
 from tests.helpers import small_job

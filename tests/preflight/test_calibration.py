@@ -19,12 +19,12 @@ from gtep.algorithms.base import FitRecipe
 from gtep.cli import app
 from gtep.config import ConfigError
 from gtep.config.files import preset_text
-from gtep.engine.loop import Trainer
+from gtep.engine.loop import FitCall, Trainer
 from gtep.preflight.calibration import (
     FLOW_FIT_BATCHES,
     Calibration,
     FlowCalibration,
-    _SampledFit,
+    SampledFit,
     compute_estimate,
     compute_flow_estimate,
     pretrain_estimate,
@@ -32,7 +32,7 @@ from gtep.preflight.calibration import (
 )
 from gtep.preflight.checks import check_device, preflight
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import calibration as bench  # noqa: E402
 
 runner = CliRunner()
@@ -245,14 +245,15 @@ def test_a_sampled_fit_trains_a_few_batches_once_and_counts_the_full_call(monkey
     clock = [0.0]
     monkeypatch.setattr(calibration, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
-    def fit(parameters, loss_fn, x, y, recipe, **kwargs):
-        seen.append((len(x), recipe.epochs))
-        clock[0] += 1e-3 * len(x) * recipe.epochs
+    def plain(self, call):
+        seen.append((len(call.x), call.recipe.epochs))
+        clock[0] += 1e-3 * len(call.x) * call.recipe.epochs
 
-    sampled = _SampledFit(fit, torch.device("cpu"))
+    monkeypatch.setattr(SampledFit, "run_plain", plain)
+    sampled = SampledFit()
     recipe = FitRecipe(epochs=5, lr=0.1, batch_size=8, weight_decay=0.0, scheduler="steplr", milestones=(3,),
                        lr_decay=0.1)
-    sampled([], None, torch.zeros(200, 1), torch.zeros(200), recipe)
+    sampled.fit(FitCall(Trainer(torch.device("cpu"), 0), [], None, torch.zeros(200, 1), torch.zeros(200), recipe))
     assert {epochs for _, epochs in seen} == {1} and max(n for n, _ in seen) == FLOW_FIT_BATCHES * 8
     assert sampled.seconds < 0.2
     assert 0.8 < sampled.full_seconds < 1.5
