@@ -460,17 +460,19 @@ def tune(cfg: ExperimentConfig | ResolvedExperiment | None = None, *, resume: st
     return result
 
 
-def evaluate(cfg: Optional[ExperimentConfig] = None, *, best: TuneResult | Mapping[str, Any] | str | Path | None = None,
-             hparams: Optional[str] = None, tuning_run: Optional[str] = None, protocol: str = "gtep",
-             resume: str | Path | bool | None = None, sets: Optional[str] = None, console: Optional[Console] = None,
-             quiet: bool = False) -> PhaseResult:
-    """Phase 2: train H* over S orderings of the disjoint D^E. H* is `best` (a TuneResult, a best.yaml path, or
-    a mapping of values), the preset named `hparams` (e.g. "original"), the tuning phase `tuning_run` logged in
-    MLflow, or by default the study's own best.yaml. protocol="conventional" re-runs H* on the tuning classes
-    instead (fresh orderings S..2S-1), the practice the paper criticises. `sets="all"` (default: the config's
-    evaluation.sets) then trains every other tuned set over the same orderings too (the evaluate_sets phase: the
-    sets' rank correlation, H*'s regret, the protocols' regret table); H* stays the result. Prints its progress
-    and then its summary as `gtep evaluate` does, on `console`; `quiet=True` prints nothing."""
+def evaluate(cfg: ExperimentConfig | ResolvedExperiment | None = None, *,
+             best: TuneResult | Mapping[str, Any] | str | Path | None = None, hparams: Optional[str] = None,
+             tuning_run: Optional[str] = None, protocol: str = "gtep", resume: str | Path | bool | None = None,
+             sets: Optional[str] = None, console: Optional[Console] = None, quiet: bool = False) -> PhaseResult:
+    """Phase 2: train H* over S orderings of the disjoint D^E. `cfg` is a config, or the experiment gtep.resolve
+    made of one (then checked no further, as `gtep evaluate` hands it down). H* is `best` (a TuneResult, a
+    best.yaml path, or a mapping of values), the preset named `hparams` (e.g. "original"), the tuning phase
+    `tuning_run` logged in MLflow, or by default the study's own best.yaml. protocol="conventional" re-runs H* on
+    the tuning classes instead (fresh orderings S..2S-1), the practice the paper criticises. `sets="all"`
+    (default: the config's evaluation.sets) then trains every other tuned set over the same orderings too (the
+    evaluate_sets phase: the sets' rank correlation, H*'s regret, the protocols' regret table); H* stays the
+    result. Prints its progress and then its summary as `gtep evaluate` does, on `console`; `quiet=True` prints
+    nothing."""
     from gtep.orchestration.study_plan import run_plan
 
     if protocol not in ("gtep", "conventional"):
@@ -594,12 +596,14 @@ def _resumed_set(study_dir: Path, phase: Phase) -> dict[str, Any]:
             "tuning_run_id": record.get("tuning_run_id", ""), "source": record.get("hparams_source", "tuning")}
 
 
-def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_original: bool = False,
-        resume: str | Path | bool | None = None, console: Optional[Console] = None,
+def run(cfg: ExperimentConfig | ResolvedExperiment | None = None, *, protocol: str = "gtep",
+        with_original: bool = False, resume: str | Path | bool | None = None, console: Optional[Console] = None,
         quiet: bool = False) -> StudyResult:
-    """Both phases: tune on D^HT, evaluate H* on D^E. protocol="conventional" also re-runs H* on the tuning
+    """Both phases: tune on D^HT, evaluate H* on D^E. `cfg` is a config, or the experiment gtep.resolve made of one
+    (then checked no further, as `gtep run` hands it down). protocol="conventional" also re-runs H* on the tuning
     classes; "first_task" compares sets on the first search.protocol_tasks tasks only (Lee et al. 2024), then
-    evaluates H* on the whole scenario. with_original=True also evaluates the algorithm's original preset on D^E
+    evaluates H* on the whole scenario (a resolved experiment must have been resolved with it: search.protocol
+    first_task). with_original=True also evaluates the algorithm's original preset on D^E
     (the paper's "Original"). Prints its progress and then what `gtep run` prints (H*, the phases side by side,
     the study folder, the MLflow store) on `console`; `quiet=True` prints nothing. The result's repr shows the
     same table."""
@@ -609,8 +613,8 @@ def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_
     if protocol not in ("gtep", "conventional", "first_task"):
         raise ConfigError("protocol", f"{protocol!r} is not a protocol here; choose gtep, conventional, first_task")
     console = _console(console, quiet)
-    if protocol == "first_task" and not resume:
-        cfg = (cfg or experiment()).with_overrides(**{"search.protocol": "first_task"})
+    if protocol == "first_task" and not resume:  # a config's search.protocol, set before its one resolution
+        cfg = _first_task(cfg)
     resolved = _resolved(cfg, resume, console)
     c = resolved.config
     console.print(f"[bold]gtep run[/] study={c.study} algorithm={c.algorithm} backbone={c.backbone} "
@@ -629,6 +633,18 @@ def run(cfg: Optional[ExperimentConfig] = None, *, protocol: str = "gtep", with_
                          _phase_result(outcomes[EVALUATE.name], resolved), extra, resolved.config)
     _show(result, resolved, console)
     return result
+
+
+def _first_task(cfg: ExperimentConfig | ResolvedExperiment | None) -> ExperimentConfig | ResolvedExperiment:
+    """`cfg` under the first_task protocol (search.protocol): a config gets it before it is resolved; an experiment
+    already resolved is resolved again by nobody here, so it must have been resolved with it."""
+    if not isinstance(cfg, ResolvedExperiment):
+        return (cfg or experiment()).with_overrides(**{"search.protocol": "first_task"})
+    if cfg.config.search.protocol != "first_task":
+        raise ConfigError("protocol", f"first_task: the resolved experiment compares sets under search.protocol "
+                          f"{cfg.config.search.protocol!r}; resolve it with gtep.resolve(..., protocol='first_task') "
+                          "or give run() the config instead")
+    return cfg
 
 
 # ---------------------------------------------------------------- reading what was tracked

@@ -169,24 +169,12 @@ def check_resumable(study_dir: Path, config: Optional[Path], preset: Optional[st
                           "(only --address and --tracking-uri may change)")
 
 
-def study_config(config: Optional[Path], preset: Optional[str], resume: Optional[Path] = None,
-                 **overrides: Any) -> ExperimentConfig:
-    """The config a command runs, unresolved: its file or preset with the options typed, or a resumed study's own
-    (gtep evaluate and gtep run, whose API functions resolve it; gtep tune hands down `prepare`'s instead)."""
-    if not resume:
-        return build_config(config, preset, **overrides)
-    check_resumable(resume, config, preset, overrides)
-    try:
-        return api.study_config(resume, address=overrides.get("address"), tracking_uri=overrides.get("tracking_uri"))
-    except ConfigError as err:
-        raise as_option(err, overrides) from None
-
-
 def prepare(config: Optional[Path], preset: Optional[str], resume: Optional[Path] = None,
             **overrides: Any) -> ResolvedExperiment:
-    """The resolved experiment a command hands down, made by one call (gtep.api.resolve): its file or preset with
-    the options typed, or a resumed study's own config placed where the study folder is now; then all validation
-    that needs no compute (the file, the names, the data, the search space, the address, the store)."""
+    """The resolved experiment a command (tune, evaluate, run) hands down, made by one call (gtep.api.resolve): its
+    file or preset with the options typed, or a resumed study's own config placed where the study folder is now;
+    then all validation that needs no compute (the file, the names, the data, the search space, the address, the
+    store). The API function it is handed to resolves nothing again."""
     if resume:  # the study's own config, only its address and store as typed
         check_resumable(resume, config, preset, overrides)
         config, preset = None, None

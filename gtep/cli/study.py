@@ -1,7 +1,7 @@
 """gtep tune | evaluate | run: the protocol's two phases on Ray Tune, tracked in MLflow.
 
-Each command is a thin layer over gtep.api (tune, evaluate, run): build the config from the options, call the
-function, print what it returns."""
+Each command is a thin layer over gtep.api (tune, evaluate, run): resolve the experiment from the options once
+(`prepare`), hand it down to the function, print what it returns."""
 from __future__ import annotations
 
 import time
@@ -36,9 +36,7 @@ from gtep.cli.common import (
     console,
     guarded,
     prepare,
-    run_guarded,
     search_protocol,
-    study_config,
     through_ray_client,
 )
 from gtep.config import ConfigError
@@ -101,19 +99,18 @@ def evaluate(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetO
     With --protocol conventional it trains over S fresh orderings of the tuning classes D^HT instead.
     --resume OUTPUT/STUDY runs the orderings an interrupted or incomplete evaluation is missing; with --sets all it
     then evaluates every other tuned set of the study (H* stays the result)."""
-    def go():
+    with guarded("evaluate"):  # the body runs here, downward: resolved once, then handed to api.evaluate
         check_protocol(protocol)
         if through_ray_client(address, config):
             return
         overrides = dict(output=output, tracking_uri=tracking_uri, address=address, orderings=orderings, seed=seed,
                          algorithm=algorithm, max_concurrent=max_concurrent, study=study, backbone=backbone,
                          weights=weights)
-        cfg = study_config(config, preset, resume, **overrides)
+        resolved = prepare(config, preset, resume, **overrides)
         # api.evaluate prints the phase's summary and the store, as it does for a notebook
-        naming_options(lambda: api.evaluate(cfg, best=best, hparams=hparams, tuning_run=tuning_run,
+        naming_options(lambda: api.evaluate(resolved, best=best, hparams=hparams, tuning_run=tuning_run,
                                             protocol=protocol, resume=resume is not None, sets=sets,
                                             console=console), overrides)
-    run_guarded(go)
 
 
 @app.command()
@@ -129,19 +126,20 @@ def run(config: Optional[Path] = ConfigOpt, preset: Optional[str] = PresetOpt, o
     """Both phases: tune on D^HT, evaluate H* on D^E, print them side by side.
 
     With no options it runs the embedded default study."""
-    def go():
+    with guarded("run"):  # the body runs here, downward: resolved once, then handed to api.run
         check_protocol(protocol, ("gtep", "conventional", "first_task"))
         if through_ray_client(address, config):
             return
         start = time.perf_counter()
+        # first_task is the config's search.protocol, set here before the one resolution (api.run then runs the
+        # gtep plan on it); conventional is a phase api.run adds to the plan
         overrides = dict(output=output, tracking_uri=tracking_uri, address=address, trials=trials,
                          orderings=orderings, seed=seed, algorithm=algorithm, max_concurrent=max_concurrent,
                          study=study, backbone=backbone, weights=weights, protocol=search_protocol(protocol),
                          protocol_tasks=protocol_tasks, scheduler=scheduler)
-        cfg = study_config(config, preset, resume, **overrides)
+        resolved = prepare(config, preset, resume, **overrides)
         # api.run prints H*, the phases side by side, the study folder and the store, as it does for a notebook
-        naming_options(lambda: api.run(cfg, protocol="gtep" if protocol == "first_task" else protocol,
+        naming_options(lambda: api.run(resolved, protocol="gtep" if protocol == "first_task" else protocol,
                                        with_original=with_original, resume=resume is not None, console=console),
                        overrides)
         console.print(f"wall time: {time.perf_counter() - start:.0f} s")
-    run_guarded(go)

@@ -200,7 +200,7 @@ def run_phase(runner: PhaseRunner, resolved: ResolvedExperiment, console: Consol
     with progress_bar(console) as progress, journal.in_background():
         bar = progress.add_task(plan.progress_label, total=plan.total_units, status="",
                                 completed=len(manifest.units(phase.name)))
-        trainable = trainable_for(resolved, phase.name, study_folders(resolved, paths, phase, attempt))
+        trainable = trainable_for(resolved, phase, study_folders(resolved, paths, phase, attempt))
         interruption = run_trials(resolved, paths, phase, attempt, trainable, plan.param_space, plan.search_alg,
                                   plan.num_samples, [writer, ProgressCallback(progress, bar, manifest, phase)],
                                   console)

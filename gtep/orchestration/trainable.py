@@ -31,6 +31,7 @@ from gtep.engine.runner import OrderingOutcome, hparams_reaching_first_task
 from gtep.orchestration.study import write_atomic
 from gtep.orchestration.trial_job import StudyFolders, TrialJob, trial_job
 from gtep.protocol.criteria import CRITERIA, DEFAULT_CRITERION
+from gtep.protocol.phases import Phase
 from gtep.protocol.replay import first_task_unit
 
 TaskHook = Callable[[int, OrderingOutcome], None]  # run_ordering's on_task_end
@@ -320,8 +321,9 @@ def _train_fused(pending: list[int], set_index: int, hparams: dict[str, Any], ph
         report(record, i == len(records) - 1)
 
 
-def trainable_for(resolved: ResolvedExperiment, phase: str, folders: StudyFolders) -> Any:
-    """The phase's Ray trainable: train_set with the phase's data and job, and the resources a trial takes."""
+def trainable_for(resolved: ResolvedExperiment, phase: Phase, folders: StudyFolders) -> Any:
+    """The phase's Ray trainable (`phase` its record, as the runner holds it): train_set with the phase's data and
+    job, and the resources a trial takes."""
     spec = resolved.phase(phase)
     # the phase's classes, and those its family's scenario shows besides them (FLUID's pretrain classes)
     extra = resolved.family.data_classes(resolved.config.scenario.family_options)

@@ -1,9 +1,11 @@
-"""`gtep tune`'s config on its way from the command line to Ray goes down only (DESIGN.md, "Downward only": the CLI
-resolves the experiment once and hands it down; nothing below calls back up).
+"""The config of `gtep tune`, `gtep evaluate` and `gtep run` on its way from the command line to Ray goes down only
+(DESIGN.md, "Downward only": the CLI resolves the experiment once and hands it down; nothing below calls back up).
 
-The test runs `gtep tune` on a tiny study (the `default` preset, Omniglot bundled, R = S = 1) in this process with
-a profiler recording every call between gtep's modules, and stops where the study is handed to Ray: the phase's
-trainable (`trainable_for`) raises instead of being built, and Ray itself is never started, so nothing trains.
+The test runs each command on a tiny study (the `default` preset, Omniglot bundled, R = S = 1; `gtep evaluate` with
+the algorithm's original preset or a best.yaml; `gtep run` also under its first_task protocol with the original
+preset beside H*, and under the conventional protocol) in this process with a profiler recording every call between
+gtep's modules, and stops where the study is handed to Ray: the first phase's trainable (`trainable_for`) raises
+instead of being built, and Ray itself is never started, so nothing trains.
 A call is (caller file, callee file, function), both files under gtep/, with when it began and when it returned;
 module bodies (imports) are left out. A file's layer is its top-level package or module, ranked as pyproject's
 [tool.importlinter] "Layers" contract lists them (cli above api above ... above plugins).
@@ -13,8 +15,9 @@ The path is downward when all of these hold:
 1. No call climbs a layer: every call goes to a module of the caller's own layer or of a layer below it.
 2. The experiment is resolved exactly once: gtep.config.resolution.resolve runs once.
 3. The CLI calls down once before that: of the calls from the cli layer into a lower layer, only one begins
-   before the resolution has returned, and the resolution runs inside it. (Today's climb back: the CLI called
-   api.experiment, which returned an unresolved config to the CLI, which then called api.tune, which resolved it.)
+   before the resolution has returned, and the resolution runs inside it. (The climb back this replaced: the CLI
+   called api.experiment, which returned an unresolved config to the CLI, which then called api.tune, api.evaluate
+   or api.run, which resolved it.)
 4. The tracking address is resolved and checked once: the one rule on an address (config.uris.check_no_userinfo,
    reached through config.checks.check_tracking_uri) runs once, inside the resolution, and is never run again
    below it; and the address does not go back and forth between gtep/config/uris.py and
@@ -124,28 +127,63 @@ def no_ray(address: str | None) -> Iterator[None]:
     yield
 
 
-def traced_tune(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Call]:
-    """The calls of `gtep tune` on a tiny study, up to where it hands the study to Ray."""
+def original_best(tmp_path: Path) -> str:
+    """A best.yaml as gtep tune writes it, holding the default preset's algorithm's original values."""
+    import yaml
+
+    from gtep.config import load_preset
+    from gtep.spaces import load_space
+
+    algorithm = load_preset("default").algorithm
+    path = tmp_path / "best.yaml"
+    path.write_text(yaml.safe_dump({"algorithm": algorithm, "set_index": 0, "tuning_run_id": "",
+                                    "hparams": load_space(algorithm).presets["original"]}))
+    return str(path)
+
+
+TINY = ["--preset", "default", "--orderings", "1"]
+# each command as a user types it, up to its study folder (--output is added); the phase it hands to Ray first and
+# the search.protocol of the experiment it hands down (first_task set before the one resolution)
+COMMANDS = {
+    "tune": (lambda tmp: ["tune", *TINY, "--trials", "1"], "tune", "gtep"),
+    "evaluate-hparams": (lambda tmp: ["evaluate", *TINY, "--hparams", "original"], "evaluate", "gtep"),
+    "evaluate-best": (lambda tmp: ["evaluate", *TINY, "--best", original_best(tmp)], "evaluate", "gtep"),
+    "run": (lambda tmp: ["run", *TINY, "--trials", "1"], "tune", "gtep"),
+    "run-first-task": (lambda tmp: ["run", *TINY, "--trials", "1", "--protocol", "first_task", "--protocol-tasks",
+                                    "1", "--with-original"], "tune", "first_task"),
+    "run-conventional": (lambda tmp: ["run", *TINY, "--trials", "1", "--protocol", "conventional"], "tune", "gtep"),
+}
+
+
+def traced(argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Call], tuple[str, str]]:
+    """The calls of a command (`argv`) on a tiny study, up to where it hands the study to Ray; and the phase it
+    hands to Ray with the search.protocol of the experiment it hands with it."""
     from typer.testing import CliRunner
 
     from gtep.cli import app
     from gtep.orchestration import phase_run, ray_search
 
-    def handed(*args: Any, **kwargs: Any) -> Any:
+    reached: list[tuple[str, str]] = []
+
+    def handed(resolved: Any, phase: Any, *args: Any, **kwargs: Any) -> Any:
+        reached.append((getattr(phase, "name", phase), resolved.config.search.protocol))
         raise HandedToRay()
 
     monkeypatch.setattr(ray_search, "ray_session", no_ray)  # no Ray started: nothing runs on it
     monkeypatch.setattr(phase_run, "check_resources", lambda *args, **kwargs: None)
     monkeypatch.setattr(phase_run, "trainable_for", handed)
-    argv = ["tune", "--preset", "default", "--output", str(tmp_path / "runs"), "--trials", "1", "--orderings", "1"]
+    argv = [*argv, "--output", str(tmp_path / "runs")]
     with recording() as calls:
         result = CliRunner().invoke(app, argv)
     assert isinstance(result.exception, HandedToRay), result.output + repr(result.exception)
-    return calls
+    return calls, reached[0]
 
 
-def test_gtep_tune_hands_the_resolved_experiment_down_once(tmp_path, monkeypatch):
-    calls = traced_tune(tmp_path, monkeypatch)
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_the_command_hands_the_resolved_experiment_down_once(command, tmp_path, monkeypatch):
+    argv, phase, protocol = COMMANDS[command]
+    calls, reached = traced(argv(tmp_path), tmp_path, monkeypatch)
+    assert reached == (phase, protocol), f"handed to Ray: {reached}"
     assert all(layer(c.caller) in RANKS and layer(c.callee) in RANKS for c in calls
                if c.caller != "__init__.py" and c.callee != "__init__.py"), "a gtep module has no layer"
     ranked = [c for c in calls if layer(c.caller) in RANKS and layer(c.callee) in RANKS]

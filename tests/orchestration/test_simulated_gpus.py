@@ -76,7 +76,7 @@ def test_a_simulated_gpu_trains_on_the_cpu_and_records_its_id(tmp_path, gpu_3_th
     assert job.scenario.device == "cuda", "gpus_per_trial > 0 asks for CUDA"
     trained_on: list[str] = []
 
-    def train(set_index, hparams, s, phase_data, job, checkpoint, on_task_end=None):  # the engine, seconds faster
+    def train(set_index, hparams, s, phase_data, job, checkpoint, on_task_end=None, fit_mode=None):  # the engine, faster
         trained_on.append(job.ordering(hparams, s).device)
         return {"status": "finished", "device": "cpu", "node": "", "resumed_tasks": 0, "first_task": ""}
 
