@@ -24,7 +24,7 @@ reason beside it) keeps the study's config and seed and its raw results (`raw`):
 and evaluation scores (Acc, AvgAcc, HM, the criterion's components, and the accuracy matrix with its test counts
 where the family has tasks), each tuning unit's training seconds per task, whether it trained or reused its
 first task, and its arrival order. Its `ranking`, `protocols` and `floors` are derived from `raw` by gtep's
-replay code (derive); tests/test_protocol_atlas.py recomputes every cell of the docs tables from `raw` alone,
+replay code (derive); tests/benchmarks/test_protocol_atlas.py recomputes every cell of the docs tables from `raw` alone,
 without that code. The 22 files of the first atlas, which kept no raw results, are in legacy/.
 
 Resumable: a study whose result file exists is skipped; one whose folder exists is resumed (`gtep run --resume`),

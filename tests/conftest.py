@@ -39,8 +39,8 @@ torch.set_num_threads(1)
 # (xdist_group marks would say the same, but pytest 9.2's structured node ids lose them: pytest-xdist#1386.)
 SHARED_SCOPES = {
     # the session's tiny study (fixture tiny_study below), read by both modules: built once, on one worker
-    "tests/test_api.py": "tiny-study",
-    "tests/test_api_docs.py": "tiny-study",
+    "tests/api/test_api.py": "tiny-study",
+    "tests/api/test_api_docs.py": "tiny-study",
     "tests/orchestration/test_study_end_to_end.py": "tiny-study",
     "tests/orchestration/test_every_set.py": "tiny-study",
     # the one PostgreSQL database of tests/with-postgres.sh: one writer at a time
@@ -55,15 +55,15 @@ PER_TEST = ("tests/algorithms/test_contract_regression.py", "tests/orchestration
 # a group's own, longest first (a unit, or a PER_TEST module: its tests). One golden ViT case early, alone: it
 # pretrains the ViT that the module's other ViT cases then load (tests/helpers.py, pretrained_vit).
 GOLDEN = "tests/algorithms/test_contract_regression.py"
-LONGEST_FIRST = ("tests/test_device_bundle.py", "tests/orchestration/test_matrix.py",
+LONGEST_FIRST = ("tests/benchmarks/test_device_bundle.py", "tests/orchestration/test_matrix.py",
                  "tests/cluster/test_paper_scale.py", "postgres",
-                 "tests/cluster/test_slurm.py", "tests/test_install.py", "tests/test_gpu_check.py",
+                 "tests/cluster/test_slurm.py", "tests/project/test_install.py", "tests/benchmarks/test_gpu_check.py",
                  "tests/orchestration/test_cheap_study.py", "tests/orchestration/test_incomplete.py",
                  "tests/report/test_report_store.py", "tests/cluster/test_tracking_server.py",
                  "tests/cluster/test_resume.py", "tests/orchestration/test_speed.py",
                  f"{GOLDEN}::test_results_match_the_golden_record[coda_prompt]", "tiny-study",
                  "tests/orchestration/test_phases.py", "tests/engine/test_checkpoint.py", GOLDEN,
-                 "tests/test_entry_point_plugins.py", "tests/algorithms/test_podnet.py",
+                 "tests/plugins/test_entry_point_plugins.py", "tests/algorithms/test_podnet.py",
                  "tests/orchestration/test_interrupt.py", "tests/orchestration/test_iirc_study.py",
                  "tests/cluster/test_ray_cluster.py", "tests/report/test_every_family_report.py",
                  "tests/orchestration/test_quiet_output.py")

@@ -6,7 +6,10 @@ xdist 3.8's own remove_node queues every work unit of the crashed worker again, 
 crashed test with them. A finished unit handed to a worker sends it nothing to run; the worker then waits for a
 next test that never comes (it keeps its last test until one arrives), and the controller waits for that test's
 report: the session hangs (stop 62's slow group, after a worker's Ray died). Here the finished units stay
-finished, and the crashed test, reported failed once, is not run a second time."""
+finished, and the crashed test, reported failed once, is not run a second time.
+
+Written against pytest-xdist 3.8, which pyproject's dev extra pins: the methods overridden here and the queues
+read are xdist's private ones."""
 from __future__ import annotations
 
 from typing import Callable, Sequence

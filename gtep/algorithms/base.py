@@ -134,7 +134,7 @@ class CommonParams:
     milestones: tuple[int, ...] | None = None  # explicit milestones (PyCIL presets); else the paper's rule
 
     # Every numeric hyperparameter's valid values, from what the code does with it; each Params class gives its
-    # own fields' (a subclass's entry wins) and tests/test_param_ranges.py checks that none is left out. The
+    # own fields' (a subclass's entry wins) and tests/preflight/test_param_ranges.py checks that none is left out. The
     # pre-flight pass checks every value of a search space against them (gtep/preflight/checks.py).
     ranges: ClassVar[dict[str, Range]] = {
         "epochs": AT_LEAST_ONE,

@@ -1,5 +1,5 @@
 """What every gtep command shares: the consoles, the common options, the error exit and the config a command
-builds from its options. Command modules import this module and never each other (tests/test_architecture.py);
+builds from its options. Command modules import this module and never each other (tests/project/test_architecture.py);
 heavy imports (Ray, MLflow, torch) happen inside the commands, so `gtep --help` stays fast."""
 from __future__ import annotations
 

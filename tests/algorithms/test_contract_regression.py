@@ -250,6 +250,20 @@ def test_results_match_the_golden_record(name, pinned):
     assert not problems, f"{name}: " + "; ".join(problems)
 
 
+@pytest.mark.parametrize("name", RECORDED)
+def test_the_golden_records_hold_what_a_study_logs(name):
+    """What `gtep run` of every learner through Ray once asserted of each (tests/orchestration/test_phases.py runs
+    a learner of each kind there now): it finishes, and logs parameter counts, of which a pretrained method trains
+    fewer than it holds. test_results_match_the_golden_record makes the record this code's result."""
+    golden = load_golden()
+    assert name in golden, f"{name} has no golden record"
+    entry, pretrained = golden[name], ALGORITHMS.get(name).uses_pretrained
+    assert entry["status"] == "finished" and len(entry["acc_matrix"]) == len(entry["test_images"])
+    assert 0 <= entry["params_trainable"] <= entry["params_total"] and entry["params_total"] > 0
+    if pretrained:
+        assert entry["params_trainable"] < entry["params_total"], f"{name} trains its whole pretrained backbone"
+
+
 def test_the_tolerance_passes_another_processors_rounding():
     """Replay (among the learners that drift most) with the processor's own AVX2 kernels instead of the pinned
     ones, as on another kind of machine: its bits differ, its results lie within the tolerance."""

@@ -176,7 +176,7 @@ def test_the_cli_prints_what_the_api_returns(study, tmp_path):
 
 
 def python_examples() -> list[str]:
-    docs = Path(__file__).resolve().parents[1] / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     blocks = []
     for page in [*docs.rglob("*.md"), docs.parent / "README.md"]:
         blocks += re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
@@ -185,7 +185,7 @@ def python_examples() -> list[str]:
 
 def test_every_python_example_in_the_docs_calls_the_api_as_it_is():
     """The docs' Python blocks compile, name only what `gtep` exports and pass only keywords its functions take,
-    so the examples cannot drift from the API (those of docs/python-api.md also run: tests/test_api_docs.py)."""
+    so the examples cannot drift from the API (those of docs/python-api.md also run: tests/api/test_api_docs.py)."""
     blocks = python_examples()
     assert len(blocks) >= 5
     calls = 0

@@ -18,7 +18,7 @@ import pytest
 
 import gtep
 from tests.studies import CONFIG, STUDY, R, S
-from tests.test_docs import ROOT, read_blocks
+from tests.docs.test_docs import ROOT, read_blocks
 
 PAGE = ROOT / "docs" / "python-api.md"
 

@@ -16,7 +16,7 @@ import yaml
 
 from tests.helpers import load_benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 from tests.helpers import assert_cuda_is_refused_without_cuda, load_benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 

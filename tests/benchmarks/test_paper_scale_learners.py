@@ -14,7 +14,7 @@ from gtep.data import resolve_dataset
 from gtep.engine import run_ordering
 from gtep.engine.runner import FirstTaskSpec, OrderingJob
 
-BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
+BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
 DATA = resolve_dataset("synthetic:classes=20,train=6,test=40").load()
 
 

@@ -14,7 +14,7 @@ import pytest
 from tests import atlas_recompute as recompute
 from tests.helpers import benchmark_imports
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

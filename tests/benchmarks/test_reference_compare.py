@@ -16,7 +16,7 @@ from scipy import stats
 
 from gtep.spaces import validate_values
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import reference_compare as rc  # noqa: E402
 
@@ -209,7 +209,7 @@ def test_the_reference_side_drives_a_toolbox_checkout_and_records_the_student(tm
            "increments": [1, 1], "memory": 0, "seed": 0, "threads": 1, "args": {}, "globals": {"EPOCHS": 2},
            "mean": [0.5] * 3, "std": [0.25] * 3}
     (tmp_path / "job.json").write_text(json.dumps(job))
-    env = {"PYTHONPATH": f"{checkout}:{BENCHMARKS}:{Path(__file__).resolve().parents[1]}", "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": f"{checkout}:{BENCHMARKS}:{Path(__file__).resolve().parents[2]}", "PATH": "/usr/bin:/bin"}
     subprocess.run([sys.executable, str(BENCHMARKS / "reference_side.py"), "job.json", "result.json"],
                    cwd=tmp_path, env=env, check=True, capture_output=True, text=True)
     result = json.loads((tmp_path / "result.json").read_text())

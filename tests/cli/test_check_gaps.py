@@ -1,6 +1,6 @@
 """What `gtep check` let through and `tune` then failed on, the commands that had no one-line error, and the
 messages that pointed the wrong way (issue 45, item 8). The command-line rows are checked as
-tests/test_cli_errors.py checks its own (the same sandbox): exit status 2, one `error:` line holding the field or
+tests/cli/test_cli_errors.py checks its own (the same sandbox): exit status 2, one `error:` line holding the field or
 option and the fix, nothing written in --output or the working directory, and Ray never started."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 from gtep.cli import app
 from gtep.config import ConfigError
-from tests.test_cli_errors import C, Inputs, invoke, runner, sandbox  # noqa: F401 - the fixture
-from tests.test_preflight import fluid, shot_file
+from tests.cli.test_cli_errors import C, Inputs, invoke, runner, sandbox  # noqa: F401 - the fixture
+from tests.preflight.test_preflight import fluid, shot_file
 
 PROTONET = {"method": "protonet", "epochs": 1}
 
@@ -140,7 +140,7 @@ def test_load_refuses_a_damaged_manifest(tmp_path):
 
 def test_an_empty_output_from_python_is_refused():
     from gtep.config import validate_config
-    from tests.test_cli_errors import merged
+    from tests.cli.test_cli_errors import merged
 
     with pytest.raises(ConfigError) as err:
         validate_config(merged(**{"tracking.output": ""}), "test")

@@ -16,7 +16,7 @@ from gtep.data.file_parsing import DuplicateKeyError, parse_json, parse_yaml
 from gtep.data.option_files import OPTION_FILES, read_hierarchy
 from gtep.data.shot_index import read_shot_index
 from gtep.spaces import spaces_dir
-from tests.test_cli_errors import BASE, MATRIX, Inputs, invoke, sandbox  # noqa: F401 - the fixture
+from tests.cli.test_cli_errors import BASE, MATRIX, Inputs, invoke, sandbox  # noqa: F401 - the fixture
 
 # BASE (1 x 1 sets) and then a second search block below it, as the user wrote it
 TWICE = yaml.safe_dump({**BASE, "search": {"trials": 1, "orderings": 1}}, sort_keys=False) + \

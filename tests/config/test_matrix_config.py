@@ -20,7 +20,7 @@ from gtep.matrix import (
 from gtep.spaces import load_space
 
 runner = CliRunner()
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def doc(**changes) -> dict:

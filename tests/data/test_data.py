@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from gtep.config import ConfigError, ExperimentConfig, resolve
 from gtep.data import DatasetError, resolve_dataset
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def test_bundled_omniglot_is_rgb_with_alphabets():

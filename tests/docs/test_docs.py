@@ -4,11 +4,11 @@ Every fenced block says whether a test runs it, in an HTML comment among the com
 (blank lines allowed between):
 
     <!-- runs: tests/FILE.py -->             that test file runs the block; it must exist and name the page's path
-                                               (e.g. "docs/python-api.md": tests/test_api_docs.py runs that page)
+                                               (e.g. "docs/python-api.md": tests/api/test_api_docs.py runs that page)
     <!-- not run: REASON -->                 no test runs it, and why (it trains a study, needs a cluster...)
     <!-- yaml: KIND -->                      a yaml block validated here as KIND (below): that counts as checked
 
-A block with none of them fails. This file runs the blocks marked `runs: tests/test_docs.py` (the read-only
+A block with none of them fails. This file runs the blocks marked `runs: tests/docs/test_docs.py` (the read-only
 commands of docs/algorithms.md and docs/cli.md: gtep algorithms, spaces, presets, matrices) through the CLI,
 each command exiting 0. The command blocks marked not run are still parsed, as below: parsing is not running.
 
@@ -53,7 +53,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 PAGES = sorted(DOCS.rglob("*.md")) + [README]
@@ -189,7 +189,7 @@ def test_every_block_runs_in_a_test_or_says_why_not() -> None:
 def test_the_marker_check_refuses_what_it_should(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("Text.\n\n```bash\ngtep run\n```\n\n<!-- not run:  -->\n```python\nx = 1\n```\n\n"
-                    "<!-- runs: tests/test_docs.py -->\n```python\nx = 2\n```\n\n"
+                    "<!-- runs: tests/docs/test_docs.py -->\n```python\nx = 2\n```\n\n"
                     "<!-- yaml: other -->\n```yaml\na: 1\n```\n"
                     "\n<!-- not run: needs a cluster -->\n\n<!-- yaml: other -->\n```yaml\nb: 2\n```\n")
     blocks = [Block(ROOT / "docs" / "page.md", b.line, b.lang, b.text, b.marker, b.runs) for b in read_blocks(page)[0]]
@@ -202,8 +202,8 @@ def _gtep_words(block: Block) -> list[list[str]]:
     return [words[1:] for line in command_lines(block) for words in segments(line) if words[0] in GTEP]
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.runs == "runs: tests/test_docs.py"],
-                         ids=[b.where for b in BLOCKS if b.runs == "runs: tests/test_docs.py"])
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.runs == "runs: tests/docs/test_docs.py"],
+                         ids=[b.where for b in BLOCKS if b.runs == "runs: tests/docs/test_docs.py"])
 def test_read_only_command_blocks_run(block: Block) -> None:
     """docs/algorithms.md's and docs/cli.md's information commands, run as printed: each exits 0 and prints."""
     from typer.testing import CliRunner
@@ -307,7 +307,7 @@ def kind_of(block: Block, data: Any) -> tuple[str, dict[str, str]]:
         if data and set(data) <= set(ExperimentConfig.model_fields):
             return "fragment", {}
     raise AssertionError(f"{block.where}: cannot tell what this yaml block is; put a marker such as "
-                         "<!-- yaml: other --> on the line before it (tests/test_docs.py's docstring lists them)")
+                         "<!-- yaml: other --> on the line before it (tests/docs/test_docs.py's docstring lists them)")
 
 
 @pytest.mark.parametrize("block", YAML_BLOCKS, ids=[b.where for b in YAML_BLOCKS])

@@ -4,13 +4,13 @@ At a 1,400 px window the site's code column holds 102 characters of its monospac
 Chromium by tests/ui/test_docs_site.py, which also checks that CODE_LINE_LIMIT characters fit there); a longer
 line wraps (docs/stylesheets/extra.css) and reads as two. So no line of a fenced code block in docs/ or README
 (README's blocks are the site's too) is longer than CODE_LINE_LIMIT, but the one shell command that must stay a
-single line: the test command, equal to .ci/run's (tests/test_docs.py)."""
+single line: the test command, equal to .ci/run's (tests/docs/test_docs.py)."""
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
 CODE_LINE_LIMIT = 100
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>```+|~~~+)")

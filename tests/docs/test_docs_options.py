@@ -4,9 +4,9 @@
   `tune`/`evaluate`/`run` options both ways (yes: it has it, no: it has not), and in a table row that names a
   command, each option after it.
 - Every `gtep ...` command written inline in a page (README and docs/) parses against the real CLI, as
-  tests/test_docs.py parses the command blocks.
+  tests/docs/test_docs.py parses the command blocks.
 - Every setting of the experiment file (a field of gtep.config's models, outside the families' own sections,
-  which tests/test_docs.py checks on their pages) and every environment variable gtep's code or presets read is in
+  which tests/docs/test_docs.py checks on their pages) and every environment variable gtep's code or presets read is in
   docs/configuration.md.
 """
 from __future__ import annotations
@@ -21,9 +21,9 @@ import typer
 from pydantic import BaseModel
 
 from gtep.cli import app
-from tests.test_docs import PAGES
+from tests.docs.test_docs import PAGES
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / "docs" / "cli.md"
 CONFIGURATION = ROOT / "docs" / "configuration.md"
 OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*|-[a-zA-Z])\b")

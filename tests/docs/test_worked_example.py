@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_dataset_layouts import make_tinyimagenet
+from tests.data.test_dataset_layouts import make_tinyimagenet
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def worked_example(page: Path) -> str:

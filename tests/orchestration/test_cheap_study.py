@@ -128,6 +128,10 @@ def test_an_optuna_pruner_stops_sets_live_and_a_replay_with_it_makes_the_same_de
     assert set(rows[rows["set_index"].isin(stopped)].set_status) == {"stopped"}
     phase = runs_of(store(tmp_path), "median", level="phase", phase="tune")[0]
     assert phase.data.params["gtep.scheduler"] == "optuna-median"
+    # the sets as Optuna suggested them, recorded (was test_phases.py's test_optuna_searcher_records_sets_as_suggested)
+    manifest = json.loads((root / "manifest.json").read_text())
+    assert len(manifest["sets"]) == 6 and len(runs_of(store(tmp_path), "median", level="trial")) == 6
+    assert {u["set_index"] for u in manifest["units"].values()} == {s["index"] for s in manifest["sets"]}
 
     replayed = runner.invoke(app, ["replay", str(root), "--pruner", "median", "--pruner-option",
                                    "n_startup_trials=1"])

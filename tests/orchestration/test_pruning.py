@@ -18,7 +18,7 @@ from gtep.orchestration.pruning import OptunaPruningScheduler, PrunerBook, make_
 from gtep.orchestration.replay import RecordedStudy, replay_pruned
 from gtep.protocol.criteria import DEFAULT_CRITERION
 from tests.orchestration.test_phases import config
-from tests.test_cheap_tuning import study
+from tests.protocol.test_cheap_tuning import study
 
 # set 3 starts far below the others and ends best (mean 0.7); set 4 is the best of the rest (0.65)
 SCORES = {0: [0.5, 0.5, 0.5], 1: [0.6, 0.6, 0.6], 2: [0.58, 0.58, 0.58], 3: [0.1, 1.0, 1.0], 4: [0.65, 0.65, 0.65]}

@@ -332,7 +332,7 @@ def test_an_existing_user_is_told_to_set_its_password_instead(monkeypatch):
 
 # ---------------------------------------------------------------- TLS through a reverse proxy
 
-NGINX = Path(__file__).resolve().parents[1] / "clusters" / "tls" / "nginx.conf"
+NGINX = Path(__file__).resolve().parents[2] / "clusters" / "tls" / "nginx.conf"
 
 
 def nginx_blocks(text: str) -> dict[str, list[str]]:

@@ -13,7 +13,7 @@ from tests.studies import CONFIG, TASKS, R, S
 
 
 @pytest.fixture(scope="module")
-def study(tiny_study):  # shared with tests/test_api.py (tests/conftest.py: SHARED_SCOPES)
+def study(tiny_study):  # shared with tests/api/test_api.py (tests/conftest.py: SHARED_SCOPES)
     return tiny_study
 
 

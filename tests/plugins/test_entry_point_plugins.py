@@ -5,7 +5,7 @@ by its entry points, with GTEP_PLUGINS unset), a `module:object` entry point reg
 plugin that raises on import is one line naming its distribution, exit 2, no traceback; a module that is not
 installed, one that raises and one that lacks a dependency are told apart.
 
-The code blocks of docs/extending.md run here as written (those marked `<!-- runs: tests/test_entry_point_plugins.py
+The code blocks of docs/extending.md run here as written (those marked `<!-- runs: tests/plugins/test_entry_point_plugins.py
 -->`): the in-package algorithm, family and criterion as modules, the plugin package (its pyproject.toml, learner
 and search space) installed with pip, so that `gtep algorithms` lists its space and the pre-flight pass uses it.
 """
@@ -25,8 +25,8 @@ import yaml
 from gtep.plugins import PluginError, load_entry_point
 from tests.plugin_code import COUNTING_NET, LEARNER_IMPORTS, pairs_family
 
-EXTENDING = Path(__file__).resolve().parent.parent / "docs" / "extending.md"
-RUNS_HERE = "<!-- runs: tests/test_entry_point_plugins.py -->"
+EXTENDING = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
+RUNS_HERE = "<!-- runs: tests/plugins/test_entry_point_plugins.py -->"
 FENCE = re.compile(r"^(`{3,})(\w*)\s*$")
 
 PYPROJECT = '''

@@ -18,7 +18,7 @@ from gtep.config import ConfigError
 from gtep.config.files import preset_text
 from gtep.preflight import check_space_values
 from gtep.spaces import default_space_file
-from tests.test_cli_errors import Inputs, invoke, sandbox  # noqa: F401 - the fixture
+from tests.cli.test_cli_errors import Inputs, invoke, sandbox  # noqa: F401 - the fixture
 
 NUMBERS = (int, float)
 

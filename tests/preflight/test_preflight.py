@@ -1,5 +1,5 @@
 """The pre-flight pass (gtep/preflight/, issue 31): every input the data, the files or the paths cannot satisfy is
-refused before compute. PREFLIGHT is one table of command lines, checked as tests/test_cli_errors.py checks its
+refused before compute. PREFLIGHT is one table of command lines, checked as tests/cli/test_cli_errors.py checks its
 own (the same sandbox): exit status 2, one `error:` line holding the field or option and the fix, nothing written
 in --output or the working directory, and Ray never started. The rows cover the loaders (dtype, range, NaN,
 shapes, labels), each family's needs of a phase's classes (FSCIL shots and shot index files, CFSL samples),
@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 from gtep.cli import app
-from tests.test_cli_errors import BASE, MATRIX, C, Inputs, invoke, runner, sandbox  # noqa: F401 - the fixture
+from tests.cli.test_cli_errors import BASE, MATRIX, C, Inputs, invoke, runner, sandbox  # noqa: F401 - the fixture
 
 GOOD = {"x_train": np.random.default_rng(0).integers(0, 255, (24, 8, 8, 3), dtype=np.uint8),
         "y_train": np.arange(24) % 12,

@@ -21,7 +21,7 @@ import pytest
 import typer
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted(p for folder in ("clusters", "docker") for p in (ROOT / folder).rglob("*") if p.is_file())
 YAMLS = [p for p in FILES if p.suffix in (".yaml", ".yml")]
 DOCKERFILES = sorted((ROOT / "docker").glob("Dockerfile.*"))

@@ -21,7 +21,7 @@ import yaml
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str | Path, cwd: Path, env: dict[str, str], timeout: float = 600) -> str:

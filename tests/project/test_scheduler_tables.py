@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tests.conftest import LONGEST_FIRST, PER_TEST, SHARED_SCOPES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def collected(paths: list[str]) -> set[str]:

@@ -1,6 +1,6 @@
 """FLUID learners and pretraining that read as numbers but meant something else (issue 45, item 7): fluid_protonet
 without its meta-trained backbone, MDT centroids of a backbone that has since trained, and pretraining's
-normalisation statistics over images held out for the streams. FSCIL's RPD and KR: tests/test_fscil_metrics.py."""
+normalisation statistics over images held out for the streams. FSCIL's RPD and KR: tests/protocol/test_fscil_metrics.py."""
 from __future__ import annotations
 
 import numpy as np

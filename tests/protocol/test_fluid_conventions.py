@@ -27,7 +27,7 @@ from gtep.protocol.families.fluid.generator import first_occurrences
 from tests.helpers import FLUID_OPTIONS, fluid_config, fluid_job
 
 NEVER_UNSEEN = {"threshold": 2.1}  # above every detector's score: every prediction is a class
-PRESET = Path(__file__).resolve().parents[1] / "gtep" / "presets" / "tinyimagenet-fluid.yaml"
+PRESET = Path(__file__).resolve().parents[2] / "gtep" / "presets" / "tinyimagenet-fluid.yaml"
 
 
 @pytest.fixture(scope="module")

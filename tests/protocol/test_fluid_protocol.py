@@ -234,7 +234,7 @@ def test_the_pretrain_section_must_cover_the_streams_pretrain_classes():
 
 
 def test_the_cpu_preset_resolves(monkeypatch):
-    npz = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyimagenet200_32.npz"
+    npz = Path(__file__).resolve().parents[3] / "shared" / "data" / "tinyimagenet200_32.npz"
     if not npz.exists():
         pytest.skip("the Tiny ImageNet npz (../shared/data) is not on this machine")
     monkeypatch.setenv("TINYIMAGENET_NPZ", str(npz))

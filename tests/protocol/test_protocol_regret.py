@@ -12,7 +12,7 @@ from gtep.cli import app
 from gtep.config import ConfigError, validate_config
 from gtep.protocol.regret import protocol_rows, rank_sets, spearman_rho
 from tests.orchestration.test_phases import config
-from tests.test_cheap_tuning import study
+from tests.protocol.test_cheap_tuning import study
 
 # four sets over S=2 orderings of a 3-task scenario; set 0 tunes best, set 1 evaluates best, set 3 diverged on D^E
 TUNING = {0: [0.6, 0.6], 1: [0.5, 0.5], 2: [0.4, 0.4], 3: [0.3, 0.3]}

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from tests.test_docs_layout import CODE_LINE_LIMIT
+from tests.docs.test_docs_layout import CODE_LINE_LIMIT
 from tests.ui.browser import headless_chromium
 
 pytestmark = pytest.mark.ui
@@ -149,7 +149,7 @@ def test_no_table_or_code_block_runs_past_the_text_column(browser: Any, site: st
 
 
 def test_a_code_line_of_the_limit_fits_without_wrapping(browser: Any, site: str) -> None:
-    """tests/test_docs_layout.py keeps code lines to CODE_LINE_LIMIT characters: that many fit at this width."""
+    """tests/docs/test_docs_layout.py keeps code lines to CODE_LINE_LIMIT characters: that many fit at this width."""
     browser.get(site + "layout/")
     fits = browser.execute_script(FITS_JS)
     assert fits >= CODE_LINE_LIMIT, f"a code block holds {fits} characters at {WINDOW[0]} px"
