@@ -425,9 +425,12 @@ def _resolved(cfg: ExperimentConfig | ResolvedExperiment | None, resume: str | P
 
 @contextmanager
 def _ray(resolved: ResolvedExperiment, console: Console) -> Iterator[None]:
+    """Ray for a study's phases, everything they write owner-only: the driver, and the Ray it starts (whose
+    workers inherit its umask), run under umask 077 (gtep.config.private.owner_only)."""
+    from gtep.config.private import owner_only
     from gtep.orchestration.ray_search import study_session
 
-    with study_session(resolved, console):
+    with owner_only(), study_session(resolved, console):
         yield
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -16,6 +17,7 @@ STUDY = "tiny"
 # tiny unit in a tenth of that; a second trial at once doubled that cost on cores the other worker already keeps
 # busy (three tiny studies on each of two workers at once: 85 s with two trials at a time, 50 s with one).
 RAY_CPUS = 1
+USUAL_UMASK = 0o022  # a user's default: group and others may read what is not made owner-only
 
 CONFIG: dict[str, Any] = {
     "study": STUDY,
@@ -44,7 +46,8 @@ def run_study(root: Path, config: dict[str, Any], space: dict[str, Any] | None =
               columns: int | None = None) -> dict[str, Any]:
     """`gtep run` of `config` under `root` (its search space, when given, written to root/space.yaml first, where
     the config names it), in this process on the Ray it finds or starts; what it printed (in a terminal `columns`
-    wide), its folders and its MLflow runs as they were at its end."""
+    wide), its folders and its MLflow runs as they were at its end. It runs under a user's usual umask, 022, whatever
+    the test runner's: what it leaves shows the modes gtep gives a study's files (test_study_end_to_end.py)."""
     from mlflow.tracking import MlflowClient
     from typer.testing import CliRunner
 
@@ -54,8 +57,12 @@ def run_study(root: Path, config: dict[str, Any], space: dict[str, Any] | None =
         (root / "space.yaml").write_text(yaml.safe_dump(space))
     path = root / "exp.yaml"
     path.write_text(yaml.safe_dump(config))
-    result = CliRunner().invoke(app, ["run", "--config", str(path), "--output", str(root / "out")],
-                                env=None if columns is None else {"COLUMNS": str(columns)})
+    umask = os.umask(USUAL_UMASK)
+    try:
+        result = CliRunner().invoke(app, ["run", "--config", str(path), "--output", str(root / "out")],
+                                    env=None if columns is None else {"COLUMNS": str(columns)})
+    finally:
+        os.umask(umask)
     assert result.exit_code == 0, result.output + str(result.exception)
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'out' / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(f"gtep/{config['study']}")
@@ -70,10 +77,15 @@ def run_tiny_study(root: Path) -> dict[str, Any]:
 
 
 def start_ray(cpus: int = RAY_CPUS) -> None:
-    """Ray on this machine for a test worker, `cpus` CPUs, no dashboard, workers' output not echoed."""
+    """Ray on this machine for a test worker, `cpus` CPUs, no dashboard, workers' output not echoed. It starts as
+    `gtep run` starts its own, under owner_only (gtep.api._ray): its workers then write a study's units, checkpoints
+    and events owner-only, as a command's own Ray does."""
     import ray
 
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    from gtep.config.private import owner_only
+
+    with owner_only():
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
 
 
 @contextlib.contextmanager

@@ -66,6 +66,28 @@ class ReadableGroup(TyperGroup):
 app = typer.Typer(cls=ReadableGroup, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="GTEP: tune continual-learning hyperparameters on one scenario, "
                        "evaluate them on a disjoint one.")
+
+
+def version_option(value: bool) -> None:
+    """--version: the installed distribution's version (what pip installed), then exit."""
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"gtep {version('gtep')}")
+        except PackageNotFoundError:  # imported from a source tree that was never installed
+            from gtep import __version__
+
+            typer.echo(f"gtep {__version__} (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(_version: bool = typer.Option(False, "--version", callback=version_option, is_eager=True,
+                                       help="Print gtep's version and exit.")) -> None:
+    pass
+
+
 for commands in (study.app, check.app, pretrain.app, tracking.app, cluster.app, info.app, report.app, replay.app,
                  matrix.app):
     app.add_typer(commands)

@@ -53,7 +53,7 @@ def _runs(tasks: tuple[tuple[str, int], ...]) -> str:
 
 def print_plan(plan, calibrate: bool) -> None:
     from gtep.preflight.calibration import no_estimate_reason, study_flow
-    from gtep.preflight.checks import plan_summary
+    from gtep.preflight.checks import cuda_build_note, plan_summary
 
     resolved = plan.resolved
     cfg = resolved.config
@@ -89,6 +89,9 @@ def print_plan(plan, calibrate: bool) -> None:
                   highlight=False)
     for phase, note in summary["conversions"].items():
         console.print(f"[yellow]note:[/] {phase} phase data converted: {escape(note)}", highlight=False)
+    build = cuda_build_note(cfg)
+    if build is not None:
+        console.print(f"[yellow]note:[/] {escape(build)}", highlight=False)
     if not calibrate:
         console.print("compute: add --calibrate for an estimate from a short calibration on this machine")
         return

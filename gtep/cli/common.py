@@ -216,6 +216,15 @@ def preset_table(title: str, columns: tuple[str, ...]) -> Table:
     return table
 
 
+def whole_words(table: Table) -> Table:
+    """`table` with no column narrower than its longest word: rich then wraps a cell between words and never cuts
+    one (a column narrower than a word shows it cut, with an ellipsis). Call it once the rows are added."""
+    for column in table.columns:
+        words = [word for cell in (column.header, *column.cells) for word in str(cell).split()]
+        column.min_width = max(map(len, words), default=1)
+    return table
+
+
 def described_presets(names: list[str], text_of: Callable[[str], str]) -> Iterator[tuple[str, dict[str, Any], str]]:
     """Each shipped preset's name, its YAML and its description: the comment lines at its top, joined."""
     import yaml

@@ -87,15 +87,18 @@ def with_pretrained_weights(resolved: ResolvedExperiment, say: Callable[[str], N
 
 def pretrain_with_threads(spec, source, path: Path, threads: int):
     """Pretrain with a trial's share of threads: torch's default (every core) spins its OpenMP threads against
-    whatever else runs on the machine, several times slower on a shared CPU than one thread is."""
+    whatever else runs on the machine, several times slower on a shared CPU than one thread is. The file (in the
+    output folder, or $GTEP_CACHE) is its owner's, as a study's files are (gtep.config.private.owner_only)."""
     import torch
 
+    from gtep.config.private import owner_only
     from gtep.engine.pretrain import pretrain
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return pretrain(spec, source.load(), source.name, path)
+        with owner_only():
+            return pretrain(spec, source.load(), source.name, path)
     finally:
         torch.set_num_threads(before)
 

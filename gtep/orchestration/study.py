@@ -22,12 +22,14 @@ from typing import Any
 
 import yaml
 
+from gtep.config.private import private_folder
 from gtep.protocol.phases import Phase
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a crash never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write via a temporary file and rename, so a crash never leaves a half-written file. The file is its owner's
+    (mkstemp's 0600), and so is any folder made for it (a study's, its units': gtep.config.private)."""
+    private_folder(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as fh:
         fh.write(text)

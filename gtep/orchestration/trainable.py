@@ -20,6 +20,7 @@ from ray import tune
 
 from gtep.algorithms import ALGORITHMS
 from gtep.config import ResolvedExperiment
+from gtep.config.private import owner_only
 from gtep.data import ImageSet, resolve_dataset
 from gtep.engine import OrderingJob, run_ordering
 from gtep.engine.checkpoint import checkpoints_every
@@ -267,7 +268,8 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> No
         send(held.take(record, last))
 
     try:
-        _train_orderings(pending, set_index, hparams, start, phase_data, job, done, report)
+        with owner_only():  # on a Ray that gtep did not start too: units, events, checkpoints, first tasks 0600/0700
+            _train_orderings(pending, set_index, hparams, start, phase_data, job, done, report)
     except Exception:
         send(held.release())  # the orderings that finished count for the set's status (never for its score)
         raise

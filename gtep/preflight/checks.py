@@ -214,6 +214,20 @@ def check_device(cfg: ExperimentConfig) -> None:
                           "the CPU) or 'cpu'") from None
 
 
+CPU_WHEELS = "https://download.pytorch.org/whl/cpu"
+
+
+def cuda_build_note(cfg: ExperimentConfig) -> str | None:
+    """A CUDA build of torch on a machine without a CUDA device, where the trials run here: pip's default torch
+    is the CUDA build, several GB of CUDA libraries a CPU-only machine never uses; PyTorch's CPU wheels are the
+    alternative (docs/getting-started.md). A cluster's driver may lack the GPUs its workers have: not said then."""
+    if cfg.compute.ray_address is not None or not torch.version.cuda or torch.cuda.is_available():
+        return None
+    return (f"torch {torch.__version__} is a CUDA {torch.version.cuda} build (several GB installed) and this machine "
+            f"has no CUDA device: on a CPU-only machine install the CPU wheels instead, pip install torch "
+            f"torchvision --index-url {CPU_WHEELS} (docs/getting-started.md)")
+
+
 def data_conversions(plan: StudyPlan) -> dict[str, str]:
     """Phase -> what its loader converted to reach uint8 pixels (only phases whose data needed it)."""
     return {p.spec.phase: p.facts.conversion for p in (plan.tuning, plan.evaluation) if p.facts.conversion}

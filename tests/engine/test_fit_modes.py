@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 from functools import partial
 
 import pytest
@@ -221,8 +223,14 @@ def test_a_fused_trials_unit_events_count_images_and_say_how_its_fits_ran(tmp_pa
     sent: list[dict] = []
     monkeypatch.setattr(trainable.tune, "report", sent.append)
     monkeypatch.setattr(trainable, "_node_id", lambda: "")  # asking Ray for it would start a Ray
-    trainable.train_set({"trial": {"set_index": 0, "hparams": {"epochs": 1, "batch_size": 16}}, "orderings": [0, 1]},
-                        data, job)
+    previous = os.umask(0o022)  # a trial on a Ray that gtep did not start: its files are still the owner's only
+    try:
+        trainable.train_set({"trial": {"set_index": 0, "hparams": {"epochs": 1, "batch_size": 16}},
+                             "orderings": [0, 1]}, data, job)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(folders.events.stat().st_mode) == 0o600
+    assert {stat.S_IMODE(p.stat().st_mode) for p in folders.unit_dir.iterdir()} == {0o600}
     events = [json.loads(line) for line in folders.events.read_text().splitlines()]
     trained = [e for e in events if e["event"] == "unit_trained"]
     assert [e["ordering"] for e in trained] == [0, 1]

@@ -126,6 +126,22 @@ def test_manifest_csv_and_table(study):
     assert "gap" in study["output"] and "gtep ui" in study["output"]
 
 
+def test_a_study_is_its_owners_only(study):
+    """`gtep run` under umask 022 (tests/studies.py's run_study) leaves nothing others may read or enter: the output
+    folder, the study folder and everything in it (units, checkpoints, first tasks, Ray's storage, the results
+    CSVs, events.jsonl, the manifest, logs, the MLflow store) are 0700 folders and 0600 files."""
+    import os
+    import stat
+
+    folder = study["folder"]
+    made = [study["out"], *(Path(d) / n for d, dirs, files in os.walk(study["out"]) for n in (*dirs, *files))]
+    assert {"events.jsonl", "tune_results.csv", "evaluate_results.csv", "manifest.json", "units", "ray"} <= \
+        {p.name for p in folder.iterdir()}
+    open_to_others = sorted(f"{oct(stat.S_IMODE(p.lstat().st_mode))} {p.relative_to(study['out'])}"
+                            for p in made if not p.is_symlink() and p.lstat().st_mode & 0o077)
+    assert not open_to_others, f"group or others may read these: {open_to_others}"
+
+
 def test_same_seed_same_sets_and_metrics(study, tmp_path):
     """Same config and seed: same drawn sets, same orderings, same metrics (CPU)."""
     config = tmp_path / "exp.yaml"

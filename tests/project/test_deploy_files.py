@@ -1,7 +1,8 @@
 """The deployment files in clusters/ and docker/, checked statically.
 
 No Docker engine, cloud account or Kubernetes cluster is available where gtep is developed, so these files
-are never run here. These tests catch what can be caught without running them: YAML that does not parse or
+are not run here, but for the SLURM script, which tests/cluster/test_slurm.py submits to a one-machine SLURM
+cluster. These tests catch what can be caught without running them: YAML that does not parse or
 lacks what its kind needs, gtep commands and options that do not exist, images without a Dockerfile,
 Dockerfiles that copy missing files, a Ray version that differs from the development venv's, and a SLURM
 script whose ports could collide.
@@ -346,3 +347,38 @@ def test_sbatch_asks_for_gpus_per_machine_and_gives_ray_what_slurm_allocated():
     assert re.search(r'^gpus=\$\{SLURM_GPUS_ON_NODE:-0\}$', code, re.M)
     starts = [line for line in code.splitlines() if "ray start" in line]
     assert starts and all('--num-gpus="$gpus"' in line for line in starts)
+
+
+CLUSTER_DOCS = (ROOT / "clusters" / "README.md", ROOT / "docs" / "cluster.md")
+NOT_RUN = re.compile(r"never (?:been )?run|not been run|no (?:\w+ )*SLURM (?:installation|cluster)|SLURM "
+                     r"installation was (?:not )?available", re.I)
+
+
+def sentences(text: str) -> list[str]:
+    return re.split(r"(?<=[.;])\s+", " ".join(text.split()))
+
+
+@pytest.mark.parametrize("doc", CLUSTER_DOCS, ids=ids(CLUSTER_DOCS))
+def test_cluster_documents_say_the_slurm_script_is_run(doc):
+    """tests/cluster/test_slurm.py submits the SLURM script to a real (one-machine) SLURM cluster: neither document
+    may say that no SLURM was available or that the script was never run, and both name that test."""
+    assert (ROOT / "tests" / "cluster" / "test_slurm.py").exists()
+    text = doc.read_text()
+    assert "tests/cluster/test_slurm.py" in text, f"{doc.relative_to(ROOT)} does not say where the script is run"
+    wrong = [s for s in sentences(text) if NOT_RUN.search(s) and ("SLURM" in s or "these files" in s)
+             and not re.search(r"SLURM script (?:is run|has)", s)]
+    assert not wrong, f"{doc.relative_to(ROOT)} says the SLURM script was not run: {wrong}"
+
+
+def test_sbatch_exclusive_is_explained_where_the_options_are_listed():
+    """--exclusive costs a user whole machines: the script says why, next to the option, and how to drop it; so does
+    docs/cluster.md's SLURM section."""
+    lines = SBATCH.read_text().splitlines()
+    at = lines.index("#SBATCH --exclusive")
+    comment = " ".join(line.lstrip("# ") for line in lines[max(0, at - 8):at] if not line.startswith("#SBATCH"))
+    assert "--exclusive" in comment and "memory" in comment, comment
+    assert "delete this line" in comment and "sbatch" in comment, comment
+    slurm = (ROOT / "docs" / "cluster.md").read_text().split("## SLURM", 1)[1].split("\n## ", 1)[0]
+    said = " ".join(slurm.split())
+    assert "`--exclusive`" in said and "`#SBATCH --exclusive`" in said, "docs/cluster.md's SLURM section does not " \
+        "say why the script asks for whole machines or how to drop it"
