@@ -549,9 +549,18 @@ def legacy() -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(LEGACY.glob("*.json"))]
 
 
+def portable(text: str) -> str:
+    """Paths of this machine written relative to the repository (its data beside it: `../shared/data/...`), so that a
+    stored result names no folder of the machine that made it (tests/benchmarks/test_stored_paths.py)."""
+    for prefix, relative in ((f"{ROOT}/", ""), (f"{ROOT.parent}/", "../")):
+        text = text.replace(prefix, relative)
+    return text
+
+
 def dump(result: dict[str, Any]) -> str:
-    """Standard JSON (allow_nan=False: a NaN left anywhere is an error, not a file JSON.parse refuses)."""
-    return json.dumps(result, indent=1, default=str, allow_nan=False)
+    """Standard JSON (allow_nan=False: a NaN left anywhere is an error, not a file JSON.parse refuses), with the
+    machine's paths made relative to the repository."""
+    return portable(json.dumps(result, indent=1, default=str, allow_nan=False))
 
 
 def main() -> None:
