@@ -14,7 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from gtep.data.layouts import Layout, LayoutError, layout_of, packaged_class_list, packaged_class_lists
+from gtep.data.layouts import Layout, LayoutError, locate, packaged_class_list, packaged_class_lists
+from gtep.data.layouts import cifar100 as cifar_layout
 from gtep.registry import Registry
 
 BUNDLED = Path(__file__).parent / "bundled"
@@ -391,58 +392,37 @@ def synthetic(spec: str = "") -> DatasetSource:
 
 # ---------------------------------------------------------------- CIFAR-100 from a local torchvision root
 
-CIFAR_FILES = ("meta", "train", "test")
+def _located(source: DatasetSource, scheme: str) -> tuple[Layout, Path]:
+    """The layout of the source's root and the folder to read (the root, or the one dataset folder it holds); a
+    LayoutError becomes the DatasetError naming the dataset."""
+    try:
+        return locate(source.root, scheme)
+    except LayoutError as err:
+        raise DatasetError(f"dataset {source.name!r}: {err}") from None
 
 
 def _cifar_folder(source: DatasetSource) -> Path:
-    """The cifar-100-python/ folder (extracted from cifar-100-python.tar.gz): the root itself or its child; a
-    DatasetError names the files it lacks."""
-    folder = source.root if (source.root / "meta").exists() else source.root / "cifar-100-python"
-    missing = [name for name in CIFAR_FILES if not (folder / name).exists()]
-    if missing:
-        raise DatasetError(f"dataset {source.name!r}: {folder} lacks {', '.join(missing)}; give the folder "
-                           "cifar-100-python/ extracted from cifar-100-python.tar.gz (or the folder holding it)")
-    return folder
-
-
-def _cifar_pickle(path: Path) -> dict:
-    import pickle
-
-    with open(path, "rb") as fh:  # the dataset's own format (Python pickles); a trusted local file
-        return pickle.load(fh, encoding="latin1")
+    """The cifar-100-python/ folder (extracted from cifar-100-python.tar.gz): the root itself or its child."""
+    return _located(source, "cifar100")[1]
 
 
 def _cifar_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
-    names = _cifar_pickle(_cifar_folder(source) / "meta")
-    return list(names["fine_label_names"]), _cifar_coarse_groups(source, names.get("coarse_label_names"))
-
-
-def _cifar_coarse_groups(source: DatasetSource, coarse_names: list[str] | None) -> list[str] | None:
-    """Each fine class's coarse class (its superclass: `split: {by: group}`, IIRC's `hierarchy: groups`), read from
-    the training file's label pairs; None when the root's files do not carry coarse labels."""
-    if not coarse_names:
-        return None
-    labels = _cifar_pickle(_cifar_folder(source) / "train")
-    if "coarse_labels" not in labels:
-        return None
-    coarse_of = dict(zip(labels["fine_labels"], labels["coarse_labels"]))
-    if len(coarse_of) < len(set(labels["fine_labels"])) or len(coarse_of) < 100:
-        return None
-    return [str(coarse_names[coarse_of[fine]]) for fine in range(100)]
+    folder = _cifar_folder(source)
+    try:
+        return cifar_layout.classes(folder), cifar_layout.coarse_groups(folder)
+    except LayoutError as err:
+        raise DatasetError(f"dataset {source.name!r}: {err}") from None
 
 
 def _load_cifar(source: DatasetSource) -> ImageSet:
-    """The python version's pickles: 'data' rows of 3072 bytes (1024 red, green, blue, row-major), 'fine_labels'."""
+    """The python version's pickles (gtep/data/layouts/cifar100.py)."""
     names, _ = _cifar_metadata(source)
-    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for split in ("train", "test"):
-        batch = _cifar_pickle(_cifar_folder(source) / split)
-        if "data" not in batch or "fine_labels" not in batch:
-            raise DatasetError(f"dataset {source.name!r}: {_cifar_folder(source) / split} has no 'data' and "
-                               "'fine_labels'; is it CIFAR-100's python version?")
-        x = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
-        arrays[split] = np.ascontiguousarray(x), np.asarray(batch["fine_labels"], dtype=np.int64)
-    return ImageSet(source.name, *arrays["train"], *arrays["test"], names)
+    folder = _cifar_folder(source)
+    try:
+        train, test = cifar_layout.arrays(folder, "train"), cifar_layout.arrays(folder, "test")
+    except LayoutError as err:
+        raise DatasetError(f"dataset {source.name!r}: {err}") from None
+    return ImageSet(source.name, *train, *test, names)
 
 
 @DATASETS.register("cifar100")
@@ -456,29 +436,30 @@ def cifar100(root: str) -> DatasetSource:
 
 # ---------------------------------------------------------------- ImageFolder trees
 
-def _layout(source: DatasetSource) -> Layout:
-    try:
-        layout = layout_of(source.root)
-    except LayoutError as err:
-        raise DatasetError(f"dataset {source.name!r}: {err}") from None
-    if "split" in source.options and layout.name not in ("classes", "cub"):
-        raise DatasetError(f"dataset {source.name!r}: {source.root} has its own train/test split ({layout.name} "
+def _layout(source: DatasetSource) -> tuple[Layout, Path]:
+    """The layout of an `imagefolder:` root and the folder to read (the root, or the one dataset folder it holds)."""
+    layout, folder = _located(source, "imagefolder")
+    if "split" in source.options and not layout.takes_split:
+        raise DatasetError(f"dataset {source.name!r}: {folder} has its own train/test split ({layout.name} "
                            "layout); drop ?split=, which splits one folder of class folders (ImageNet-R/A as released) "
-                           "or CUB-200-2011 in PILOT's proportions")
-    return layout
+                           "or CUB-200-2011 in PILOT's proportions or by PILOT's lists")
+    return layout, folder
 
 
 def _split_files(source: DatasetSource, names: list[str], split: str) -> list[tuple[Path, int]]:
     """The image files of one split ("train" or "test") with their labels, as the root's layout gives them."""
+    layout, folder = _layout(source)
+    assert layout.files is not None  # imagefolder: reads only the layouts of image files
     try:
-        return _layout(source).files(source.root, names, split, source.options)
+        return layout.files(folder, names, split, source.options)
     except LayoutError as err:
         raise DatasetError(f"dataset {source.name!r}: {err}") from None
 
 
 def _imagefolder_metadata(source: DatasetSource) -> tuple[list[str], list[str] | None]:
+    layout, folder = _layout(source)
     try:
-        present = _layout(source).classes(source.root)
+        present = layout.classes(folder)
     except LayoutError as err:
         raise DatasetError(f"dataset {source.name!r}: {err}") from None
     class_file = source.options.get("classes")
@@ -487,7 +468,7 @@ def _imagefolder_metadata(source: DatasetSource) -> tuple[list[str], list[str] |
         missing = sorted(set(listed) - set(present))
         if missing:
             raise DatasetError(f"dataset {source.name!r}: classes {missing[:5]} of {class_file} "
-                               f"are not classes of {source.root}")
+                               f"are not classes of {folder}")
         return listed, None
     return present, None
 
@@ -520,12 +501,12 @@ def _listing_key(source: DatasetSource, names: list[str], side: int, resample: s
     import hashlib
     import json
 
-    layout = _layout(source)
+    layout, root = _layout(source)
     folders: list = []
     if layout.name == "split":
         for split in ("train", "val", "test"):
             for name in names:
-                folder = source.root / split / name
+                folder = root / split / name
                 if folder.is_dir():
                     folders.append([split, name, len(os.listdir(folder)), folder.stat().st_mtime_ns])
     else:
@@ -533,8 +514,8 @@ def _listing_key(source: DatasetSource, names: list[str], side: int, resample: s
         for split in ("train", "test"):
             for f, label in _split_files(source, names, split):
                 listing.update(f"{split}\t{f}\t{label}\n".encode())
-        index = [[n, (source.root / n).stat().st_size, (source.root / n).stat().st_mtime_ns]
-                 for n in layout.index_files if (source.root / n).exists()]
+        index = [[n, (root / n).stat().st_size, (root / n).stat().st_mtime_ns]
+                 for n in layout.index_files if (root / n).exists()]
         folders = [layout.name, source.options.get("split"), index, listing.hexdigest()]
     payload = json.dumps([str(source.root.resolve()), names, side, resample, folders])
     return hashlib.sha256(payload.encode()).hexdigest()[:20]
@@ -546,15 +527,13 @@ def _decode_split(source: DatasetSource, split: str, names: list[str], side: int
     files = _split_files(source, names, split)
     if not files:
         raise DatasetError(f"dataset {source.name!r}: no {split} images under {source.root}")
-    from PIL import UnidentifiedImageError
-
     x = np.lib.format.open_memmap(out, mode="w+", dtype=np.uint8, shape=(len(files), side, side, 3))
     for i, (f, _) in enumerate(files):
         try:
             x[i] = decode_square(f, side, resample)
-        except (UnidentifiedImageError, OSError, ValueError) as err:
-            raise DatasetError(f"dataset {source.name!r}: {f} is not a readable image ({err.__class__.__name__}); "
-                               "remove or replace it") from None
+        except Exception as err:  # noqa: BLE001 - PIL raises many kinds for a damaged file (SyntaxError: PNG)
+            raise DatasetError(f"dataset {source.name!r}: {f}: is not a readable image ({err.__class__.__name__}: "
+                               "truncated or garbled); remove or replace it") from None
     x.flush()
     return np.asarray([label for _, label in files], dtype=np.int64)
 
@@ -594,15 +573,15 @@ def _load_imagefolder(source: DatasetSource) -> ImageSet:
 def _check_image_headers(source: DatasetSource, files: list[Path]) -> None:
     """Every file opens as an image (PIL reads its header only), so a damaged file is refused before compute,
     not half-way through decoding inside a study."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     for f in files:
         try:
             with Image.open(f) as image:
                 image.size  # noqa: B018 - the header is parsed on open; size proves it was
-        except (UnidentifiedImageError, OSError, ValueError) as err:
-            raise DatasetError(f"dataset {source.name!r}: {f} is not a readable image ({err.__class__.__name__}); "
-                               "remove or replace it") from None
+        except Exception as err:  # noqa: BLE001 - PIL raises many kinds for a damaged file (SyntaxError: PNG)
+            raise DatasetError(f"dataset {source.name!r}: {f}: is not a readable image ({err.__class__.__name__}: "
+                               "truncated or garbled); remove or replace it") from None
 
 
 def _imagefolder_facts(source: DatasetSource) -> DataFacts:
@@ -627,8 +606,9 @@ def imagefolder(spec: str) -> DatasetSource:
     val/, Tiny ImageNet, CUB-200-2011, one folder of class folders); options after '?': classes=FILE (one class
     per line, e.g. the -1/-2 halves) or the name of a list shipped with gtep (classes=imagenet100-1),
     size=PIXELS (the stored square: the short side resized to it, then centre-cropped; default 256, and a study
-    sets it from its pipeline), resample=bilinear|bicubic, split=SEED (a folder of class folders without a split:
-    a seeded 20% of each class is held out for testing)."""
+    sets it from its pipeline), resample=bilinear|bicubic, split=SEED (a folder of class folders without a split,
+    or CUB: a seeded 20% of each class is held out for testing) or split=FILE (PILOT's split: the list of its
+    download's train/<class>/<file> and test/<class>/<file>; gtep/data/layouts/splits.py)."""
     root, _, query = spec.partition("?")
     if not root:
         raise DatasetError("dataset 'imagefolder:' needs a root folder, e.g. 'imagefolder:~/data/imagenet100'")
@@ -637,10 +617,16 @@ def imagefolder(spec: str) -> DatasetSource:
         key, _, value = item.partition("=")
         if key not in IMAGEFOLDER_OPTIONS:
             raise DatasetError(f"imagefolder option {key!r} is unknown; "
-                               "use classes=FILE, size=PIXELS, resample=bicubic or split=SEED")
+                               "use classes=FILE, size=PIXELS, resample=bicubic or split=SEED|FILE")
         if key == "resample" and value not in ("bilinear", "bicubic"):
             raise DatasetError(f"imagefolder option resample={value!r}: use bilinear or bicubic")
-        if key in ("size", "split") and not (value.isdigit() and (int(value) > 0 or key == "split")):
+        if key == "split" and not value.isdigit():  # not a seed: the file of PILOT's split
+            if not Path(os.path.expanduser(value)).is_file():
+                raise DatasetError(f"imagefolder option split={value!r} is neither a seed (a whole number, e.g. "
+                                   "split=0) nor an existing file of PILOT's split (train/<class>/<file> lines)")
+            options[key] = os.path.expanduser(value)
+            continue
+        if key == "size" and not (value.isdigit() and int(value) > 0):
             raise DatasetError(f"imagefolder option {key}={value!r} must be a whole number, e.g. {key}=32")
         options[key] = os.path.expanduser(value) if key == "classes" else int(value) if key in ("size", "split") \
             else value

@@ -237,5 +237,7 @@ def test_gtep_data_prepare_writes_tinyimagenet_as_the_npz_the_presets_read(tmp_p
     images = resolve_dataset(f"npz:{tmp_path / 'tiny.npz'}").load()
     assert images.x_train.shape == (9, 32, 32, 3) and images.x_test.shape == (6, 32, 32, 3)
     assert images.class_names == ["goldfish", "n01629819", "n01641577"]
-    result = CliRunner().invoke(app, ["data", "prepare", "tinyimagenet", str(tmp_path), str(tmp_path / "x.npz")])
+    (tmp_path / "empty").mkdir()  # the folder above the tree is read as the tree (tests/data/test_layouts.py)
+    result = CliRunner().invoke(app, ["data", "prepare", "tinyimagenet", str(tmp_path / "empty"),
+                                      str(tmp_path / "x.npz")])
     assert result.exit_code == 2 and "none of the layouts" in result.stderr, result.output + result.stderr
