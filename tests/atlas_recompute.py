@@ -7,8 +7,10 @@ from the definitions in docs/tuning-protocols.md:
 
 - a set's tuning score: the criterion (harmonic mean of the components' means, or the one component's mean) over its
   S orderings, `hmean_of_means`; a set that diverged on any ordering, or has fewer than S, is not eligible; H*: the
-  highest score, the lowest set index among equal ones; a pick is a tie when another eligible set's score is within
-  1e-12 of it (no pick, except for the full study, whose pick is the study's own H*);
+  highest score, the lowest set index among tied ones; a pick is a tie when another eligible set's score is tied
+  with it (no pick, except for the full study, whose pick is the study's own H*);
+- two scores are tied when they agree within the docs' tolerance (math.isclose, relative 2^-22, absolute 1e-12): in
+  every pick, rank and correlation below, so that float rounding (float32 accuracies, summation order) decides nothing;
 - a set's evaluation score: the criterion of the components' means over its evaluation orderings (NaN: diverged,
   scoring 0 in a regret); regret: the best set's score minus the pick's;
 - compute: training seconds (task 1 counted once per ordering where sets share it, a shared unit file once);
@@ -32,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "protocol_atlas"
-TIE = 1e-12
+REL_TOL, ABS_TOL = 2.0 ** -22, 1e-12  # docs/concepts.md's tie tolerance, restated (this file imports no gtep)
 WITHIN, MAX_COMPUTE = 0.01, 0.4
 ASHA = ((1, 2.0), (1, 4.0))
 PRUNERS = ("median", "successive_halving", "hyperband")
@@ -46,6 +48,15 @@ def stored(block: str) -> list[dict[str, Any]]:
         if result.get("block") == block and "raw" in result:
             out.append(result)
     return out
+
+
+def tied(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+
+
+def above(a: float, b: float) -> bool:
+    """a scores higher than b, not tied with it."""
+    return a > b and not tied(a, b)
 
 
 def nan(value: Any) -> float:
@@ -86,8 +97,8 @@ def pick(scores: dict[int, float]) -> tuple[int | None, int]:
     if not eligible:
         return None, 0
     top = max(eligible.values())
-    best = min(i for i, s in eligible.items() if s == top)
-    return best, sum(abs(s - eligible[best]) <= TIE for s in eligible.values())
+    best = min(i for i, s in eligible.items() if tied(s, top))
+    return best, sum(tied(s, eligible[best]) for s in eligible.values())
 
 
 def seconds(units: list[dict[str, Any]]) -> float:
@@ -237,7 +248,7 @@ def study_rows(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     rows["gtep (full)"] = {"fraction": 1.0, "regret": regret(evaluation, raw["best_index"]), "tie": False,
                            "least": 1.0}
     scored = {i: (0.0 if math.isnan(s) else s) for i, s in evaluation.items()}
-    conventional = min(i for i in scored if scored[i] == max(scored.values()))
+    conventional = min(i for i in scored if tied(scored[i], max(scored.values())))
     rows["conventional"] = {"fraction": 1.0, "regret": regret(evaluation, conventional), "tie": False, "least": 1.0}
     falling = [{"set_index": i, "ordering": o, "status": "finished", "train_seconds": 1.0,
                 "arrival": n * orderings + o, **{c: 1 - 0.01 * n for c in raw["components"]}}
@@ -266,7 +277,8 @@ def kendall_tau_b(x: list[float], y: list[float]) -> float:
     concordant = tied_x = tied_y = pairs = 0.0
     for a in range(len(x)):
         for b in range(a + 1, len(x)):
-            dx, dy = np.sign(x[a] - x[b]), np.sign(y[a] - y[b])
+            dx = 0.0 if tied(x[a], x[b]) else np.sign(x[a] - x[b])
+            dy = 0.0 if tied(y[a], y[b]) else np.sign(y[a] - y[b])
             pairs += 1
             tied_x += dx == 0
             tied_y += dy == 0
@@ -276,7 +288,7 @@ def kendall_tau_b(x: list[float], y: list[float]) -> float:
 
 
 def average_ranks(values: list[float]) -> list[float]:
-    return [sum(v < w for v in values) + (sum(v == w for v in values) + 1) / 2 for w in values]
+    return [sum(above(w, v) for v in values) + (sum(tied(v, w) for v in values) + 1) / 2 for w in values]
 
 
 def spearman_rho(x: list[float], y: list[float]) -> float:
@@ -296,7 +308,7 @@ def ranking(result: dict[str, Any]) -> dict[str, Any]:
     best = raw["best_index"]
     rank = None
     if best is not None and not math.isnan(evaluation[best]):
-        rank = 1 + sum((0.0 if math.isnan(s) else s) > evaluation[best] for s in evaluation.values())
+        rank = 1 + sum(above(0.0 if math.isnan(s) else s, evaluation[best]) for s in evaluation.values())
     return {"tau": kendall_tau_b(x, y), "rho": spearman_rho(x, y), "rank": rank, "regret": regret(evaluation, best)}
 
 

@@ -9,6 +9,7 @@ original_phase, conventional_phase: the same runner (FixedSetRunner) for the aut
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pandas as pd
@@ -42,6 +43,7 @@ from gtep.orchestration.tracking import (
 from gtep.protocol.phases import CONVENTIONAL, EVALUATE, ORIGINAL, TUNE, Phase
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
 from gtep.protocol.selection import score_set, select_best
+from gtep.protocol.ties import competition_ranks
 from gtep.spaces import load_space
 
 __all__ = ["PhaseIncomplete", "PhaseOutcome", "FixedSetRunner", "TuneRunner", "conventional_phase", "evaluate_phase",
@@ -103,7 +105,11 @@ def stopped_sets(resolved: ResolvedExperiment, results: list, set_indices: list[
 def ranked_sets_note(resolved: ResolvedExperiment, selection, best_index: int) -> list[str]:
     """The ten best sets as a markdown table for the tuning run's MLflow note."""
     chosen, S = resolved.config.search.selection, resolved.config.search.orderings
-    ranked = sorted(selection.scores, key=lambda s: -s.score(chosen))[:10]
+    # scores within gtep/protocol/ties.py's tolerance share a rank and are listed by set index, H* first among them
+    ranks = competition_ranks([s.score(chosen) for s in selection.scores])
+    order = sorted(range(len(ranks)), key=lambda n: (math.inf if math.isnan(ranks[n]) else ranks[n],
+                                                     selection.scores[n].set_index))
+    ranked = [selection.scores[n] for n in order][:10]
     top = [f"Sets by {resolved.criterion.description} ({chosen}, %):", "",
            "| set | Acc | AvgAcc | score | orderings |", "|---|---:|---:|---:|---|"]
     return top + [f"| set{s.set_index:03d}{' (H*)' if s.set_index == best_index else ''} | {100 * s.acc_mean:.2f} "

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from gtep.protocol.ties import tie_levels
+
 
 def accuracy_after_each_task(matrix: np.ndarray, test_counts: Sequence[int]) -> list[float]:
     """Acc_t = correct predictions on all seen classes after task t / test images of those classes."""
@@ -91,10 +93,11 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
 
         tau_b = (n_c - n_d) / sqrt((n_0 - n_x) * (n_0 - n_y)),  n_0 = n(n-1)/2,
 
-    n_c / n_d: concordant / discordant pairs, n_x / n_y: pairs tied in x / in y. The report uses it for the change
-    of the algorithms' ranking between the tuning and the evaluation phase (paper Figure 4b: the order of
-    publication in the tuning phase is not the order in the evaluation phase). Pairs with a NaN are dropped;
-    NaN when fewer than two items remain or either side is constant."""
+    n_c / n_d: concordant / discordant pairs, n_x / n_y: pairs tied in x / in y, a tie being two scores within
+    gtep/protocol/ties.py's tolerance (two means that differ by summation order only are tied, whatever the
+    machine). The report uses it for the change of the algorithms' ranking between the tuning and the evaluation
+    phase (paper Figure 4b: the order of publication in the tuning phase is not the order in the evaluation
+    phase). Pairs with a NaN are dropped; NaN when fewer than two items remain or either side is constant."""
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"kendall_tau_b needs two equally long sequences, got {a.shape} and {b.shape}")
@@ -103,8 +106,9 @@ def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
     if a.size < 2:
         return float("nan")
     upper = np.triu_indices(a.size, k=1)  # every unordered pair once
-    da = np.sign(a[:, None] - a[None, :])[upper]
-    db = np.sign(b[:, None] - b[None, :])[upper]
+    la, lb = tie_levels(a), tie_levels(b)  # compare tie groups, not raw floats: level 0 is the highest score
+    da = np.sign(la[None, :] - la[:, None])[upper]
+    db = np.sign(lb[None, :] - lb[:, None])[upper]
     n0 = da.size
     tied_x, tied_y = int(np.sum(da == 0)), int(np.sum(db == 0))
     denominator = math.sqrt((n0 - tied_x) * (n0 - tied_y))

@@ -22,14 +22,14 @@ from gtep.protocol.criteria import DEFAULT_CRITERION, Criterion
 from gtep.protocol.metrics import kendall_tau_b
 from gtep.protocol.replay import ReplayOutcome, StopRule, replay
 from gtep.protocol.selection import SelectionRule
+from gtep.protocol.ties import average_ranks, competition_ranks, same_score, top_group
 
 ASHA_SETTINGS = ((1, 2.0), (1, 4.0))  # (grace period, reduction factor): keep the top half, or the top quarter
 FIRST_TASK_K = (1, 2, 3)
 CONVENTIONAL_NOTE = ("tunes on D^E itself: its compute is the full study's on D^E, and its reported score is "
                      "optimistic (selected on the data it reports)")
 RANDOM_NOTE = "the floor: expected regret of a set drawn at random, no tuning"
-TIE_RULE = "lowest set index"  # select_best's rule among equal scores (gtep/protocol/selection.py)
-TIE_TOLERANCE = 1e-12  # scores this close are equal: a shared first task gives bit-identical scores
+TIE_RULE = "lowest set index"  # select_best's rule among tied scores (gtep/protocol/selection.py)
 # why a field of a stored table is null (JSON has no NaN: JavaScript's JSON.parse refuses it)
 NULL_REASONS = {"kendall_tau": "fewer than two sets scored in both phases, or one phase's scores all equal",
                 "spearman_rho": "fewer than two sets scored in both phases, or one phase's scores all equal",
@@ -37,24 +37,9 @@ NULL_REASONS = {"kendall_tau": "fewer than two sets scored in both phases, or on
                 "fraction": "the protocol does not apply to this study (see note)"}
 
 
-def average_ranks(values: Sequence[float]) -> np.ndarray:
-    """Ranks from 1 (lowest), ties sharing their mean rank (as Spearman's rho needs)."""
-    a = np.asarray(values, dtype=float)
-    order = np.argsort(a, kind="stable")
-    ranks = np.empty(a.size, dtype=float)
-    i = 0
-    while i < a.size:
-        j = i
-        while j + 1 < a.size and a[order[j + 1]] == a[order[i]]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
 def spearman_rho(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman's rho (1904): Pearson's correlation of the average ranks. Pairs with a NaN are dropped; NaN when
-    fewer than two remain or either side is constant."""
+    """Spearman's rho (1904): Pearson's correlation of the average ranks, scores within gtep/protocol/ties.py's
+    tolerance tied. Pairs with a NaN are dropped; NaN when fewer than two remain or either side is constant."""
     a, b = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     keep = ~(np.isnan(a) | np.isnan(b))
     a, b = a[keep], b[keep]
@@ -108,7 +93,9 @@ def rank_sets(tuning: Mapping[int, float], evaluation: Mapping[int, float], best
     y = [evaluation[i] for i in sets]
     rank = None
     if best_index is not None and best_index in evaluation and not math.isnan(evaluation[best_index]):
-        rank = 1 + sum(score_or_zero(evaluation[i]) > evaluation[best_index] for i in sets)
+        # a set diverged on D^E scores 0; a set tied with H* (within tolerance) does not rank above it
+        ranks = competition_ranks([score_or_zero(evaluation[i]) for i in sets])
+        rank = int(ranks[sets.index(best_index)])
     return SetRanking(len(sets), len(sets) - len(diverged), diverged, kendall_tau_b(x, y), spearman_rho(x, y),
                       best_index, rank, regret_of(best_index, evaluation))
 
@@ -131,11 +118,12 @@ class ProtocolRow:
 
 
 def tied_at_top(scores: Mapping[int, float], picked: int | None) -> list[int]:
-    """The sets whose score equals the picked set's (within TIE_TOLERANCE), the pick among them; [] for no pick."""
+    """The sets whose score ties the picked set's (gtep/protocol/ties.py's tolerance), the pick among them; [] for
+    no pick."""
     if picked is None or picked not in scores or math.isnan(scores[picked]):
         return []
     top = scores[picked]
-    return [i for i, s in sorted(scores.items()) if not math.isnan(s) and abs(s - top) <= TIE_TOLERANCE]
+    return [i for i, s in sorted(scores.items()) if same_score(s, top)]
 
 
 def outcome_row(protocol: str, options: str, outcome: ReplayOutcome, evaluation: Mapping[int, float],
@@ -178,7 +166,7 @@ def json_ready(value: Any) -> Any:
 def conventional_row(evaluation: Mapping[int, float]) -> ProtocolRow:
     """Tuning on the evaluation data: the set best on D^E, by definition no regret, at the full study's compute."""
     scored = {i: score_or_zero(s) for i, s in evaluation.items()}
-    picked = max(sorted(scored), key=lambda i: scored[i]) if scored else None
+    picked = min(top_group(scored), default=None)  # the tie rule: the lowest index among the tied best
     return ProtocolRow("conventional", "tuned on D^E", picked, 1.0, regret_of(picked, evaluation), CONVENTIONAL_NOTE)
 
 

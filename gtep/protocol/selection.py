@@ -3,8 +3,11 @@
 Default rule ("hmean_of_means"): average Acc and AvgAcc over the S orderings of a set, then take their
 harmonic mean; H* is the set with the highest score. The mean of per-ordering harmonic means
 ("mean_of_hmeans") is computed beside it and can be selected instead. Ties go to the lower set index, so
-selection is deterministic. Another criterion (gtep/protocol/criteria.py: a scenario family's, or
-search.criterion) replaces the harmonic mean of Acc and AvgAcc in both rules; the fields keep the rules' names.
+selection is deterministic. Scores within gtep/protocol/ties.py's tolerance (relative 2^-22 ~ 2.4e-7, absolute
+1e-12) are ties: two sets whose scores are mathematically equal but differ in the last bits (float32 accuracies, a
+mean's summation order) get the same H* on every machine. Another criterion (gtep/protocol/criteria.py: a
+scenario family's, or search.criterion) replaces the harmonic mean of Acc and AvgAcc in both rules; the fields
+keep the rules' names.
 
 Only a complete set is eligible: one whose S orderings all finished. A set with a diverged ordering is
 excluded (shown as NaN), as the paper does for BEEF; so is an incomplete set (an ordering missing because
@@ -22,6 +25,7 @@ from typing import Iterable, Literal, Mapping
 import numpy as np
 
 from gtep.protocol.criteria import DEFAULT_CRITERION, Criterion
+from gtep.protocol.ties import top_group
 
 SelectionRule = Literal["hmean_of_means", "mean_of_hmeans"]
 
@@ -151,7 +155,8 @@ def score_sets(results: Iterable[OrderingResult], expected_orderings: int | None
 def select_best(results: Iterable[OrderingResult], rule: SelectionRule = "hmean_of_means",
                 expected_orderings: int | None = None, sets: Iterable[int] = (),
                 criterion: Criterion = DEFAULT_CRITERION, stopped: Iterable[int] = ()) -> SelectionResult:
-    """H* = argmax over complete sets of the rule's score under `criterion`; NoEligibleSetError if there is none.
+    """H* = argmax over complete sets of the rule's score under `criterion`, the lowest set index among scores tied
+    within tolerance (gtep/protocol/ties.py); NoEligibleSetError if there is none.
 
     `expected_orderings` is S: a set with fewer results is incomplete and never wins. `sets` names every
     sampled set, so that one whose trial never reported counts as incomplete too."""
@@ -159,8 +164,10 @@ def select_best(results: Iterable[OrderingResult], rule: SelectionRule = "hmean_
     usable = [s for s in scores if s.usable and not math.isnan(s.score(rule))]
     if not usable:
         raise NoEligibleSetError(no_eligible_set_message(scores))
-    best = max(usable, key=lambda s: (s.score(rule), -s.set_index))
-    return SelectionResult(best_index=best.set_index, rule=rule, scores=scores)
+    # the tie rule (lowest set index) among the sets tied with the best score within tolerance, not only exactly:
+    # an exact comparison would let float rounding of a mean decide between mathematically equal scores
+    best = min(top_group({s.set_index: s.score(rule) for s in usable}))
+    return SelectionResult(best_index=best, rule=rule, scores=scores)
 
 
 def no_eligible_set_message(scores: list[SetScore]) -> str:

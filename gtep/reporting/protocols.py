@@ -18,6 +18,7 @@ import pandas as pd
 from gtep.protocol.criteria import CRITERIA
 from gtep.protocol.families import FAMILIES  # noqa: F401  (registers the families and their criteria)
 from gtep.protocol.phases import CONVENTIONAL, EVALUATE, TUNE
+from gtep.protocol.ties import competition_ranks
 from gtep.reporting.collect import StoreData
 from gtep.reporting.summary import GROUP
 
@@ -149,8 +150,12 @@ def protocol_table(frame: pd.DataFrame) -> pd.DataFrame:
     if frame.empty:
         return pd.DataFrame()
     rank = frame["protocol"].map({FULL: 0, "conventional": 1}).fillna(2)
-    frame = frame.assign(_rank=rank).sort_values(["algorithm", "_rank", "evaluation_score"],
-                                                 ascending=[True, True, False], kind="stable")
+    # best evaluation score first, scores within gtep/protocol/ties.py's tolerance tied (kept in the frame's order,
+    # not put in an order float rounding chose); NaN last
+    score_rank = frame.groupby("algorithm")["evaluation_score"].transform(
+        lambda scores: pd.Series(competition_ranks(scores.to_numpy(dtype=float)), index=scores.index))
+    frame = frame.assign(_rank=rank, _score_rank=score_rank).sort_values(["algorithm", "_rank", "_score_rank"],
+                                                                         kind="stable")
     several = frame.groupby(["algorithm", "protocol"])["study"].transform("nunique") > 1
     rows = {}
     for (_, row), named in zip(frame.iterrows(), several):

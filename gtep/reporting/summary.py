@@ -26,6 +26,7 @@ from gtep.protocol.families import FAMILIES
 from gtep.protocol.metrics import harmonic_mean, harmonic_mean_gap, kendall_tau_b
 from gtep.protocol.phases import EVALUATE, TUNE, fixed_set_phases, reported_phases
 from gtep.protocol.summary import ordering_statistics
+from gtep.protocol.ties import competition_ranks
 from gtep.reporting.collect import StoreData, best_trial_id
 
 GROUP = ["scenario", "pairing"]
@@ -138,7 +139,8 @@ def _side_by_side(tune: pd.DataFrame, evaluate: pd.DataFrame) -> pd.DataFrame:
 
 def gaps(summary: pd.DataFrame) -> pd.DataFrame:
     """Per algorithm: the harmonic means of both phases, the overestimation gap (tuning minus evaluation,
-    paper Figures 4b and 7b) and the algorithm's rank in each phase (1 = best, by harmonic mean)."""
+    paper Figures 4b and 7b) and the algorithm's rank in each phase (1 = best, by harmonic mean; harmonic means within
+    gtep/protocol/ties.py's tolerance share a rank, so float rounding of a mean decides no rank)."""
     tune = _pivot(summary, TUNE.name, ("acc", "avg_acc", "hmean"))
     evaluate = _pivot(summary, EVALUATE.name, ("acc", "avg_acc", "hmean"))
     both = _side_by_side(tune, evaluate).reset_index()
@@ -148,7 +150,8 @@ def gaps(summary: pd.DataFrame) -> pd.DataFrame:
     both["gap"] = [harmonic_mean_gap((r.acc_tuning, r.avg_acc_tuning), (r.acc_evaluation, r.avg_acc_evaluation))
                    for r in both.itertuples()]
     for phase in ("tuning", "evaluation"):
-        both[f"rank_{phase}"] = both.groupby(GROUP)[f"hmean_{phase}"].rank(ascending=False, method="min")
+        both[f"rank_{phase}"] = both.groupby(GROUP)[f"hmean_{phase}"].transform(
+            lambda scores: pd.Series(competition_ranks(scores.to_numpy(dtype=float)), index=scores.index))
     return both
 
 
@@ -173,8 +176,9 @@ def rankings(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def _order(scores: pd.Series) -> str:
-    """'a > b > c', best first, by label on ties so the text is stable."""
-    items = sorted(((float(v), str(k[-1])) for k, v in scores.items()), key=lambda p: (-p[0], p[1]))
+    """'a > b > c', best first, by label on ties (within gtep/protocol/ties.py's tolerance) so the text is stable."""
+    ranks = competition_ranks(scores.to_numpy(dtype=float))
+    items = sorted(((float(rank), str(k[-1])) for k, rank in zip(scores.index, ranks)))
     return " > ".join(name for _, name in items)
 
 
