@@ -53,7 +53,7 @@ def _runs(tasks: tuple[tuple[str, int], ...]) -> str:
 
 def print_plan(plan, calibrate: bool) -> None:
     from gtep.preflight.calibration import no_estimate_reason, study_flow
-    from gtep.preflight.checks import cuda_build_note, plan_summary
+    from gtep.preflight.checks import cuda_build_note, input_size_warnings, plan_summary, training_input_line
 
     resolved = plan.resolved
     cfg = resolved.config
@@ -72,6 +72,9 @@ def print_plan(plan, calibrate: bool) -> None:
                       str(phase.test_images), "x".join(map(str, phase.facts.image_shape)),
                       resolved.pipeline(spec.phase).describe(), str(len(phase.tasks) or "-"))
     console.print(table)
+    console.print(escape(training_input_line(plan)), highlight=False, soft_wrap=True)
+    for line in input_size_warnings(plan):
+        console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)  # one line, unwrapped
     for phase in (plan.tuning, plan.evaluation):
         if phase.tasks:
             console.print(f"{phase.spec.phase} tasks (ordering 0): {_runs(phase.tasks)}", highlight=False)
@@ -122,7 +125,8 @@ def print_estimate(plan) -> None:
                   f"{image_epochs(plan, plan.tuning):,.0f} image-epochs per tuning ordering, about "
                   f"{_duration(estimate['unit_seconds'])} a unit; "
                   f"tuning about {_duration(estimate['tuning_seconds'])}, "
-                  f"evaluation about {_duration(estimate['evaluation_seconds'])} of training", highlight=False)
+                  f"evaluation about {_duration(estimate['evaluation_seconds'])} of training; "
+                  f"{estimate['budget'].describe()}", highlight=False)
     if cal.fusion != 1.0:
         console.print(f"fused orderings: a trial's {cfg.search.orderings} orderings trained as one network take "
                       f"{cal.fusion:.2f}x the time of training them one after another (timed); counted so above",
@@ -152,7 +156,8 @@ def print_flow_estimate(plan) -> None:
                   f"{units['tune']} (tuning) and {units['evaluate']} (evaluation) {unit}s as outside x {unit}s / "
                   f"{cal.timed_units} + {fit_rule}; about {_duration(estimate['unit_seconds'])} a unit; tuning "
                   f"about {_duration(estimate['tuning_seconds'])}, evaluation about "
-                  f"{_duration(estimate['evaluation_seconds'])} of training", highlight=False)
+                  f"{_duration(estimate['evaluation_seconds'])} of training; {estimate['budget'].describe()}",
+                  highlight=False)
     console.print(f"trial slots: {estimate['trials_at_once']} trial(s) at a time with {slots.threads} CPU thread(s) "
                   f"each; {slots.slots} trial slot(s) on this machine ({slots.counted}) -> tuning wall about "
                   f"{_duration(estimate['tuning_wall_seconds'])}", highlight=False)

@@ -13,11 +13,12 @@ Nothing here branches on a flow's name: a flow states its unit, its units and th
 """
 from __future__ import annotations
 
+import inspect
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -71,6 +72,53 @@ CALIBRATION_REPEATS = 2
 ONE_EPOCH_SCALE = 1e-9
 # An index file's positions are the real dataset's; the synthetic images draw their shots instead.
 SHOT_FILE_OPTIONS = ("shot_index", "shots_given")
+# The calibration's own cost: at most this share of the tuning phase it estimates, and never over BUDGET_CAP_S (one
+# took 779 s on a loaded machine to estimate a tuning phase of 1 min 42 s).
+BUDGET_SHARE = 0.1
+BUDGET_CAP_S = 60.0
+
+
+@dataclass
+class CalibrationBudget:
+    """What one `gtep check --calibrate` may spend. The estimate is not known before calibrating, so the first
+    sample's estimate sets the budget (min(BUDGET_CAP_S, BUDGET_SHARE x the estimate)); after it, sampling stops
+    once the budget is spent and the estimate extrapolates from the samples taken. `clock`: a test's own."""
+
+    clock: Callable[[], float] = time.perf_counter
+    seconds: float | None = None  # None until the first sample
+    left_out: list[str] = field(default_factory=list)  # the samples the spent budget left out
+    started: float = field(init=False)
+    ended: float | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        self.started = self.clock()
+
+    def first_estimate(self, tuning_seconds: float) -> None:
+        if self.seconds is None:
+            self.seconds = min(BUDGET_CAP_S, BUDGET_SHARE * max(0.0, tuning_seconds))
+
+    def elapsed(self) -> float:
+        return (self.ended if self.ended is not None else self.clock()) - self.started
+
+    def spent(self, sample: str) -> bool:
+        """Whether the budget is spent, so `sample` (as the output names it) is left out."""
+        if self.seconds is None or self.elapsed() < self.seconds:
+            return False
+        self.left_out.append(sample)
+        return True
+
+    def end(self) -> None:
+        self.ended = self.clock()
+
+    def describe(self) -> str:
+        """'calibrated in 12 s (budget 60 s)', and what the spent budget left out."""
+        budget = "not set" if self.seconds is None else seconds_text(self.seconds)
+        left = f"; spent, so left out: {', '.join(self.left_out)}" if self.left_out else ""
+        return f"calibrated in {seconds_text(self.elapsed())} (budget {budget}{left})"
+
+
+def seconds_text(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
 @dataclass(frozen=True)
@@ -188,15 +236,16 @@ def calibration_device(slots: TrialSlots) -> str:
     return choose_device(slots.device, torch.cuda.is_available(), simulate=True)
 
 
-def calibrate(plan: StudyPlan, phase: PhasePlan | None = None) -> Calibration:
+def calibrate(plan: StudyPlan, phase: PhasePlan | None = None, budget: CalibrationBudget | None = None) -> Calibration:
     """Time the study's learner as a trial trains it: the trial's threads (torch's count restored after) and
     device, the phase's pipeline, the sampled sets' median batch size and the learner's every stage, on the
-    first two tasks of the phase's (the tuning phase's) ordering 0 with synthetic images and one epoch each."""
+    first two tasks of the phase's (the tuning phase's) ordering 0 with synthetic images and one epoch each;
+    the repeats after the first and the fusion timing only while `budget` lasts."""
     slots = trial_slots(plan.resolved.config)
     before = torch.get_num_threads()
     torch.set_num_threads(slots.threads)
     try:
-        return _timed_tasks(plan, phase or plan.tuning, slots)
+        return _timed_tasks(plan, phase or plan.tuning, slots, budget or CalibrationBudget())
     finally:
         torch.set_num_threads(before)
 
@@ -214,7 +263,7 @@ class TaskTiming:
     parameters: int
 
 
-def _timed_tasks(plan: StudyPlan, phase: PhasePlan, slots: TrialSlots) -> Calibration:
+def _timed_tasks(plan: StudyPlan, phase: PhasePlan, slots: TrialSlots, budget: CalibrationBudget) -> Calibration:
     sets = sorted(sampled_params(plan), key=lambda pair: pair[0].batch_size)
     params, hparams = sets[len(sets) // 2]
     job = phase_job(plan, phase, hparams, calibration_device(slots), ONE_EPOCH_SCALE)
@@ -222,21 +271,35 @@ def _timed_tasks(plan: StudyPlan, phase: PhasePlan, slots: TrialSlots) -> Calibr
     start = study_flow(plan).start  # the class-incremental flow's OrderingRun
     warm_up = start(job, data)
     warm_up.train_task(warm_up.tasks[0])
-    repeats = []
-    for _ in range(CALIBRATION_REPEATS):
+    device = describe_device(warm_up.device)
+    repeats: list[list[TaskTiming]] = []
+    for repeat in range(CALIBRATION_REPEATS):
+        left = f" {repeat + 1}" if repeat + 1 == CALIBRATION_REPEATS else f"s {repeat + 1}-{CALIBRATION_REPEATS}"
+        if repeats and budget.spent(f"repeat{left} of {CALIBRATION_REPEATS}"):
+            break
         fit = TimedFit()
         repeats.append(_two_tasks(start(job, data, fit), fit, job.memory_size))
-    # each task's quickest repeat: a burst of other work on a shared machine slows one repeat, not every one
+        budget.first_estimate(tuning_seconds(plan, from_repeats(repeats, params.batch_size, slots, device)))
+    fused = fused_study(plan.resolved.config, slots)
+    # a fused study whose budget is spent is counted as its orderings one after another (fusion 1): longer, if
+    # anything, than fused
+    fusion = fusion_ratio(job, data, plan) if fused and not budget.spent("the fused orderings' timing") else 1.0
+    return from_repeats(repeats, params.batch_size, slots, device, fusion)
+
+
+def from_repeats(repeats: list[list[TaskTiming]], batch_size: int, slots: TrialSlots, device: str,
+                 fusion: float = 1.0) -> Calibration:
+    """The calibration of the timed repeats: each task's quickest repeat counts (a burst of other work on a shared
+    machine slows one repeat, not every one)."""
     first, later = (min((r[i] for r in repeats), key=lambda t: t.fit + t.outside_fit + t.test)
                     for i in (0, len(repeats[0]) - 1))
     timings = [first, later] if later is not first else [first]
-    fusion = fusion_ratio(job, data, plan) if fused_study(plan.resolved.config, slots) else 1.0
     return Calibration(
         first_task=first.fit / first.trained, later_tasks=later.fit / later.trained,
         growth=max(0.0, (later.parameters - first.parameters) / later.parameters),
         outside_fit=sum(t.outside_fit for t in timings) / sum(t.trained for t in timings),
         test=sum(t.test for t in timings) / max(1, sum(t.tested for t in timings)),
-        batch_size=params.batch_size, threads=slots.threads, device=describe_device(warm_up.device), fusion=fusion)
+        batch_size=batch_size, threads=slots.threads, device=device, fusion=fusion)
 
 
 def fused_study(cfg: ExperimentConfig, slots: TrialSlots) -> bool:
@@ -428,45 +491,74 @@ def flow_units(plan: StudyPlan, phase: PhasePlan, data: ImageSet | None = None) 
     return study_flow(plan).units(run)
 
 
-def calibrate_flow(plan: StudyPlan, data: ImageSet | None = None) -> FlowCalibration:
+def calibrate_flow(plan: StudyPlan, data: ImageSet | None = None, budget: CalibrationBudget | None = None,
+                   ordering_units: int | None = None) -> FlowCalibration:
     """Run the part of ordering 0 of the tuning phase its flow says to time (Flow.time_part: every IIRC task; a
     FLUID stream's first samples; CFSL's task 2, task 1 the warm-up) as a trial runs it (the trial's threads and
-    device, the median set's hyperparameters, the real learner and data), `fit` sampled (SampledFit)."""
+    device, the median set's hyperparameters, the real learner and data), `fit` sampled (SampledFit), the part cut
+    short once `budget` is spent (`ordering_units`: a tuning ordering's units, for its first estimate; counted on
+    the run where not given)."""
     slots = trial_slots(plan.resolved.config)
     before = torch.get_num_threads()
     torch.set_num_threads(slots.threads)
     try:
-        return _timed_flow(plan, data or phase_images(plan, plan.tuning), slots)
+        return _timed_flow(plan, data or phase_images(plan, plan.tuning), slots, budget or CalibrationBudget(),
+                           ordering_units)
     finally:
         torch.set_num_threads(before)
 
 
-def _timed_flow(plan: StudyPlan, data: ImageSet, slots: TrialSlots) -> FlowCalibration:
+def takes_stop(flow: Flow) -> bool:
+    """Whether the flow's time_part takes the budget's `stop` (a plugin's flow written before it runs its part
+    whole)."""
+    try:
+        return "stop" in inspect.signature(flow.time_part).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _timed_flow(plan: StudyPlan, data: ImageSet, slots: TrialSlots, budget: CalibrationBudget,
+                ordering_units: int | None) -> FlowCalibration:
     flow = study_flow(plan)
+    cfg = plan.resolved.config
     sets = sorted(sampled_params(plan), key=lambda pair: pair[0].batch_size)
     params, hparams = sets[len(sets) // 2]
     fit_mode = SampledFit()
     run = flow_run(plan, plan.tuning, hparams, calibration_device(slots), data, fit_mode)
     fit = fit_mode if hasattr(run, "trainer") else None  # CFSL's learners train without the engine's Trainer
+    device = describe_device(run.device)
+
+    def calibration(units: int, seconds: float, total: float) -> FlowCalibration:
+        sampled, full = (fit.seconds, fit.full_seconds) if fit is not None else (0.0, 0.0)
+        return FlowCalibration(
+            outside_fit=max(0.0, seconds - sampled) / units, fit=full / units ** flow.fit_power,
+            fit_power=flow.fit_power, unit=flow.unit, timed_units=units, timed_seconds=total,
+            batch_size=params.batch_size, threads=slots.threads, device=device)
+
+    def stop(units: int, seconds: float) -> bool:
+        nonlocal ordering_units
+        if ordering_units is None:
+            ordering_units = flow.units(run)
+        tuning = calibration(units, seconds, seconds).seconds(ordering_units) * cfg.search.trials * cfg.search.orderings
+        budget.first_estimate(tuning)
+        return budget.spent(f"the {flow.unit}s of the part after the first {units}")
+
     tic = time.perf_counter()
-    part = flow.time_part(run)
-    total = time.perf_counter() - tic
-    sampled, full = (fit.seconds, fit.full_seconds) if fit is not None else (0.0, 0.0)
-    return FlowCalibration(
-        outside_fit=max(0.0, part.seconds - sampled) / part.units, fit=full / part.units ** flow.fit_power,
-        fit_power=flow.fit_power, unit=flow.unit, timed_units=part.units, timed_seconds=total,
-        batch_size=params.batch_size, threads=slots.threads, device=describe_device(run.device))
+    part = flow.time_part(run, stop) if takes_stop(flow) else flow.time_part(run)
+    return calibration(part.units, part.seconds, time.perf_counter() - tic)
 
 
 def compute_flow_estimate(plan: StudyPlan, calibration: FlowCalibration | None = None) -> dict[str, Any]:
     """Seconds of training each phase of a study whose flow is timed in part (not by_image_epochs) should take here:
     the calibration's seconds per unit, scaled to the units the flow counts in each phase's ordering
     (FlowCalibration.seconds)."""
+    budget = CalibrationBudget()
     tuning_data = phase_images(plan, plan.tuning)
-    calibration = calibration or calibrate_flow(plan, tuning_data)
+    units = {"tune": flow_units(plan, plan.tuning, tuning_data), "evaluate": flow_units(plan, plan.evaluation)}
+    calibration = calibration or calibrate_flow(plan, tuning_data, budget, units["tune"])
+    budget.end()
     cfg = plan.resolved.config
     trials, orderings = cfg.search.trials, cfg.search.orderings
-    units = {"tune": flow_units(plan, plan.tuning, tuning_data), "evaluate": flow_units(plan, plan.evaluation)}
     unit = calibration.seconds(units["tune"])
     tuning = unit * trials * orderings
     slots = trial_slots(cfg)
@@ -474,7 +566,7 @@ def compute_flow_estimate(plan: StudyPlan, calibration: FlowCalibration | None =
     return {"calibration": calibration, "slots": slots, "units": units, "unit_seconds": unit,
             "tuning_seconds": tuning, "evaluation_seconds": calibration.seconds(units["evaluate"]) * orderings,
             "tuning_wall_seconds": tuning * -(-trials // at_once) / trials, "trials_at_once": at_once,
-            "device": calibration.device}
+            "device": calibration.device, "budget": budget}
 
 
 # ---------------------------------------------------------------- the pretrain section's cost
@@ -566,23 +658,36 @@ def compute_estimate(plan: StudyPlan, calibration: Calibration | None = None) ->
     """Seconds of training each phase should take on this machine (for families whose work is tasks of classes):
     every sampled set's ordering at the calibrated costs; task 1 counted once per ordering where the study
     shares it between the sets (training.reuse_first_task); and the wall time with the trials that run at once."""
-    calibration = calibration or calibrate(plan)
+    budget = CalibrationBudget()
+    calibration = calibration or calibrate(plan, budget=budget)
     # the evaluation phase timed on its own where its images or pipeline differ (a cross-dataset study)
-    evaluation_calibration = calibration if same_work(plan) else calibrate(plan, plan.evaluation)
+    evaluation_calibration = calibration if same_work(plan) else calibrate(plan, plan.evaluation, budget)
+    budget.end()
     cfg = plan.resolved.config
     trials, orderings = cfg.search.trials, cfg.search.orderings
-    shared_first = cfg.training.reuse_first_task and ALGORITHMS.get(cfg.algorithm).fixed_first_task
-    tuning = evaluation = 0.0
+    evaluation = 0.0
     sets = sampled_params(plan)
     for params, _ in sets:
-        first, later = ordering_seconds(plan, plan.tuning, params, calibration)
-        tuning += later + (first / len(sets) if shared_first else first)
         evaluation += sum(ordering_seconds(plan, plan.evaluation, params, evaluation_calibration)) / len(sets)
     slots = trial_slots(cfg)
     at_once = min(slots.slots, trials)
-    tuning *= orderings * trials / len(sets) * calibration.fusion  # a fused trial counts as what it costs
+    tuning = tuning_seconds(plan, calibration)
     evaluation *= evaluation_calibration.fusion
     return {"seconds_per_image": calibration.later_tasks, "calibration": calibration, "slots": slots,
             "tuning_seconds": tuning, "evaluation_seconds": evaluation * orderings,
             "tuning_wall_seconds": tuning * -(-trials // at_once) / trials, "trials_at_once": at_once,
-            "unit_seconds": tuning / (trials * orderings), "device": calibration.device}
+            "unit_seconds": tuning / (trials * orderings), "device": calibration.device, "budget": budget}
+
+
+def tuning_seconds(plan: StudyPlan, calibration: Calibration) -> float:
+    """Seconds of training the tuning phase should take at the calibrated costs: every sampled set's ordering,
+    task 1 counted once per ordering where the study shares it (training.reuse_first_task), a fused trial as what
+    it costs."""
+    cfg = plan.resolved.config
+    shared_first = cfg.training.reuse_first_task and ALGORITHMS.get(cfg.algorithm).fixed_first_task
+    sets = sampled_params(plan)
+    tuning = 0.0
+    for params, _ in sets:
+        first, later = ordering_seconds(plan, plan.tuning, params, calibration)
+        tuning += later + (first / len(sets) if shared_first else first)
+    return tuning * cfg.search.orderings * cfg.search.trials / len(sets) * calibration.fusion

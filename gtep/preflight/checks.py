@@ -12,7 +12,10 @@ protocol's constraints: gtep/config/) what needs the data and the files:
 - the backbone weights: a readable file whose tensors fit the backbone;
 - the study's folder: a name the filesystem takes, a path short enough for what gtep writes inside it, and a
   parent it can create;
-- the device: `training.device: cuda` where torch finds no CUDA (a local study).
+- the device: `training.device: cuda` where torch finds no CUDA (a local study);
+- the size each phase trains at (`training_inputs`): the pipeline and the network's input side, and a warning
+  (`input_size_warnings`, printed by `gtep check`) where it upsamples the stored images for a backbone that
+  is not a ViT, e.g. `imagefolder:...?size=32` trained with PyCIL's ImageNet pipeline at 224 px.
 
 Every failure is one ConfigError naming the field and the fix; nothing is written. `gtep check --calibrate` also
 estimates the training time (gtep/preflight/calibration.py: a few real training steps of the learner, timed as a
@@ -33,10 +36,11 @@ import torch
 from gtep.algorithms import ALGORITHMS
 from gtep.config import ConfigError, ExperimentConfig, PhaseSpec, ResolvedExperiment, resolve
 from gtep.data import DataFacts, DatasetError, resolve_dataset
+from gtep.data.pipelines import PipelineSpec
 from gtep.engine.device import DeviceUnavailableError, choose_device
 from gtep.engine.fusion import FusionRefused, check_fusable
 from gtep.models import create_backbone
-from gtep.models.vit import vit_depth
+from gtep.models.vit import is_vit, vit_depth
 from gtep.protocol.families import PhaseData
 from gtep.protocol.holdout import held_out_count
 from gtep.spaces import load_space
@@ -226,6 +230,90 @@ def cuda_build_note(cfg: ExperimentConfig) -> str | None:
     return (f"torch {torch.__version__} is a CUDA {torch.version.cuda} build (several GB installed) and this machine "
             f"has no CUDA device: on a CPU-only machine install the CPU wheels instead, pip install torch "
             f"torchvision --index-url {CPU_WHEELS} (docs/getting-started.md)")
+
+
+PIPELINE_WORDS = {"pycil-cifar": "PyCIL's CIFAR-100 pipeline", "pycil-imagenet": "PyCIL's ImageNet pipeline",
+                  "pilot": "LAMDA-PILOT's ViT pipeline", "pilot-coda": "LAMDA-PILOT's CODA-Prompt pipeline"}
+
+
+@dataclass(frozen=True)
+class TrainingInput:
+    """What a phase's network is fed (gtep/data/pipelines.py): the pipeline, the side its images are stored at and
+    the side the network sees."""
+
+    phase: str
+    dataset_field: str
+    dataset: str
+    pipeline: PipelineSpec
+    stored_side: int  # an ImageFolder tree's ?size= (or the side its pipeline stores at), an array file's own
+    input_side: int  # the pipeline's size, or the stored side where it has none (pycil-cifar trains as stored)
+
+    @property
+    def words(self) -> str:
+        base = self.pipeline.name.rpartition("/")[2]
+        named = PIPELINE_WORDS.get(base, base)
+        return f"no augmentation, {named}'s test view" if self.pipeline.name.startswith("none/") else named
+
+    def describe(self) -> str:
+        how = (f"upsampled from images stored at {self.stored_side} px" if self.upsampled
+               else f"from images stored at {self.stored_side} px")
+        return f"{self.pipeline.describe()} ({self.words}) at {self.input_side} px, {how}"
+
+    @property
+    def upsampled(self) -> bool:
+        return self.input_side > self.stored_side
+
+
+def training_inputs(plan: StudyPlan) -> tuple[TrainingInput, TrainingInput]:
+    """Each phase's pipeline and sides, as the study will train them."""
+    resolved = plan.resolved
+    out = []
+    for phase in (plan.tuning, plan.evaluation):
+        spec = resolved.pipeline(phase.spec.phase)
+        stored = int(phase.facts.image_shape[0])
+        out.append(TrainingInput(phase.spec.phase, dataset_field(resolved.config, phase.spec.phase),
+                                 phase.spec.dataset, spec, stored, spec.size or stored))
+    return out[0], out[1]
+
+
+def training_input_line(plan: StudyPlan) -> str:
+    """One line: the pipeline and input size of each phase (one phrase when both phases train alike)."""
+    tuning, evaluation = training_inputs(plan)
+    if tuning.describe() == evaluation.describe():
+        return f"training input: both phases {tuning.describe()}"
+    return f"training input: {tuning.phase} {tuning.describe()}; {evaluation.phase} {evaluation.describe()}"
+
+
+def input_size_warnings(plan: StudyPlan) -> list[str]:
+    """One line per dataset whose stored size and pipeline's input size disagree: a backbone other than a ViT fed
+    images upsampled by the pipeline (imagefolder:...?size=32 with the ImageNet pipeline that ImageFolder data gets
+    by default: 224 px, 49 times the pixels, no more detail). A warning, not a refusal: upsampling can be meant
+    (an ImageNet-style network compared at 224 px), so gtep cannot tell it from a mistake; it only must not happen
+    unsaid. A ViT is not warned about: it needs its input side, and LAMDA-PILOT upsamples CIFAR-100's 32 px to
+    224 px the same way."""
+    cfg = plan.resolved.config
+    if is_vit(cfg.backbone):
+        return []
+    lines: dict[str, str] = {}
+    for t in training_inputs(plan):
+        if not t.upsampled or t.dataset_field in lines:
+            continue
+        chosen = ("training.augment: true picks for ImageFolder data" if cfg.training.augment in (True, "default")
+                  else f"training.augment: {cfg.training.augment} names")
+        given = f" (?size={t.stored_side})" if t.dataset.startswith("imagefolder:") else ""
+        fixes = [f"to train at {t.stored_side} px set training.augment: pycil-cifar"
+                 + (" and remove training.image_size" if cfg.training.image_size is not None else "")]
+        if t.pipeline.crop == "resized":
+            fixes.append(f"training.image_size: {t.stored_side} to keep {t.pipeline.name} at {t.stored_side} px")
+        if given:
+            fixes.append(f"to train at {t.input_side} px remove ?size={t.stored_side} from {t.dataset_field} "
+                         f"(stored at {t.pipeline.storage_side()} px then)")
+        lines[t.dataset_field] = (
+            f"the images of {t.dataset_field} are stored at {t.stored_side} px{given} but {cfg.backbone} trains at "
+            f"{t.input_side} px with {t.pipeline.describe()}, the pipeline {chosen}: each image is upsampled "
+            f"{t.input_side / t.stored_side:g}x, at {(t.input_side / t.stored_side) ** 2:.0f}x the pixels and no "
+            f"more detail; {', or '.join(fixes)}")
+    return list(lines.values())
 
 
 def data_conversions(plan: StudyPlan) -> dict[str, str]:

@@ -17,7 +17,7 @@ from gtep.engine.first_task import FirstTaskStore
 
 # the flows of gtep register on import (each imports only base)
 from gtep.engine.flows import class_incremental, continual_few_shot, multi_label, stream  # noqa: E402,F401
-from gtep.engine.flows.base import FLOWS, Flow, TaskHook, TimedPart
+from gtep.engine.flows.base import FLOWS, Flow, StopCheck, TaskHook, TimedPart
 from gtep.engine.loop import FitMode
 from gtep.engine.runner import OrderingJob, OrderingOutcome
 
@@ -37,4 +37,4 @@ def run_ordering(job: OrderingJob, data: ImageSet, on_task_end: TaskHook | None 
     return flow_of(job.scenario_family.data_flow).run(job, data, on_task_end, checkpoint, first_tasks, fit_mode)
 
 
-__all__ = ["FLOWS", "Flow", "TaskHook", "TimedPart", "flow_of", "run_ordering"]
+__all__ = ["FLOWS", "Flow", "StopCheck", "TaskHook", "TimedPart", "flow_of", "run_ordering"]

@@ -15,6 +15,9 @@ from gtep.engine.runner import OrderingJob, OrderingOutcome
 from gtep.registry import Registry
 
 TaskHook = Callable[[int, OrderingOutcome], None]
+# the calibration's budget (gtep/preflight/calibration.py): told the units run and the seconds they took so far,
+# True once sampling should stop (its budget spent); the flow then returns what it timed
+StopCheck = Callable[[int, float], bool]
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,17 @@ class Flow(ABC):
         """Units of work of the ordering `run` holds (by default its tasks)."""
         return len(run.tasks)
 
-    def time_part(self, run: Any) -> TimedPart:
-        """Run the part of the ordering the calibration times, as a trial runs it (by default every task)."""
+    def time_part(self, run: Any, stop: StopCheck | None = None) -> TimedPart:
+        """Run the part of the ordering the calibration times, as a trial runs it (by default every task), asking
+        `stop` after each unit (or group of units) whether the calibration's budget is spent."""
         tic = time.perf_counter()
+        done = 0
         for task in run.tasks:
             run.train_task(task)
-        return TimedPart(len(run.tasks), time.perf_counter() - tic)
+            done += 1
+            if stop is not None and done < len(run.tasks) and stop(done, time.perf_counter() - tic):
+                break
+        return TimedPart(done, time.perf_counter() - tic)
 
 
 FLOWS: Registry[Flow] = Registry("data flow")

@@ -39,7 +39,7 @@ from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import FirstTaskStore
-from gtep.engine.flows.base import FLOWS, Flow, TaskHook, TimedPart
+from gtep.engine.flows.base import FLOWS, Flow, StopCheck, TaskHook, TimedPart
 from gtep.engine.loop import FitMode
 from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors
 from gtep.protocol.families.cfsl import CONTINUAL_FEW_SHOT, with_aliases
@@ -192,13 +192,17 @@ class ContinualFewShotFlow(Flow):
     def units(self, run: CfslRun) -> int:
         return sum(len(task.support) for task in run.tasks)
 
-    def time_part(self, run: CfslRun) -> TimedPart:
+    def time_part(self, run: CfslRun, stop: StopCheck | None = None) -> TimedPart:
         run.run_task(run.tasks[0])  # the warm-up: kernels, allocator, the learner's first reset
         timed = run.tasks[1: 1 + self.calibration_tasks] or run.tasks[:1]
         tic = time.perf_counter()
-        for task in timed:
+        units = 0
+        for n, task in enumerate(timed, 1):
             run.run_task(task)
-        return TimedPart(sum(len(task.support) for task in timed), time.perf_counter() - tic)
+            units += len(task.support)
+            if stop is not None and n < len(timed) and stop(units, time.perf_counter() - tic):
+                break
+        return TimedPart(units, time.perf_counter() - tic)
 
 
 FLOWS.register(CONTINUAL_FEW_SHOT)(ContinualFewShotFlow())

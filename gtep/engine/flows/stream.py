@@ -37,7 +37,7 @@ from gtep.data import ImageSet
 from gtep.data.pipelines import choose_pipeline
 from gtep.engine.device import describe_device, resolve_device
 from gtep.engine.first_task import FirstTaskStore
-from gtep.engine.flows.base import FLOWS, Flow, TaskHook, TimedPart
+from gtep.engine.flows.base import FLOWS, Flow, StopCheck, TaskHook, TimedPart
 from gtep.engine.images import StoredImages
 from gtep.engine.loop import DivergedError, FitMode, Precision, Trainer
 from gtep.engine.runner import OrderingJob, OrderingOutcome, PhaseTensors, task_recipe
@@ -171,11 +171,14 @@ class StreamFlow(Flow):
     def units(self, run: StreamRun) -> int:
         return len(run.stream)
 
-    def time_part(self, run: StreamRun) -> TimedPart:
+    def time_part(self, run: StreamRun, stop: StopCheck | None = None) -> TimedPart:
         steps = min(len(run.stream), self.calibration_steps)
         tic = time.perf_counter()
         for t in range(steps):
             run.step(t)
+            # asked after an update only: a part that stopped before one would count no `fit` at all
+            if stop is not None and t + 1 < steps and run.learner.due(t + 1) and stop(t + 1, time.perf_counter() - tic):
+                return TimedPart(t + 1, time.perf_counter() - tic)
         return TimedPart(steps, time.perf_counter() - tic)
 
 
