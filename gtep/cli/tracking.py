@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import typer
 
@@ -47,18 +48,22 @@ def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", parser=output_
     found: list[tuple[str, dict[str, str]]] = []
 
     def links() -> None:
+        from gtep.orchestration.quiet import quiet_libraries
         from gtep.orchestration.tracking import prepare_ui, ui_routes
 
         check_port(port)
         check_ui_store(uri, "--tracking-uri" if tracking_uri else "--output")
-        studies = prepare_ui(uri, study)
+        with quiet_libraries():  # MLflow's "Creating initial MLflow database tables" over a new store
+            studies = prepare_ui(uri, study)
         if study is not None and not studies:
             raise ConfigError("--study", f"{uri} has no study {study!r}")
         found.extend((name, ui_routes(experiment_id)) for name, experiment_id in studies)
 
     run_guarded(links)
+    log = ui_log(uri)
     root = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/"
-    console.print(f"MLflow UI on {root} over {uri} (Ctrl-C stops it)", soft_wrap=True, highlight=False)
+    console.print(f"MLflow UI on {root} over {uri} (Ctrl-C stops it; the server's own lines go to {log})",
+                  soft_wrap=True, highlight=False)
     for name, routes in found:
         console.print(f"  {name}: runs  {root}{routes['runs']}", soft_wrap=True, highlight=False)
         console.print(f"  {' ' * len(name)}  orderings by phase  {root}{routes['orderings']}", soft_wrap=True,
@@ -66,7 +71,46 @@ def ui(output: Path = typer.Option(Path("gtep-runs"), "--output", parser=output_
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
            "--workers", str(workers)]
-    raise typer.Exit(serve(cmd, env))
+    served = serve(cmd, env, log=log)
+    if served.stopped:
+        console.print("MLflow UI stopped", highlight=False)
+        raise typer.Exit(0)
+    # it ended of itself, whatever its exit code (a port in use ends it with 0): the terminal never saw why
+    fail(f"--port: the MLflow UI ended (exit code {served.code}) saying {last_error(log)!r}: if the port is taken, "
+         f"give another --port (the server's whole log: {log})")
+
+
+UI_LOG = "mlflow-ui.log"
+
+
+def ui_log(uri: str) -> Path:
+    """Where gtep ui's server writes its start-up notices and request lines (MLflow's, Starlette's, Uvicorn's): beside
+    a sqlite store, else in gtep's cache folder; the terminal keeps gtep's own lines."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri[len("sqlite:///"):]).resolve().parent / UI_LOG
+    from gtep.data.datasets import cache_root
+
+    return cache_root() / "logs" / UI_LOG
+
+
+def open_log(path: Path) -> int:
+    """The server's log, appended to and its owner's only (its lines name the store and every request); a file
+    descriptor for the server's stdout and stderr."""
+    private_folder(path.parent)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.fchmod(fd, 0o600)  # a log made before, or under another umask
+    return fd
+
+
+def last_error(path: Path) -> str:
+    """What the server said as it ended (a port in use, a store it cannot open): the log's last line naming an
+    error, else its last line."""
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or [""])[-1]
 
 
 def check_ui_store(uri: str, option: str) -> None:
@@ -79,17 +123,36 @@ def check_ui_store(uri: str, option: str) -> None:
         check_store_file(Path(uri[len("sqlite:///"):]), option)
 
 
-def serve(cmd: list[str], env: dict[str, str], private: bool = False) -> int:
-    """Run a server in its own process group and pass SIGINT/SIGTERM/SIGHUP on to the whole group (MLflow's
-    server and its workers), so `kill <pid of gtep ui>` stops what it started; returns its exit code. `private`:
-    what the server creates (run and users databases, artifact folders) is its owner's only (umask 077)."""
+class Served(NamedTuple):
+    code: int  # 0 when stopped by a signal, else the server's own exit code
+    stopped: bool  # whether a signal to gtep stopped it (else it ended of itself)
+
+
+def serve(cmd: list[str], env: dict[str, str], private: bool = False, log: Path | None = None) -> Served:
+    """Run a server in its own process group and stop the whole group (MLflow's server and its workers) on
+    SIGINT/SIGTERM/SIGHUP, so that Ctrl-C or `kill <pid of gtep ui>` stops what it started. `private`: what the
+    server creates (run and users databases, artifact folders) is its owner's only (umask 077). `log`: the
+    server's stdout and stderr go there, not to the terminal."""
     import signal
 
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, umask=0o077 if private else -1)
+    output = open_log(log) if log is not None else None
+    if output is not None:
+        os.write(output, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
+    try:
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True, umask=0o077 if private else -1,
+                                stdout=output, stderr=subprocess.STDOUT if output is not None else None)
+    finally:
+        if output is not None:
+            os.close(output)
+    stopped = False
 
     def forward(signum, frame) -> None:
+        # SIGTERM whatever came: on SIGINT MLflow's launcher dies in a KeyboardInterrupt traceback and uvicorn in a
+        # CancelledError one (1 stop in 2), on SIGTERM both stop quietly
+        nonlocal stopped
+        stopped = True
         try:
-            os.killpg(proc.pid, signum)
+            os.killpg(proc.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 
@@ -108,7 +171,7 @@ def serve(cmd: list[str], env: dict[str, str], private: bool = False) -> int:
         os.killpg(proc.pid, signal.SIGTERM)  # workers the server left behind
     except ProcessLookupError:
         pass
-    return 0 if code in (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP) else code
+    return Served(0 if stopped or code in (-signal.SIGINT, -signal.SIGTERM, -signal.SIGHUP) else code, stopped)
 
 
 STORE_URI_VARIABLE = "GTEP_BACKEND_STORE_URI"  # gtep server's --backend-store-uri, kept out of the command line
@@ -328,7 +391,7 @@ def server(ctx: typer.Context,
                       f"{redact_uri(backend_store_uri)}, artifacts {artifacts_destination}); Ctrl-C stops it",
                       highlight=False, soft_wrap=True)
         cmd = mlflow_server_command(backend_store_uri, artifacts_destination, host, port, workers, auth)
-        raise typer.Exit(serve(cmd, env, private=True))
+        raise typer.Exit(serve(cmd, env, private=True).code)
     run_guarded(go)
 
 

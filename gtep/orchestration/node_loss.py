@@ -4,8 +4,9 @@ study's log.
 Ray retries the trials the node was running (compute.max_failures) and each retry continues from its units'
 files and last task checkpoint, so the study ends as it would have without the loss (docs/faults.md). What Ray
 prints about it (the controller's "Trial task failed" with an ActorDiedError traceback and the node's state dump,
-the GCS's "marked dead" notice) is nothing a user can act on: it goes to <study>/ray-errors.log, and the terminal
-gets one line naming the node and how many units it was training, which are trained again elsewhere.
+the GCS's "marked dead" notice, the lost node's agents' "Raylet is terminated" with the raylet log's last lines) is
+nothing a user can act on: it goes to <study>/ray-errors.log, and the terminal gets one line naming the node and
+how many units it was training, which are trained again elsewhere.
 
 The GCS marks a node dead only after it missed its heartbeats (some 15-30 s after the loss), often after the retry
 finished the phase, so one watch spans the whole study (every phase and the gaps between them), and a watch that
@@ -31,7 +32,10 @@ LOG_NAME = "ray-errors.log"
 # what Ray's lines about a lost node or the actors that died with it say (Ray 2.4x-2.6x)
 # (a trial that fails of its own error keeps its traceback on the terminal)
 MARKS = ("its node has died", "node has died", "NodeDiedError", "has been marked dead", "node was terminated",
-         "ActorDiedError", "ActorUnavailableError", "The actor died", "raylet died")
+         "ActorDiedError", "ActorUnavailableError", "The actor died", "raylet died",
+         # the lost node's agents, as their raylet goes: "Raylet is terminated. Termination is unexpected. ..." and
+         # the raylet log's last 20 lines, published to the driver (ray/_private/process_watcher.py), each agent once
+         "Raylet is terminated")
 # the longest the GCS takes to declare a node dead once its actors died (Ray's health check: 5 s initial delay,
 # then 5 missed checks 3 s apart, each allowed 10 s), with room for a busy head node
 VERDICT_S = 45.0

@@ -122,3 +122,24 @@ def test_a_trials_actor_death_is_told_from_its_own_error():
     assert died_with_its_actor(FailedTrial("ray.exceptions.ActorDiedError: The actor died unexpectedly"))
     assert not died_with_its_actor(FailedTrial("ValueError: nc_fscil's own error"))
     assert not died_with_its_actor(FailedTrial(None))
+
+
+# What each agent of a lost node publishes to the driver as its raylet goes (ray/_private/process_watcher.py): Ray's
+# driver printed it, 20 lines of the raylet's log with it, on the user's terminal (issue 68, item 3).
+RAYLET_LOG = "".join(f"[2026-12-06 19:35:{s:02d},{s:03d} I 5120 5120] (raylet) node_manager.cc:{s}: state line {s}\n"
+                     for s in range(20))
+RAYLET_TERMINATED = ("Raylet is terminated. Termination is unexpected. Possible reasons include: (1) SIGKILL by the "
+                     "user or system OOM killer, (2) Invalid memory access from Raylet causing SIGSEGV or SIGBUS, (3) "
+                     "Other termination signals. Last 20 lines of the Raylet logs:\n    "
+                     + "    ".join(RAYLET_LOG.splitlines(keepends=True)))
+
+
+def test_a_lost_nodes_raylet_terminated_notice_and_its_log_tail_go_to_the_study_log(tmp_path, capsys):
+    with ray_lines_to_study_log(tmp_path):
+        for _ in range(2):  # the dashboard agent's and the runtime-env agent's
+            worker.print_to_stdstream({"lines": [RAYLET_TERMINATED], "pid": "raylet", "is_err": False},
+                                      ignore_prefix=False)
+    out = capsys.readouterr()
+    assert "Raylet is terminated" not in out.out + out.err and "state line" not in out.out + out.err
+    log = (tmp_path / "ray-errors.log").read_text()
+    assert log.count("Raylet is terminated") == 2 and "node_manager.cc:19: state line 19" in log
