@@ -216,9 +216,16 @@ def run_trace() -> dict:
                     files.add(os.path.relpath(value, site))
     return {"study": "benchmarks/gpu_study.py --device cpu --quick", "seconds": round(time.time() - tic, 1),
             "processes": processes, "python": sys.version.split()[0],
-            "dry_run": {"table": dry_run["table"], "studies": [{k: row.get(k) for k in (
-                "share", "trials_at_once", "returncode", "store", "tune", "evaluate")} for row in dry_run["studies"]]},
+            "dry_run": {"table": dry_run["table"], "studies": [{**{k: row.get(k) for k in (
+                "share", "trials_at_once", "returncode", "store", "tune", "evaluate", "best")},
+                "printed": study_table(row.get("output", ""))} for row in dry_run["studies"]]},
             "files": sorted(f for f in files if not f.startswith("..")), "imports": sorted(imports)}
+
+
+def study_table(printed: str) -> list[str]:
+    """The phases side by side as `gtep run` printed them: the table's rows, without the lines that name folders
+    (what a bundled run of the same study must print again)."""
+    return [line for line in printed.splitlines() if "│" in line or "|" in line]
 
 
 def used_folders(trace: dict) -> set[str]:

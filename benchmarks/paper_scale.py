@@ -39,7 +39,7 @@ product). `--write` writes it and checks it (`gtep matrix --check`: every cell r
    against the same matrix run again without faults into a sqlite store (skip with --no-reference) -- the same
    H* per cell and the same report tables (run ids and measured seconds left out, numbers to 9 digits).
 
-tests/cluster/test_paper_scale.py runs a 200-unit version in the `cluster` group and asserts the verdicts.
+tests/cluster/test_paper_scale.py runs a 64-unit version in the `cluster` group and asserts the verdicts.
 """
 from __future__ import annotations
 

@@ -81,8 +81,10 @@ def xdist_scope(nodeid: str) -> str:
 def pytest_xdist_auto_num_workers(config):
     """-n auto: a worker per core, and one more for the default and slow groups, whose workers spend much of their
     time waiting on processes of their own (a trial's Ray worker importing torch, a server starting): the spare
-    worker keeps the cores busy meanwhile (default group on 2 cores: 11:00 with 2 workers, 10:04 with 3). The
-    cluster and ui groups keep one per core: their tests time real processes and servers."""
+    worker keeps the cores busy meanwhile (default group on 2 cores: 11:00 with 2 workers, 10:04 with 3). `.ci/run`
+    runs the slow and cluster groups as one session (-m 'slow or cluster'), whose cluster tests spend most of their
+    time waiting on servers, nodes and killed drivers: the spare worker fills it. The cluster and ui groups run
+    alone keep one per core."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     selected = config.getoption("markexpr") or ""
     return cores if selected in ("cluster", "ui") else cores + 1

@@ -1,7 +1,8 @@
 """benchmarks/device_bundle.py, the packages the GPU machine lacks as one archive: what it bundles, how the trace
 decides what to cut, and the size it refuses (default group, no download); and the 3.11 bundle built for real,
 unpacked into an environment with only torch, torchvision, timm and the device image's packages, running the
-default study to the same H* and table as this install (slow group)."""
+GPU study's packed CPU dry run (the device call's own path) to the same H*, table and images as this install (slow
+group)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.helpers import load_benchmark
 
@@ -116,35 +116,29 @@ def image_site(folder: Path, bundle) -> Path:
     return folder
 
 
-def start_default_study(python: str, output: Path, env: dict[str, str]) -> subprocess.Popen:
-    """`gtep run` of the default study at R = 1 and S = 1 (the CI budget: its tuning unit and H*'s evaluation
-    unit), its output to a file beside the study's folder."""
-    log = open(output.parent / "run.log", "w")
-    return subprocess.Popen([python, "-m", "gtep", "run", "--trials", "1", "--orderings", "1", "--output", str(output)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, text=True, cwd=output.parent)
+def bundled_dry_run(python: str, folder: Path, env: dict[str, str], share: float) -> dict:
+    """The GPU study's CPU dry run at one share, run by `python` (the bundled environment), as the device call runs
+    it under the bundle (benchmarks/gpu_study.sh); its row of gpu_study.json."""
+    done = subprocess.run([python, str(ROOT / "benchmarks" / "gpu_study.py"), "--device", "cpu", "--quick",
+                           "--shares", str(share), "--out", str(folder)], env=env, cwd=folder,
+                          capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    row, = json.loads((folder / "gpu_study.json").read_text())["studies"]
+    return row
 
 
-def finish_default_study(run: subprocess.Popen, output: Path) -> tuple[str, dict]:
-    run.wait(timeout=1800)
-    printed = (output.parent / "run.log").read_text()
-    assert run.returncode == 0, printed[-6000:]
-    best = yaml.safe_load((output / "omniglot-replay" / "best.yaml").read_text())
-    # the MLflow run ids are new in every store; the set, its values and its scores must be the same
-    return printed.replace(str(output), "OUTPUT"), {k: v for k, v in best.items() if not k.endswith("run_id")}
-
-
-def table_lines(output: str) -> list[str]:
-    """The phases side by side as printed: its rows, without the lines that name folders."""
-    return [line for line in output.splitlines() if "│" in line or "|" in line]
+def without_run_ids(best: dict) -> dict:
+    """H* as best.yaml holds it, less its MLflow run ids (new in every store): the set, its values, its scores."""
+    return {k: v for k, v in best.items() if not k.endswith("run_id")}
 
 
 @pytest.mark.slow
-def test_the_311_bundle_runs_the_default_study_as_a_normal_install_does(bundle, tmp_path):
-    """The same script that builds the device's 3.12 bundle builds this machine's 3.11 one; unpacked beside only
-    torch, torchvision, timm and the device image's packages, it runs the default study (`gtep run` at R = 1 and
-    S = 1 of its 6 x 2: the CI budget) to the same H* and the same table as this install, both side by side. The
-    build's trace is the GPU study's CPU dry run (benchmarks/gpu_study.py --device cpu --quick): its two studies are
-    checked too."""
+def test_the_311_bundle_runs_the_gpu_study_as_a_normal_install_does(bundle, tmp_path):
+    """The same script that builds the device's 3.12 bundle builds this machine's 3.11 one. Its trace is the GPU
+    study's CPU dry run (benchmarks/gpu_study.py --device cpu --quick: `gtep run` through Ray at shares 1 and 0.5
+    of a logical GPU) in this install: both studies are checked. Unpacked beside only torch, torchvision, timm and
+    the device image's packages, the bundle runs the packed study again (share 0.5, two trials at once: the device
+    call's own path) to the same H*, the same table and the same images trained as this install."""
     archive = bundle.build("3.11", retrace=True)
     manifest = json.loads((bundle.BUNDLE_DIR / "MANIFEST-cp311.json").read_text())
     assert archive.stat().st_size / 2**20 <= bundle.LIMIT_MIB and manifest["packages"]["ray"]
@@ -154,6 +148,9 @@ def test_the_311_bundle_runs_the_default_study_as_a_normal_install_does(bundle, 
     dry = {row["share"]: row for row in trace["dry_run"]["studies"]}
     assert set(dry) == {1.0, 0.5} and dry[0.5]["trials_at_once"] == 2
     assert all(row["returncode"] == 0 and row["store"]["passed"] for row in dry.values()), dry
+    # packing two trials on a GPU changes no result: the same H* as one trial at a time (in a study of its own name)
+    assert ({**without_run_ids(dry[0.5]["best"]), "study": ""} == {**without_run_ids(dry[1.0]["best"]), "study": ""}
+            and dry[1.0]["best"]["hparams"])
 
     deps, venv = tmp_path / "deps", tmp_path / "venv"
     deps.mkdir()
@@ -171,12 +168,10 @@ def test_the_311_bundle_runs_the_default_study_as_a_normal_install_does(bundle, 
     bare = subprocess.run([python, "-c", "import ray"], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True)
     assert bare.returncode != 0
 
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    # the two installs run side by side: each is its own process with its own local Ray and MLflow store
-    bundled = start_default_study(python, tmp_path / "a" / "out", fresh_env)
-    normal = start_default_study(sys.executable, tmp_path / "b" / "out", {**env, "PYTHONPATH": str(ROOT)})
-    bundled_out, bundled_best = finish_default_study(bundled, tmp_path / "a" / "out")
-    normal_out, normal_best = finish_default_study(normal, tmp_path / "b" / "out")
-    assert bundled_best == normal_best and bundled_best["hparams"] and bundled_best["score"] > 0
-    assert table_lines(bundled_out) == table_lines(normal_out) and table_lines(normal_out)
+    (tmp_path / "study").mkdir()
+    bundled = bundled_dry_run(python, tmp_path / "study", fresh_env, 0.5)
+    assert bundled["returncode"] == 0 and bundled["store"]["passed"] and bundled["trials_at_once"] == 2
+    assert without_run_ids(bundled["best"]) == without_run_ids(dry[0.5]["best"])
+    assert bundle.study_table(bundled["output"]) == dry[0.5]["printed"] and dry[0.5]["printed"]
+    for phase in ("tune", "evaluate"):
+        assert bundled[phase]["images"] == dry[0.5][phase]["images"] > 0, phase

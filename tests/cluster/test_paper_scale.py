@@ -25,8 +25,9 @@ def rehearsal(tmp_path_factory):
         import paper_scale
 
         folder = tmp_path_factory.mktemp("paper-scale")
-        # 2 studies of R = 24 sets x S = 4 orderings and their evaluations: 200 units
-        options = paper_scale.Options(folder, scale=0.8, algorithms=2, cells=1, parallel_cells=2, ui=False,
+        # 2 studies of R = 15 sets x S = 2 orderings and their evaluations: 64 units, enough for a server restart
+        # at a quarter of them and a SIGKILL at half with units still to run (200 units cost 2 minutes more)
+        options = paper_scale.Options(folder, scale=0.5, algorithms=2, cells=1, parallel_cells=2, ui=False,
                                       report_sequential=False)
         figures = paper_scale.rehearse(options)
         yield paper_scale, figures, folder
