@@ -390,9 +390,9 @@ def served(monkeypatch):
 
     seen: dict = {}
 
-    def serve(cmd, env, private=False):
+    def serve(cmd, env, private=False, log=None):
         seen.update(cmd=cmd, env=env, private=private)
-        return 0
+        return tracking.Served(code=0, stopped=True)
 
     monkeypatch.setattr(tracking, "serve", serve)
     return seen
