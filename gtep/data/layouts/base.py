@@ -99,6 +99,33 @@ def need_classes(found: dict[str, int], names: list[str], where: Callable[[str],
                               f"images; {fix}")
 
 
+def labelled_images(labels: Path, rows: list[tuple[int, str, str]], folder: Path, on_disk: dict[str, Path],
+                    known: set[str], unknown: str, names: list[str], split: str, fix: str) -> Files:
+    """A flat folder's images labelled by an index file's rows (line number, image, class), as ImageNet's and Tiny
+    ImageNet's validation folders are: each row names an image on disk and a class of `known` (else `unknown` says
+    where it is missing from), each image has one row, none is left without, and each class of `names` keeps
+    images. Anything else is one LayoutError naming `labels` and its line, never an image dropped."""
+    label = {n: i for i, n in enumerate(names)}
+    seen: set[str] = set()
+    found: Files = []
+    for number, image, wnid in rows:
+        if wnid not in known:
+            raise LayoutError(f"{labels}: line {number} labels {image} as {wnid}, {unknown}; {fix}")
+        if image not in on_disk:
+            raise LayoutError(f"{labels}: line {number} labels {image}, which {folder} lacks; {fix}")
+        if image in seen:
+            raise LayoutError(f"{labels}: line {number} labels {image} a second time; keep one line per image")
+        seen.add(image)
+        if wnid in label:
+            found.append((on_disk[image], label[wnid]))
+    unlabelled = sorted(set(on_disk) - seen)
+    if unlabelled:
+        raise LayoutError(f"{on_disk[unlabelled[0]]}: has no line in {labels} ({len(unlabelled)} images of "
+                          f"{folder.name}/ have none; it may be cut short); {fix}")
+    need_classes(count_by_class(names, found), names, lambda name: f"{labels} ({name})", split, fix)
+    return sorted(found)
+
+
 def count_by_class(names: list[str], files: Files) -> dict[str, int]:
     counts = {name: 0 for name in names}
     for _, label in files:

@@ -25,6 +25,7 @@ from gtep.data.layouts.base import (
     count_by_class,
     has_images,
     images,
+    labelled_images,
     need_classes,
     numbered_lines,
     subfolders,
@@ -101,30 +102,9 @@ def labels_file(root: Path) -> Path:
 def validation_files(val: Path, labels: Path, train_classes: list[str], names: list[str]) -> Files:
     """The flat val/ folder's images labelled by `labels`: every image labelled once, every label a class."""
     read = _solution if labels.name == SOLUTION else _ground_truth if labels.name == GROUND_TRUTH else _pairs
-    rows = read(labels)
-    on_disk = {f.stem: f for f in images(val)}
-    known, label = set(train_classes), {n: i for i, n in enumerate(names)}
-    seen: set[str] = set()
-    found: Files = []
-    for number, stem, wnid in rows:
-        if stem not in on_disk:
-            raise LayoutError(f"{labels}: line {number} labels {stem}, which {val} lacks; unpack the validation "
-                     "images again (or give the labels file of this copy)")
-        if wnid not in known:
-            raise LayoutError(f"{labels}: line {number} labels {stem} as {wnid}, a class train/ has no folder of; "
-                     "give the labels of this copy of ImageNet (or add its training images)")
-        if stem in seen:
-            raise LayoutError(f"{labels}: line {number} labels {stem} a second time; keep one line per image")
-        seen.add(stem)
-        if wnid in label:
-            found.append((on_disk[stem], label[wnid]))
-    unlabelled = sorted(set(on_disk) - seen)
-    if unlabelled:
-        raise LayoutError(f"{on_disk[unlabelled[0]]}: has no line in {labels} ({len(unlabelled)} val/ images have "
-                 "none; it may be cut short); give the whole labels file, or remove the images")
-    need_classes(count_by_class(names, found), names, lambda name: f"{labels} ({name})", "test",
-                 "give the labels file that lists this class's validation images")
-    return sorted(found)
+    return labelled_images(labels, read(labels), val, {f.stem: f for f in images(val)}, set(train_classes),
+                           "a class train/ has no folder of", names, "test",
+                           "give the labels file of this copy of ImageNet, or unpack its images again")
 
 
 def training_files(train: Path, names: list[str]) -> Files:

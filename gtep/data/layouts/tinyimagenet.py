@@ -17,6 +17,7 @@ from gtep.data.layouts.base import (
     Options,
     count_by_class,
     images,
+    labelled_images,
     need_classes,
     need_files,
     numbered_lines,
@@ -57,31 +58,14 @@ def files(root: Path, names: list[str], split: str, options: Options) -> Files:
                      split, FIX)
         return found
     path, folder = root / ANNOTATIONS, root / "val" / "images"
-    known, label = set(classes(root)), {n: i for i, n in enumerate(names)}
-    on_disk = {f.name: f for f in images(folder)}
-    seen: set[str] = set()
-    found = []
+    rows = []
     for number, line in numbered_lines(path, FIX):
         fields = line.split("\t") if "\t" in line else line.split()
         if len(fields) < 2:
             raise LayoutError(f"{path}: line {number} ({line[:60]!r}) is not '<image>\\t<wnid>\\t<box>'; {FIX}")
-        name, wnid = fields[0].strip(), fields[1].strip()
-        if wnid not in known:
-            raise LayoutError(f"{path}: line {number} labels {name} as {wnid}, which {root / WNIDS} does not list; "
-                     f"{FIX}")
-        if name not in on_disk:
-            raise LayoutError(f"{path}: line {number} annotates {name}, which {folder} lacks; {FIX}")
-        if name in seen:
-            raise LayoutError(f"{path}: line {number} annotates {name} a second time; keep one line per image")
-        seen.add(name)
-        if wnid in label:
-            found.append((on_disk[name], label[wnid]))
-    unlabelled = sorted(set(on_disk) - seen)
-    if unlabelled:
-        raise LayoutError(f"{on_disk[unlabelled[0]]}: has no line in {path} ({len(unlabelled)} val/ images have "
-                 f"none; it may be cut short); {FIX}")
-    need_classes(count_by_class(names, found), names, lambda name: f"{path} ({name})", split, FIX)
-    return sorted(found)
+        rows.append((number, fields[0].strip(), fields[1].strip()))
+    return labelled_images(path, rows, folder, {f.name: f for f in images(folder)}, set(classes(root)),
+                           f"which {root / WNIDS} does not list", names, split, FIX)
 
 
 LAYOUT = Layout("tinyimagenet", "Tiny ImageNet (tiny-imagenet-200: wnids.txt, train/, val/)", recognise,
