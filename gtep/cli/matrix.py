@@ -107,20 +107,34 @@ def run_matrix_cells(matrix: MatrixConfig, cells: list[ResolvedCell], root: Path
 
 
 def report_matrix(matrix: MatrixConfig, tracking_uri: str, root: Path) -> Path | None:
-    """The paper's tables over the whole matrix (gtep report --matrix NAME); the matrix's results are kept in
-    MLflow either way, so a report that cannot be built is a warning with the command to build it later."""
-    from gtep.reporting import run_report
+    """The paper's tables over the whole matrix: `gtep report --matrix NAME` as a process of its own, so that what
+    reading a paper-scale matrix costs (half a GiB of frames and figures at 18,600 units) is given back when it
+    ends instead of staying in this driver for good. The matrix's results are kept in MLflow either way, so a
+    report that cannot be built is a warning with the command to build it later."""
+    import os
+    import subprocess
+    import sys
 
     later = f"gtep report --matrix {matrix.matrix} --tracking-uri '{tracking_uri}'"
     out = root / "report"
+    # the URI carries no credentials (check_no_userinfo); a server's come from the environment, as here
+    command = [sys.executable, "-m", "gtep", "report", "--matrix", matrix.matrix, "--tracking-uri", tracking_uri,
+               "--out", str(out), "--format", "table,md,csv,latex"]
+    width = str(console.width)  # the child's output is a pipe: it lays its tables out at this terminal's width
     try:
-        run_report(tracking_uri, [], matrix=matrix.matrix, out=out,
-                   formats=("table", "md", "csv", "latex"), console=console)
-    except Exception as err:  # noqa: BLE001 - the computed results are safe in MLflow; say how to retry
-        console.print(f"[yellow]report over the matrix failed ({err.__class__.__name__}: {escape(str(err))}); "
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": width})
+    except OSError as err:
+        console.print(f"[yellow]report over the matrix could not start ({escape(str(err))}); "
                       f"build it later with: {escape(later)}[/]", highlight=False)
         return None
-    console.print(f"report files: {out}")
+    assert child.stdout is not None
+    for line in child.stdout:  # as it comes: the progress lines of a long report, then its tables
+        console.out(line.rstrip("\n"), highlight=False)
+    if child.wait() != 0:
+        console.print(f"[yellow]report over the matrix failed (exit {child.returncode}, said above); "
+                      f"build it later with: {escape(later)}[/]", highlight=False)
+        return None
     return out
 
 
