@@ -339,10 +339,11 @@ def journal_figures(root: Path) -> dict[str, Any]:
 
 
 def timed_report(tracking_uri: str, out: Path, env: dict[str, str], log: Path,
-                 threads: int | None = None) -> dict[str, Any]:
-    """`gtep report --matrix paper-scale` over the whole store under /usr/bin/time -v: wall time and peak RSS."""
+                 threads: int | None = None, log_run: bool = False) -> dict[str, Any]:
+    """`gtep report --matrix paper-scale` over the whole store under /usr/bin/time -v: wall time, peak RSS and the
+    seconds of each stage as the report's last line says them."""
     command = gtep_command("report", "--matrix", "paper-scale", "--tracking-uri", tracking_uri, "--out", str(out),
-                           "--format", "csv", "--format", "md", "--no-log")
+                           "--format", "csv", "--format", "md", *([] if log_run else ["--no-log"]))
     if Path("/usr/bin/time").exists():
         command = ["/usr/bin/time", "-v", *command]
     start = time.perf_counter()
@@ -354,7 +355,15 @@ def timed_report(tracking_uri: str, out: Path, env: dict[str, str], log: Path,
         raise RuntimeError(f"gtep report failed ({log}):\n{(done.stdout + done.stderr)[-3000:]}")
     peak = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
     return {"seconds": round(wall, 2), "peak_rss_mib": round(int(peak.group(1)) / 1024, 1) if peak else None,
-            "files": sorted(p.name for p in out.iterdir())}
+            "stages_s": report_stages(done.stdout + done.stderr), "files": sorted(p.name for p in out.iterdir())}
+
+
+def report_stages(output: str) -> dict[str, float]:
+    """{stage: seconds} from the report's last progress line: 'report: done in 21.0 s (read 9.1 s, ...)'."""
+    found = re.search(r"^report: done in [\d.]+ s \((.*)\)$", output, re.MULTILINE)
+    if not found:
+        return {}
+    return {name: float(seconds) for name, seconds in re.findall(r"(\w+) ([\d.]+) s", found.group(1))}
 
 
 VARYING_COLUMNS = ("run_id", "compute_seconds", "compute_ratio", "train_seconds")  # ids and measured times
@@ -450,6 +459,138 @@ def ui_figures(server_uri: str, root: Path, profile: Path, timeout: float = 180)
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
     return figures
+
+
+def ui_report_rows(server_uri: str, profile: Path, timeout: float = 180) -> dict[str, Any]:
+    """Seconds from opening the page to the data shown, in headless Chromium: the matrix's phases as one
+    experiment's runs table (gtep/reports, the report's child runs: tag gtep.level=report_row), the view a
+    paper-scale matrix is compared in (MLflow's compare-experiments view asks N^2 requests over N studies)."""
+    from mlflow.tracking import MlflowClient
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    client = MlflowClient(tracking_uri=server_uri)
+    experiment = client.get_experiment_by_name("gtep/reports")
+    where = "tags.`gtep.level` = 'report_row'"
+    rows = client.search_runs([experiment.experiment_id], where, max_results=50000)
+    names = {r.info.run_name for r in rows}
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1920,1080", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    figures: dict[str, Any] = {"report_rows": len(rows)}
+    try:
+        driver.get(f"{server_uri}/")  # the app's bundle, once: what is timed below is the data, not the JS download
+        WebDriverWait(driver, timeout).until(lambda d: d.find_element(By.TAG_NAME, "body").text.strip())
+        url = (f"{server_uri}/#/experiments/{experiment.experiment_id}/runs?searchFilter="
+               f"{urllib.parse.quote(where)}&workflowType=machine_learning")
+        report = client.search_runs([experiment.experiment_id], "tags.`gtep.level` = 'report'", max_results=1,
+                                    order_by=["attributes.start_time DESC"])[0].info.run_name
+        wanted = min(len(names), 10)  # the first rows under it, named "<algorithm> <phase>"
+
+        def lines() -> set[str]:
+            return set(driver.find_element(By.TAG_NAME, "body").text.split("\n"))
+
+        start = time.perf_counter()
+        driver.get(url)
+        # the table groups child runs under their parent: first the report's run, then, expanded, the phases
+        WebDriverWait(driver, timeout, poll_frequency=0.1).until(
+            lambda d: report in lines() and any(x.endswith("matching runs") for x in lines()))
+        figures["report_run_shown_s"] = round(time.perf_counter() - start, 2)
+        cell = driver.find_element(By.XPATH, f"//span[normalize-space(text())='{report}']/ancestor::"
+                                             "span[contains(@class,'ag-cell-value')][1]//button")
+        cell.click()
+        WebDriverWait(driver, timeout, poll_frequency=0.1).until(lambda d: len(names & lines()) >= wanted)
+        figures["report_rows_s"] = round(time.perf_counter() - start, 2)
+        driver.save_screenshot(str(profile.parent / "ui-report-rows.png"))
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+    return figures
+
+
+def measure_sizes(folder: Path, sizes: list[int], template: Path | None, ui: bool = True) -> dict[str, Any]:
+    """The report and the UI at each size of store: a store written straight into MLflow's tables
+    (paper_scale_store.py, copies of a real run's studies), `gtep server` over it, `gtep report --matrix` twice
+    (the second into the same folder: figures reused), and the matrix's phases as one experiment's runs table in
+    Chromium. How each grows with the units is the point: the ratios to the smallest size are in `growth`."""
+    from paper_scale_store import studies_for, synthesize
+
+    folder = folder.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    env = plugin_environment()
+    if template is None:  # a small real run of the paper's shape: 4 studies, R = 30, S = 5, into sqlite
+        saved = {k: os.environ.pop(k) for k in ("GTEP_TEST_POSTGRES_URI", "PAPER_SCALE_POSTGRES_URI")
+                 if k in os.environ}
+        try:
+            rehearse(Options(folder / "template", algorithms=2, cells=2, kill_at=None, restart_server_at=None,
+                             reference=False, ui=False, report_sequential=False))
+        finally:
+            os.environ.update(saved)
+        template = folder / "template" / "server" / "mlflow.db"
+    postgres = os.environ.get("GTEP_TEST_POSTGRES_URI") or os.environ.get("PAPER_SCALE_POSTGRES_URI")
+    out: dict[str, Any] = {"store": "postgresql" if postgres else "sqlite", "template": template.name,
+                           "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()},
+                           "sizes": {}}
+    for units in sizes:
+        where = folder / f"units-{units}"
+        shutil.rmtree(where, ignore_errors=True)
+        where.mkdir(parents=True)
+        backend = own_database(postgres) if postgres else f"sqlite:///{where / 'mlflow.db'}"
+        made = synthesize(template, backend, units)
+        print(f"{units} units: {made['studies']} studies written in {made['seconds']} s", flush=True)
+        server = MlflowServer(where, backend, artifacts=where / "artifacts", env=env, workers=2)
+        size: dict[str, Any] = {"studies": made["studies"], "units": made["units"], "groups": made["groups"],
+                                "runs": made["rows"].get("runs")}
+        try:
+            server.start()
+            size["report"] = timed_report(server.uri, where / "report", env, where / "report.log", log_run=True)
+            size["report_again"] = timed_report(server.uri, where / "report", env, where / "report-again.log")
+            if ui:
+                try:
+                    size["ui"] = ui_report_rows(server.uri, where / "chromium-profile")
+                except Exception as err:  # noqa: BLE001 - a figure not measured is said
+                    size["ui"] = {"error": f"{err.__class__.__name__}: {str(err)[:500]}"}
+            size["store_bytes"] = store_figures(backend)["bytes"]
+        finally:
+            server.stop()
+        for report in (size["report"], size["report_again"]):
+            report.pop("files", None)
+        out["sizes"][str(made["units"])] = size
+        print(json.dumps(size), flush=True)
+    base = out["sizes"][min(out["sizes"], key=int)]
+    out["growth"] = {units: {"units": round(size["units"] / base["units"], 2),
+                             "report_s": round(size["report"]["seconds"] / base["report"]["seconds"], 2),
+                             "report_peak_rss": round(size["report"]["peak_rss_mib"] / base["report"]["peak_rss_mib"],
+                                                      2)}
+                     for units, size in out["sizes"].items()}
+    out["machine"]["load_average_at_end"] = os.getloadavg()
+    assert studies_for(max(sizes)) >= 1
+    (folder / "sizes.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def sizes_markdown(figures: dict[str, Any]) -> str:
+    """The --sizes figures as docs/benchmarks.md shows them (tests/benchmarks/test_paper_scale_sizes.py keeps the
+    two equal)."""
+    rows = ["| units (studies) | runs | store | `gtep report --matrix` | again (figures reused) | read / summarise / "
+            "figures / log | peak memory | UI: report run / its phase rows |",
+            "|---|---|---|---|---|---|---|---|"]
+    for units, size in sorted(figures["sizes"].items(), key=lambda item: int(item[0])):
+        first, again, ui = size["report"], size["report_again"], size.get("ui", {})
+        stages = first.get("stages_s", {})
+        parts = " / ".join(f"{stages.get(name, 0.0):.1f}" for name in ("read", "summarise", "figures", "log"))
+        shown = (f"{ui['report_run_shown_s']:.2f} s / {ui['report_rows_s']:.2f} s ({ui['report_rows']} rows)"
+                 if "report_rows_s" in ui else "not measured")
+        rows.append(f"| {int(units):,} ({size['studies']}) | {size['runs']:,} | {size['store_bytes'] / 1e6:,.0f} MB | "
+                    f"{first['seconds']:.1f} s | {again['seconds']:.1f} s | {parts} s | "
+                    f"{first['peak_rss_mib']:,.0f} MiB | {shown} |")
+    return "\n".join(rows)
 
 
 # ---- the rehearsal ------------------------------------------------------------------------------------------
@@ -699,9 +840,16 @@ def print_table(figures: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--markdown", type=Path, help="print the docs' table of a --sizes run's sizes.json")
     what.add_argument("--write", type=Path, help="folder for the matrix file, spaces and runs: write and check it")
     what.add_argument("--run", type=Path, help="folder: write the matrix and rehearse it (cluster, server, faults, "
                       "figures in FOLDER/figures.json)")
+    what.add_argument("--sizes", type=Path, help="folder: the report and the UI over stores of --units each "
+                      "(paper_scale_store.py; figures in FOLDER/sizes.json)")
+    parser.add_argument("--units", type=int, nargs="+", default=[2480, 18600, 100000], help="with --sizes")
+    parser.add_argument("--template", type=Path, help="with --sizes: the mlflow.db of an earlier --run into sqlite "
+                        "(default: a 620-unit run first)")
+    parser.add_argument("--markdown", type=Path, help="print the docs' table of a --sizes run's sizes.json")
     parser.add_argument("--scale", type=float, default=1.0, help="R = 30 x scale and S = 5 x scale (at least 2)")
     parser.add_argument("--algorithms", type=int, default=15, choices=range(1, 16), metavar="1-15")
     parser.add_argument("--cells", type=int, default=8, choices=range(1, 9), metavar="1-8")
@@ -716,6 +864,12 @@ def main() -> None:
     parser.add_argument("--no-sequential-report", action="store_true", help="time the report once (not again "
                         "reading one metric history at a time)")
     args = parser.parse_args()
+    if args.markdown:
+        print(sizes_markdown(json.loads(args.markdown.read_text())))
+        return
+    if args.sizes:
+        print(json.dumps(measure_sizes(args.sizes, args.units, args.template, not args.no_ui)["growth"], indent=1))
+        return
     if args.run:
         figures = rehearse(Options(args.run, args.scale, args.algorithms, args.cells, args.parallel_cells,
                                    args.cpus_per_node, args.kill_at or None, args.restart_server_at or None,

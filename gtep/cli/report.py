@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.console import Console
 
 from gtep.cli.common import console, output_folder, run_guarded
 from gtep.config import ConfigError, check_tracking_uri
@@ -33,8 +34,8 @@ def report_command(
         matrix: Optional[str] = typer.Option(None, "--matrix", help="only phase runs of this gtep matrix "
                                              "(tag gtep.matrix); with no selectors, every study of the store"),
         formats: List[str] = typer.Option(["table"], "--format", "-f", help="table, md, csv, latex: repeat the option "
-                                         "or separate with commas (figures as PNG and PDF, and report.html with "
-                                         "every table and figure, are always written)"),
+                                         "or separate with commas (figures as PNG, and as PDF too with latex; "
+                                         "report.html with every table and figure is always written)"),
         out: Optional[Path] = typer.Option(None, "--out", help="folder for the report's files "
                                            "(default: <output>/reports/<date-time>)"),
         output: Path = typer.Option(Path("gtep-runs"), "--output", parser=output_folder, metavar="<path>",
@@ -42,6 +43,8 @@ def report_command(
         tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri",
                                                    help="MLflow tracking URI (default: sqlite:///<output>/mlflow.db)"),
         no_log: bool = typer.Option(False, "--no-log", help="do not log the report as a run in gtep/reports"),
+        no_figures: bool = typer.Option(False, "--no-figures", help="tables only: draw no figure (report.html "
+                                        "and report.md without them)"),
 ) -> None:
     """Build the paper's tables and figures from tracked studies; nothing is re-run.
 
@@ -63,7 +66,8 @@ def report_command(
             raise ConfigError("--out", f"{out} is a file; give a folder for the report")
         folder = out or runs / "reports" / time.strftime("%Y%m%d-%H%M%S")
         report = run_report(uri, list(selectors or []), matrix=matrix, out=folder, formats=chosen,
-                            console=console, log_to_mlflow=not no_log)
+                            console=console, log_to_mlflow=not no_log, figures=not no_figures,
+                            progress=Console(stderr=True))
         console.print(f"report files: {report.out} ({len(report.paths)} files)")
         if report.run_id:
             console.print(f"report run: {report.run_id} in experiment gtep/reports of {uri}")

@@ -47,7 +47,9 @@ CLASS_INCREMENTAL = "class_incremental"
 GACC_COLUMNS = ["run_id", "k", "alpha", "gacc"]
 GACC_STEPS = 12  # gacc_alpha is logged at step k for alpha = k / 12
 CURVE_COLUMNS = ["run_id", "metric", "step", "value"]
-HISTORY_THREADS = int(os.environ.get("GTEP_REPORT_THREADS", 8))  # histories read at once from a server (_histories)
+HISTORY_THREADS = int(os.environ.get("GTEP_REPORT_THREADS", 8))  # bulk history requests at once to a server
+BULK_RUNS = 100  # runs per bulk history read: the most MLflow's get-history-bulk route takes
+BULK_POINTS = 25_000  # points per bulk read: the route's cap; a read that reaches it is redone run by run
 # Accuracies are fractions inside the report. Runs tagged gtep.units=percent logged these metrics in percent (57.0
 # for 0.57); older runs logged fractions. Both are read into fractions here, so a report prints the same either way.
 UNITS_TAG = "gtep.units"
@@ -161,17 +163,47 @@ class RunStore:
         trials = _frame([trial_row(r) for r in runs], trial_columns())
         return trials, trial_hparams(runs)
 
-    def ordering_runs(self, experiment_ids: list[str]) -> pd.DataFrame:
-        return _frame([ordering_row(r) for r in self._search(experiment_ids, "ordering")], ordering_columns())
+    def ordering_runs(self, experiment_ids: list[str], trials: dict[str, tuple[str, int]] | None = None
+                      ) -> pd.DataFrame:
+        """The ordering runs of the experiments. With `trials` (tuning trial run id -> its experiment id and set
+        index), only those a report reads: every ordering of the phases other than tune, and of the tuning phases
+        only the given trials' (H*'s): 1,200 of a paper-scale matrix's 18,600. A trial's orderings are found by
+        their run names (tune/set015/o0, as MlflowWriter names them: the runs table, where a tag filter would scan
+        every tag of the store once per trial), checked against their parent tag, else by that tag."""
+        if trials is None:
+            return _frame([ordering_row(r) for r in self._search(experiment_ids, "ordering")], ordering_columns())
+        runs = self._search(experiment_ids, "ordering", f"tags.`gtep.phase` != '{TUNE.name}'")
+        named = [([experiment], f"attributes.run_name LIKE '{TUNE.name}/set{index:03d}/o%'")
+                 for experiment, index in trials.values()]
+        missing = []
+        for trial, found in zip(trials, self._each(named)):
+            own = [r for r in found if r.data.tags.get("mlflow.parentRunId") == trial]
+            runs += own
+            if not own:
+                missing.append(([trials[trial][0]], f"tags.`mlflow.parentRunId` = '{trial}'"))
+        for found in self._each(missing):
+            runs += found
+        return _frame([ordering_row(r) for r in runs], ordering_columns())
+
+    def _each(self, queries: list[tuple[list[str], str]]) -> list[list[Run]]:
+        """Several small searches: at once from a server (each is a round trip), one by one from a local store."""
+        def search(query: tuple[list[str], str]) -> list[Run]:
+            return _all_pages(lambda token: self.client.search_runs(query[0], query[1], ViewType.ACTIVE_ONLY, 1000,
+                                                                    page_token=token))
+        if is_server(self.tracking_uri) and len(queries) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(HISTORY_THREADS) as pool:
+                return list(pool.map(search, queries))
+        return [search(query) for query in queries]
 
     def accuracy_steps(self, ordering_ids: list[str], percent: Iterable[str] = ()) -> pd.DataFrame:
         """acc_t per ordering run, as a fraction: accuracy on all classes seen after task t (step t = 1..T).
         `percent`: the runs (of ordering_ids) tagged gtep.units=percent, whose acc_t is in percent."""
         in_percent = set(percent)
-        rows = [{"run_id": run_id, "t": int(point.step),
-                 "acc": float(point.value) / (100.0 if run_id in in_percent else 1.0)}
-                for run_id, history in zip(ordering_ids, self._histories(ordering_ids, "acc_t"))
-                for point in history]
+        histories = self.histories(ordering_ids, "acc_t")
+        rows = [{"run_id": run_id, "t": step, "acc": value / (100.0 if run_id in in_percent else 1.0)}
+                for run_id in ordering_ids for step, value in histories.get(run_id, [])]
         frame = pd.DataFrame(rows, columns=STEP_COLUMNS)
         return frame.drop_duplicates(["run_id", "t"], keep="last").sort_values(["run_id", "t"]).reset_index(drop=True)
 
@@ -179,10 +211,11 @@ class RunStore:
         """gAcc(alpha) per (FSCIL) phase run, as a fraction: the step metric gacc_alpha at step k is gAcc at
         alpha = k / 12, averaged over sessions and the phase's orderings. `percent`: the runs tagged gtep.units=percent.
         One row per (run_id, k, alpha, gacc); a run that logged no curve has no rows."""
-        in_percent = set(percent)
-        rows = [{"run_id": run_id, "k": int(point.step), "alpha": int(point.step) / GACC_STEPS,
-                 "gacc": float(point.value) / (100.0 if run_id in in_percent else 1.0)}
-                for run_id in phase_ids for point in self.client.get_metric_history(run_id, "gacc_alpha")]
+        in_percent, ids = set(percent), list(phase_ids)
+        histories = self.histories(ids, "gacc_alpha")
+        rows = [{"run_id": run_id, "k": step, "alpha": step / GACC_STEPS,
+                 "gacc": value / (100.0 if run_id in in_percent else 1.0)}
+                for run_id in ids for step, value in histories.get(run_id, [])]
         frame = pd.DataFrame(rows, columns=GACC_COLUMNS)
         return frame.drop_duplicates(["run_id", "k"], keep="last").sort_values(["run_id", "k"]).reset_index(drop=True)
 
@@ -190,7 +223,7 @@ class RunStore:
         """Every curve of each phase run's family table (but acc_t, drawn from the orderings, and gacc_alpha, read
         by gacc_alpha): the mean over the phase's orderings at each step, a fraction where the metric is a percent
         one. One row per (run_id, metric, step, value)."""
-        rows = []
+        wanted: dict[str, list[tuple[str, float]]] = {}  # metric -> (phase run, its scale)
         for _, phase in phases.iterrows():
             family = str(phase.get("family") or CLASS_INCREMENTAL)
             if family not in FAMILIES:
@@ -199,9 +232,12 @@ class RunStore:
                 if not metric.curve or metric.name in ("acc_t", "gacc_alpha"):
                     continue
                 scale = 100.0 if metric.percent and bool(phase.get("percent")) else 1.0
-                rows += [{"run_id": phase["run_id"], "metric": metric.name, "step": int(point.step),
-                          "value": float(point.value) / scale}
-                         for point in self.client.get_metric_history(phase["run_id"], metric.name)]
+                wanted.setdefault(metric.name, []).append((str(phase["run_id"]), scale))
+        rows = []
+        for name, runs in wanted.items():
+            histories = self.histories([run_id for run_id, _ in runs], name)
+            rows += [{"run_id": run_id, "metric": name, "step": step, "value": value / scale}
+                     for run_id, scale in runs for step, value in histories.get(run_id, [])]
         frame = pd.DataFrame(rows, columns=CURVE_COLUMNS)
         return frame.drop_duplicates(["run_id", "metric", "step"], keep="last").sort_values(
             ["run_id", "metric", "step"]).reset_index(drop=True)
@@ -237,7 +273,8 @@ class RunStore:
         if rows is None or rows.empty:
             return
         now = int(time.time() * 1000)
-        for row in rows.to_dict("records"):
+
+        def log_row(row: dict[str, Any]) -> None:
             tags = {"mlflow.parentRunId": parent, "gtep.level": "report_row", "gtep.phase_run": str(row["run_id"])}
             if matrix:
                 tags["gtep.matrix"] = matrix
@@ -248,6 +285,16 @@ class RunStore:
                        if isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)]
             self.client.log_batch(run.info.run_id, metrics=metrics, params=params)
             self.client.set_terminated(run.info.run_id, "FINISHED")
+
+        records = rows.to_dict("records")
+        if is_server(self.tracking_uri) and len(records) > 1:  # three round trips a row: 240 rows of a matrix
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(HISTORY_THREADS) as pool:
+                list(pool.map(log_row, records))
+        else:
+            for row in records:
+                log_row(row)
 
     def json_artifact(self, run_id: str, name: str) -> dict[str, Any] | None:
         """A JSON artifact of a run (an evaluate_sets phase's protocol_regret.json); None when it has none."""
@@ -264,17 +311,64 @@ class RunStore:
                 return None
         return data if isinstance(data, dict) else None
 
-    def _histories(self, run_ids: list[str], key: str) -> list[list[Any]]:
-        """Each run's history of `key`, in the order of run_ids. MLflow has one request per run and metric (its
-        bulk call loops over the runs too); against a tracking server these round trips are the report's cost at
-        a matrix's size (2 x S per study: 1,200 for the paper's 120 studies), so they go HISTORY_THREADS at a
-        time; a local store is read one by one (its connection is not shared between threads)."""
-        if not is_server(self.tracking_uri) or len(run_ids) < 2:
-            return [self.client.get_metric_history(run_id, key) for run_id in run_ids]
-        from concurrent.futures import ThreadPoolExecutor
+    def histories(self, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float]]]:
+        """Each run's history of `key` as (step, value) points in logging order, read in bulk: through a server,
+        MLflow's get-history-bulk route (100 runs a request, one SQL query each); from a local store, its one
+        query over all the runs. A paper-scale report reads 1,200 histories: one request per run cost a round
+        trip each. A store without the bulk read (another backend) is read run by run."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return {}
+        store = getattr(self.client, "_tracking_client", None)
+        store = getattr(store, "store", None)
+        chunks = [ids[i:i + BULK_RUNS] for i in range(0, len(ids), BULK_RUNS)]
+        if is_server(self.tracking_uri) and callable(getattr(store, "get_host_creds", None)):
+            read = self._bulk_from_server(store, key)
+        elif callable(bulk := getattr(store, "get_metric_history_bulk", None)):
+            def read(chunk: list[str]) -> dict[str, list[tuple[int, float]]]:
+                found = bulk(chunk, key, max_results=BULK_POINTS)
+                if len(found) >= BULK_POINTS:  # cut short: read these runs one by one
+                    return self._one_by_one(chunk, key)
+                points: dict[str, list[tuple[int, float]]] = {}
+                for item in found:
+                    points.setdefault(item.run_id, []).append((int(item.step), float(item.value)))
+                return points
+        else:
+            read = lambda chunk: self._one_by_one(chunk, key)  # noqa: E731
+        out: dict[str, list[tuple[int, float]]] = {}
+        if is_server(self.tracking_uri) and len(chunks) > 1:
+            from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(HISTORY_THREADS) as pool:
-            return list(pool.map(lambda run_id: self.client.get_metric_history(run_id, key), run_ids))
+            with ThreadPoolExecutor(HISTORY_THREADS) as pool:
+                parts = list(pool.map(read, chunks))
+        else:
+            parts = [read(chunk) for chunk in chunks]
+        for part in parts:
+            out.update(part)
+        return out
+
+    def _bulk_from_server(self, store: Any, key: str) -> Callable[[list[str]], dict[str, list[tuple[int, float]]]]:
+        from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+        endpoint = "/ajax-api/2.0/mlflow/metrics/get-history-bulk"
+
+        def read(chunk: list[str]) -> dict[str, list[tuple[int, float]]]:
+            response = http_request(store.get_host_creds(), endpoint, "GET",
+                                    params={"run_id": chunk, "metric_key": key, "max_results": BULK_POINTS})
+            if response.status_code == 404:  # a server older than the route
+                return self._one_by_one(chunk, key)
+            found = verify_rest_response(response, endpoint).json().get("metrics", [])
+            if len(found) >= BULK_POINTS:
+                return self._one_by_one(chunk, key)
+            points: dict[str, list[tuple[int, float]]] = {}
+            for item in sorted(found, key=lambda m: (m["run_id"], int(m.get("timestamp", 0)), int(m.get("step", 0)))):
+                points.setdefault(item["run_id"], []).append((int(item.get("step", 0)), float(item["value"])))
+            return points
+        return read
+
+    def _one_by_one(self, run_ids: list[str], key: str) -> dict[str, list[tuple[int, float]]]:
+        return {run_id: [(int(m.step), float(m.value)) for m in self.client.get_metric_history(run_id, key)]
+                for run_id in run_ids}
 
     def _search(self, experiment_ids: list[str], level: str, extra: str = "") -> list[Run]:
         if not experiment_ids:

@@ -14,9 +14,11 @@ import multiprocessing
 import os
 import re
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from rich.console import Console
@@ -88,8 +90,10 @@ def slug(scenario: str, pairing: str) -> str:
 # ---------------------------------------------------------------- frames
 
 def search_frames(data: StoreData, phases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Importance and best-so-far per tuning phase (one algorithm of one scenario and pairing)."""
-    importances, curves = [], []
+    """Importance and best-so-far per tuning phase (one algorithm of one scenario and pairing). fANOVA's forest is
+    most of a large report's summary (about 0.3 s of CPU per tuning phase: 120 in the paper's matrix), so many
+    phases are fitted in worker processes."""
+    importances, curves, fits = [], [], []
     tuned = phases[phases["phase"] == TUNE.name]
     for _, phase in tuned.iterrows():
         trials = data.trials[data.trials["phase_run_id"] == phase["run_id"]]
@@ -98,16 +102,37 @@ def search_frames(data: StoreData, phases: pd.DataFrame) -> tuple[pd.DataFrame, 
         keys = {k: phase[k] for k in (*sm.GROUP, "label")}
         selection = phase["selection"] or "hmean_of_means"
         hparams = data.hparams[data.hparams["trial_run_id"].isin(trials["run_id"])]
-        imp = search.hyperparameter_importance(trials, hparams, selection)
-        scored = int(search.trial_scores(trials, selection).notna().sum())  # what fANOVA was fitted on
-        importances.append(imp.assign(**keys, trials=scored))
+        fits.append((keys, trials, hparams, selection))
         curve = search.best_so_far(trials, selection)
         curves.append(curve.assign(**keys, trials_to_best=search.trials_to_best(curve)))
+    for (keys, *_), (imp, scored) in zip(fits, in_workers(fit_importance, [fit[1:] for fit in fits],
+                                                          FANOVA_PER_WORKER)):
+        importances.append(imp.assign(**keys, trials=scored))
     importance = pd.concat(importances, ignore_index=True) if importances else pd.DataFrame(
         columns=[*sm.GROUP, "label", "hyperparameter", "importance", "trials"])
     convergence = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
         columns=[*sm.GROUP, "label", "trial", "set_index", "score", "best_so_far", "trials_to_best"])
     return importance, convergence
+
+
+FANOVA_PER_WORKER = 8  # tuning phases a worker process is worth starting for (it imports pandas and Optuna: ~1 s)
+
+
+def fit_importance(trials: pd.DataFrame, hparams: pd.DataFrame, selection: str) -> tuple[pd.DataFrame, int]:
+    """One tuning phase's fANOVA importance, and how many scored trials it was fitted on."""
+    imp = search.hyperparameter_importance(trials, hparams, selection)
+    return imp, int(search.trial_scores(trials, selection).notna().sum())
+
+
+def in_workers(function: Callable, jobs: list[tuple], per_worker: int = 1) -> list:
+    """function(*job) for every job, in order: in this process when one worker is all there is to use, else in
+    report_workers() spawned processes (the report may run inside a process with Ray's and MLflow's threads, which
+    a fork would copy mid-flight)."""
+    workers = report_workers(len(jobs) // max(per_worker, 1))
+    if workers <= 1:
+        return [function(*job) for job in jobs]
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(function, *zip(*jobs), chunksize=max(1, len(jobs) // (4 * workers))))
 
 
 def build_frames(data: StoreData) -> Report:
@@ -234,16 +259,68 @@ class GroupFigures:
     importance: pd.DataFrame
     gacc: pd.DataFrame
     family_curves: pd.DataFrame
+    vector: bool = False  # PDFs beside the PNGs (--format latex)
 
     @classmethod
-    def of(cls, report: Report, group: tuple[str, str], folder: Path) -> "GroupFigures":
+    def of(cls, report: Report, group: tuple[str, str], folder: Path, vector: bool = False) -> "GroupFigures":
         return cls(group[0], group[1], folder, _part(report.curves, group), _part(report.summary, group),
                    _part(report.convergence, group), _part(report.importance, group), _part(report.gacc, group),
-                   _part(report.family_curves, group))
+                   _part(report.family_curves, group), vector)
+
+    def digest(self) -> str:
+        """What the figures are drawn from and how: the group, its frames, whether PDFs are wanted, and the code
+        that draws them (plots.py and this module), so that a figure is reused only where it would come out the
+        same."""
+        h = hashlib.sha1(f"{self.scenario}\n{self.pairing}\n{self.vector}".encode())
+        for module in (plots, build_module()):
+            h.update(Path(str(module.__file__)).read_bytes())
+        for frame in (self.curves, self.summary, self.convergence, self.importance, self.gacc, self.family_curves):
+            h.update(",".join(map(str, frame.columns)).encode())
+            h.update(pd.util.hash_pandas_object(frame.reset_index(drop=True).astype(str), index=True).to_numpy()
+                     .tobytes())
+        return h.hexdigest()
+
+
+def build_module():
+    import sys
+
+    return sys.modules[__name__]
+
+
+FIGURES_FILE = "figures.json"  # per group folder: the digest its figures were drawn from, and the files
+
+
+def reused_figures(figures: GroupFigures, digest: str) -> list[Path] | None:
+    """The group's figures as an earlier report into the same folder drew them from the same frames, when every
+    file is still there; None otherwise (they are drawn)."""
+    import json
+
+    record = figures.folder / FIGURES_FILE
+    try:
+        drawn = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    files = [figures.folder / name for name in drawn.get("files", []) if "/" not in name]
+    if drawn.get("digest") != digest or not all(path.is_file() for path in files):
+        return None
+    return files
 
 
 def draw_group(figures: GroupFigures) -> list[Path]:
-    """One group's plots, each as PNG and PDF."""
+    """One group's plots, each as PNG (and PDF when `vector`), and the record of what they were drawn from."""
+    import json
+
+    token = plots.VECTOR.set(figures.vector)
+    try:
+        paths = _draw(figures)
+    finally:
+        plots.VECTOR.reset(token)
+    record = {"digest": figures.digest(), "files": [path.name for path in paths]}
+    (figures.folder / FIGURES_FILE).write_text(json.dumps(record, indent=1))
+    return paths
+
+
+def _draw(figures: GroupFigures) -> list[Path]:
     scenario, pairing, folder, summary = figures.scenario, figures.pairing, figures.folder, figures.summary
     evaluation, tuning = "evaluation phase (H* on D^E)", "tuning phase (D^HT)"
     drawn = [
@@ -270,27 +347,45 @@ def draw_group(figures: GroupFigures) -> list[Path]:
                                         plots.title(f"{metric_label(metric)}, tuning dashed, evaluation solid",
                                                     scenario, pairing), metric_label(metric),
                                         percent=known_metrics()[metric].percent))
-    return [path for png in drawn if png is not None for path in (png, png.with_suffix(".pdf"))]
+    return [path for png in drawn if png is not None
+            for path in ((png, png.with_suffix(".pdf")) if figures.vector else (png,))]
 
 
 def report_workers(groups: int) -> int:
-    """Processes drawing the groups' figures: GTEP_REPORT_WORKERS, else one per CPU up to 8, never more than there
-    are groups. Rendering (PNG and PDF, every algorithm in every panel) is most of a large report's time: 8 groups
-    of 15 algorithms took about 4 of its 5 minutes in one process."""
+    """Processes for a report's CPU-bound parts (fANOVA's fits, the groups' figures): GTEP_REPORT_WORKERS, else one
+    per CPU up to 8, never more than there are jobs worth one. A paper-scale matrix's 120 fits and 8 groups of 15
+    algorithms were most of its report's time in one process."""
     wanted = os.environ.get("GTEP_REPORT_WORKERS")
     count = int(wanted) if wanted else min(os.cpu_count() or 1, 8)
     return max(1, min(count, groups))
 
 
-def draw_groups(report: Report, folders: dict[tuple[str, str], Path]) -> list[Path]:
-    """Every group's figures; several groups at once in worker processes (spawned: the report may run inside a
-    process with Ray's and MLflow's threads, which a fork would copy mid-flight)."""
-    jobs = [GroupFigures.of(report, group, folder) for group, folder in folders.items()]
-    workers = report_workers(len(jobs))
-    if workers == 1:
-        return [path for job in jobs for path in draw_group(job)]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return [path for paths in pool.map(draw_group, jobs) for path in paths]
+@dataclass
+class Drawn:
+    """What draw_groups did: the figure files, how many groups were drawn and how many reused, in how many
+    processes."""
+    paths: list[Path] = field(default_factory=list)
+    drawn: int = 0
+    reused: int = 0
+    workers: int = 0
+
+
+def draw_groups(report: Report, folders: dict[tuple[str, str], Path], vector: bool = False,
+                before: Callable[[int, int, int], None] | None = None) -> Drawn:
+    """Every group's figures: reused where the folder holds them drawn from the same frames (reused_figures),
+    the others drawn, several groups at once in worker processes (spawned: the report may run inside a process
+    with Ray's and MLflow's threads, which a fork would copy mid-flight). `before(to draw, reused, workers)` is
+    told what is about to happen (the report's progress line)."""
+    jobs = [GroupFigures.of(report, group, folder, vector) for group, folder in folders.items()]
+    kept = {i: paths for i, job in enumerate(jobs) if (paths := reused_figures(job, job.digest())) is not None}
+    todo = [job for i, job in enumerate(jobs) if i not in kept]
+    workers = report_workers(len(todo)) if todo else 0
+    if before is not None:
+        before(len(todo), len(kept), workers)
+    fresh = in_workers(draw_group, [(job,) for job in todo])
+    drawn = iter(fresh)
+    paths = [path for i in range(len(jobs)) for path in (kept[i] if i in kept else next(drawn))]
+    return Drawn(paths, len(todo), len(kept), workers)
 
 
 def family_note(report: Report, group: tuple[str, str]) -> str:
@@ -397,13 +492,12 @@ def html_report(report: Report, folders: dict[tuple[str, str], Path]) -> str:
     return "\n".join(parts)
 
 
-def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Path]:
-    """Every group's tables and plots, the frames as CSV, report.md, and always report.html (what the MLflow UI
-    shows of the report run)."""
+def write_tables(report: Report, out: Path, formats: tuple[str, ...]) -> list[Path]:
+    """Every group's table in the chosen formats, the frames as CSV and Kendall's tau as LaTeX: the numbers,
+    written before any figure is drawn."""
     out.mkdir(parents=True, exist_ok=True)
-    folders = {group: out / slug(*group) for group in report.tables}
-    written = [p for group, folder in folders.items() for p in write_group(report, group, folder, formats)]
-    written += draw_groups(report, folders)
+    written = [p for group, folder in group_folders(report, out).items()
+               for p in write_group(report, group, folder, formats)]
     if "csv" in formats:
         for name in ("summary", "gaps", "ranking", "curves", "importance", "convergence", "sets", "left_out",
                      "protocols"):
@@ -420,11 +514,6 @@ def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Pat
         if not report.family_curves.empty:  # a class-incremental report writes the files it always did
             report.family_curves.to_csv(out / "family_curves.csv", index=False)
             written.append(out / "family_curves.csv")
-    if "md" in formats:
-        (out / "report.md").write_text(markdown_report(report, folders, out))
-        written.append(out / "report.md")
-    (out / "report.html").write_text(html_report(report, folders))
-    written.append(out / "report.html")
     if "latex" in formats and not report.ranking.empty:
         frame = report.ranking.set_index("metric")[["scenario", "pairing", "algorithms", "tau"]]
         frame = frame.assign(tau=frame["tau"].map(lambda v: "tied" if math.isnan(v) else f"{v:.3f}"))
@@ -432,6 +521,64 @@ def write_files(report: Report, out: Path, formats: tuple[str, ...]) -> list[Pat
                                                                    "phase rankings.", "tab:gtep-ranking"))
         written.append(out / "ranking.tex")
     return written
+
+
+def write_pages(report: Report, out: Path, formats: tuple[str, ...]) -> list[Path]:
+    """report.md (with md) and always report.html (what the MLflow UI shows of the report run), with whatever
+    figures the group folders hold."""
+    folders = group_folders(report, out)
+    written = []
+    if "md" in formats:
+        (out / "report.md").write_text(markdown_report(report, folders, out))
+        written.append(out / "report.md")
+    (out / "report.html").write_text(html_report(report, folders))
+    written.append(out / "report.html")
+    return written
+
+
+def group_folders(report: Report, out: Path) -> dict[tuple[str, str], Path]:
+    return {group: out / slug(*group) for group in report.tables}
+
+
+def write_files(report: Report, out: Path, formats: tuple[str, ...], figures: bool = True) -> list[Path]:
+    """Every group's tables and plots (PDFs too with latex), the frames as CSV, report.md, and always report.html."""
+    written = write_tables(report, out, formats)
+    if figures:
+        written += draw_groups(report, group_folders(report, out), vector="latex" in formats).paths
+    return written + write_pages(report, out, formats)
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+class Progress:
+    """What a report is doing, a line per stage as it starts ("report: reading ..."), on its own console (stderr
+    for the command, so that its tables stay clean on stdout), and at the end the seconds each stage took."""
+
+    def __init__(self, console: Console | None) -> None:
+        self.console = console
+        self.seconds: dict[str, float] = {}
+        self.started = self.current = time.perf_counter()
+        self.stage_name: str | None = None
+
+    def stage(self, name: str, doing: str) -> None:
+        self._close()
+        self.stage_name, self.current = name, time.perf_counter()
+        if self.console is not None:
+            self.console.print(f"report: {escape(doing)}", highlight=False, soft_wrap=True)
+
+    def _close(self) -> None:
+        if self.stage_name is not None:
+            self.seconds[self.stage_name] = round(time.perf_counter() - self.current, 2)
+            self.stage_name = None
+
+    def finish(self) -> None:
+        self._close()
+        total = time.perf_counter() - self.started
+        if self.console is not None:
+            parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
+            self.console.print(f"report: done in {total:.1f} s ({parts})", highlight=False, soft_wrap=True)
 
 
 def print_report(report: Report, console: Console) -> None:
@@ -458,18 +605,38 @@ def report_metrics(report: Report) -> dict[str, float]:
 
 def run_report(tracking_uri: str, selectors: list[str], *, matrix: str | None = None, out: Path | None = None,
                formats: tuple[str, ...] = ("table",), console: Console | None = None,
-               log_to_mlflow: bool = True) -> Report:
+               log_to_mlflow: bool = True, figures: bool = True, progress: Console | None = None) -> Report:
     """Read the studies `selectors` name (study names, gtep/<study>, or globs such as 'gtep/mx-*'; with `matrix`,
-    only phase runs tagged gtep.matrix=<matrix>) and write the report. Raises ConfigError (naming the option)
-    before writing anything when the store, the selectors or the formats are wrong."""
+    only phase runs tagged gtep.matrix=<matrix>) and write the report: the tables first (terminal, CSV, LaTeX),
+    then the figures (reused where `out` holds them drawn from the same numbers; none with figures=False), the
+    pages, and the report run. `progress`: where the stage lines go (None: nowhere). Raises ConfigError (naming
+    the option) before writing anything when the store, the selectors or the formats are wrong."""
     formats = check_formats(formats)
+    steps = Progress(progress)
     runs = open_store(tracking_uri)
+    scope = f"matrix {matrix}" if matrix else ", ".join(selectors)
+    steps.stage("read", f"reading the runs of {scope} from {tracking_uri}")
     data = collect(runs, list(selectors), matrix)
+    steps.stage("summarise", f"summarising {len(data.phases)} phase runs of {data.phases['study'].nunique()} "
+                f"studies ({len(data.trials)} tuning trials, {len(data.orderings)} orderings)")
     report = build_frames(data)
     report.out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gtep-report-"))
-    report.paths = write_files(report, report.out, formats)
+    shown = [f for f in formats if f != "table"]
+    steps.stage("tables", plural(len(report.tables), "table") + (f", written as {', '.join(shown)}" if shown else ""))
     if "table" in formats:
         print_report(report, console or Console())
+    report.paths = write_tables(report, report.out, formats)
+    if figures:
+        def drawing(todo: int, reused: int, workers: int) -> None:
+            kept = f"; {reused} reused (drawn from the same numbers into {report.out} before)" if reused else ""
+            steps.stage("figures", f"figures of {plural(todo, 'group')}"
+                        + (f" in {workers} processes" if workers > 1 else "") + kept)
+        report.paths += draw_groups(report, group_folders(report, report.out), vector="latex" in formats,
+                                    before=drawing).paths
+    steps.stage("pages", f"report.html{' and report.md' if 'md' in formats else ''} in {report.out}")
+    report.paths += write_pages(report, report.out, formats)
     if log_to_mlflow:
+        steps.stage("log", f"logging the report and its {len(report.summary)} phase rows to gtep/reports")
         report.run_id = runs.log_report(report.out, list(selectors), matrix, report_metrics(report), report.summary)
+    steps.finish()
     return report

@@ -181,7 +181,7 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
         raise ConfigError("SELECTORS", f"the selected studies have no finished phase run yet ({why}); wait for "
                           "them or resume them (gtep run --resume, gtep evaluate --resume)")
     trials = trials[trials["phase_run_id"].isin(phases["run_id"])].reset_index(drop=True)
-    orderings = store.ordering_runs(ids)
+    orderings = store.ordering_runs(ids, read_trials(phases, trials, experiments))
     orderings = orderings.merge(trials[["run_id", "phase_run_id"]].rename(columns={"run_id": "trial_run_id"}),
                                 on="trial_run_id", how="inner")
     # a unit logged twice (should not happen: writes are idempotent) counts once, the latest
@@ -202,6 +202,26 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
     data.set_evaluations = {run_id: store.json_artifact(run_id, REGRET_FILE) or {}
                             for run_id in phases.loc[ranks_every_set(phases), "run_id"]}
     return data
+
+
+def read_trials(phases: pd.DataFrame, trials: pd.DataFrame,
+                experiments: dict[str, str]) -> dict[str, tuple[str, int]] | None:
+    """The tuning trials whose ordering runs a report reads (trial run id -> experiment id, set index): H*'s of
+    each tuning
+    phase (its curves and its row of the table); the other sets are read as their trial runs. None (read every
+    ordering run) when a tuning phase predates the compute_seconds metric: its cost is then summed from all its
+    orderings (protocols.compute_seconds)."""
+    tuned = phases[phases["phase"] == TUNE.name]
+    if "compute_seconds" not in tuned or tuned["compute_seconds"].isna().any():
+        return None
+    own = StoreData(phases, trials, pd.DataFrame(columns=["trial_run_id"]), pd.DataFrame(), pd.DataFrame())
+    chosen = {}
+    for _, phase in tuned.iterrows():
+        best = best_trial_id(own, phase)
+        if best is not None:
+            index = trials.loc[trials["run_id"] == best, "set_index"].iloc[0]
+            chosen[best] = (experiments[phase["experiment"]], int(index))
+    return chosen
 
 
 def best_trial_id(data: StoreData, phase: pd.Series) -> str | None:

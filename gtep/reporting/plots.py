@@ -5,6 +5,7 @@ global state or needs a display. Every function returns the file it wrote, or No
 """
 from __future__ import annotations
 
+import contextvars
 import math
 import textwrap
 from pathlib import Path
@@ -32,11 +33,17 @@ def _figure(width: float = 6.0, height: float = 4.0):
     return figure
 
 
+# Whether a figure is also saved as PDF (vector, for a paper: `gtep report --format latex`). Writing the PDF cost
+# as much as the PNG again; a report read in the terminal, the browser or the MLflow UI shows only the PNG.
+VECTOR: contextvars.ContextVar[bool] = contextvars.ContextVar("gtep_report_vector", default=True)
+
+
 def _save(figure, path: Path) -> Path:
-    """The figure as PNG (for the Markdown and HTML reports) and beside it as PDF (vector, for a paper)."""
+    """The figure as PNG (for the Markdown and HTML reports) and, when VECTOR is set, beside it as PDF."""
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")
-    figure.savefig(path.with_suffix(".pdf"), format="pdf")
+    if VECTOR.get():
+        figure.savefig(path.with_suffix(".pdf"), format="pdf")
     return path
 
 
@@ -147,27 +154,35 @@ def convergence(curves: pd.DataFrame, path: Path, heading: str) -> Path | None:
 
 
 def importance(frame: pd.DataFrame, path: Path, heading: str) -> Path | None:
-    """fANOVA importance (%) of each tuned hyperparameter, one panel per algorithm, each titled with the number of
-    scored trials it was fitted on; a warning under the panels when that is fewer than 20."""
+    """fANOVA importance (%) of each tuned hyperparameter as one grid: hyperparameters as rows, algorithms as
+    columns (each named with the number of scored trials it was fitted on), the percentage in each cell and its
+    shade; a warning under the grid when a fit had fewer than 20 trials. One panel, whatever the number of
+    algorithms: a panel per algorithm made the paper's 15 a figure 60 inches wide that took seconds to draw."""
     if frame.empty:
         return None
     labels = sorted(frame["label"].unique())
-    height = 0.35 * frame.groupby("label").size().max() + 2.2
-    figure = _figure(max(5.5, 4.0 * len(labels)), height)
-    counts = {}
-    for i, label in enumerate(labels):
-        rows = frame[frame["label"] == label].sort_values("importance")
-        counts[label] = int(rows["trials"].iloc[0]) if "trials" in rows else 0
-        ax = figure.add_subplot(1, len(labels), i + 1)
-        bars = ax.barh(rows["hyperparameter"], 100 * rows["importance"])
-        ax.bar_label(bars, fmt="%.1f", fontsize="small", padding=2)
-        ax.set(xlabel="importance (%)", title=f"{label} ({counts[label]} trials)", xlim=(0, 125))
-        ax.set_xticks(range(0, 101, 20))
+    grid = frame.pivot_table(index="hyperparameter", columns="label", values="importance", aggfunc="first")
+    grid = grid.reindex(columns=labels).sort_index()
+    counts = {label: int(frame.loc[frame["label"] == label, "trials"].iloc[0]) if "trials" in frame else 0
+              for label in labels}
+    figure = _figure(max(5.5, 1.0 * len(labels) + 2.5), max(3.0, 0.45 * len(grid) + 2.4))
+    ax = figure.add_subplot(1, 1, 1)
+    values = 100 * grid.to_numpy(dtype=float)
+    ax.imshow(np.nan_to_num(values, nan=0.0), cmap="Blues", vmin=0, vmax=100, aspect="auto")
+    for (row, column), value in np.ndenumerate(values):
+        if not math.isnan(value):
+            ax.text(column, row, f"{value:.1f}", ha="center", va="center", fontsize="small",
+                    color="white" if value > 60 else "black")
+    ax.set_xticks(range(len(labels)), [f"{label}\n({counts[label]} trials)" for label in labels],
+                  rotation=45 if len(labels) > 4 else 0, ha="right" if len(labels) > 4 else "center",
+                  fontsize="small")
+    ax.set_yticks(range(len(grid)), list(grid.index))
+    ax.set_title("importance (%)", fontsize="medium")
     figure.suptitle(heading)
     few = min(counts.values())
     if few_trials_warning(few):
-        figure.supxlabel(textwrap.fill("Warning: " + few_trials_warning(few), 45 * len(labels) + 20),
-                         color="firebrick", fontsize="small")
+        figure.supxlabel(textwrap.fill("Warning: " + few_trials_warning(few), 90), color="firebrick",
+                         fontsize="small")
     return _save(figure, path)
 
 

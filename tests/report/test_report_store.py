@@ -2,8 +2,10 @@
 through the CLI into one sqlite MLflow store; every table value is then checked against the store, read here
 independently with MlflowClient."""
 import math
+import re
 import statistics
 
+import pandas as pd
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
@@ -236,6 +238,46 @@ def test_report_command(tracked, tmp_path):
     assert hm in result.output  # the evaluation phase's HM, as the terminal of gtep evaluate shows it
     assert (tmp_path / "cli" / "report.md").exists() and (tmp_path / "cli" / "ranking.tex").exists()
     assert by_hand(tracked["client"], "icarl", "evaluate")["cell"] in (tmp_path / "cli" / "report.md").read_text()
+    # a line per stage as it starts, the tables before the figures, and the seconds of each stage at the end
+    lines = result.output.splitlines()
+    stages = [line for line in lines if line.startswith("report: ")]
+    assert stages[0] == f"report: reading the runs of rep-replay, gtep/rep-icarl from sqlite:///{out.resolve()}/mlflow.db"
+    assert stages[1].startswith("report: summarising 6 phase runs of 2 studies")
+    assert [line.split()[1] for line in stages[2:5]] == ["1", "figures", "report.html"]
+    assert lines.index(stages[3]) > max(i for i, line in enumerate(lines) if "gap HM" in line), "tables first"
+    done = re.fullmatch(r"report: done in [\d.]+ s \((.*)\)", stages[-1])
+    assert done and [part.split()[0] for part in done.group(1).split(", ")] == [
+        "read", "summarise", "tables", "figures", "pages"]
+
+
+def test_a_report_reads_only_the_ordering_runs_it_shows_and_they_are_enough(tracked, monkeypatch):
+    """Of a tuning phase only H*'s orderings are read (1,200 of a paper-scale matrix's 18,600): the report is the
+    one every ordering run gives."""
+    from gtep.orchestration.report_store import open_store
+    from gtep.reporting import build, collect
+
+    store = open_store(tracked["uri"])
+    some = collect.collect(store, ["rep-*"])
+    monkeypatch.setattr(collect, "read_trials", lambda *args: None)  # every ordering run, as before
+    every = collect.collect(store, ["rep-*"])
+    tuned = every.orderings.merge(every.phases[["run_id", "phase"]], left_on="phase_run_id", right_on="run_id")
+    assert len(some.orderings) < len(every.orderings) == len(some.orderings) + (
+        (tuned["phase"] == "tune").sum() - len(ALGORITHMS) * CONFIG["search"]["orderings"])
+    ours, theirs = build.build_frames(some), build.build_frames(every)
+    for name in ("summary", "gaps", "curves", "convergence", "importance", "sets", "protocols"):
+        pd.testing.assert_frame_equal(getattr(ours, name), getattr(theirs, name), obj=name)
+
+
+def test_metric_histories_read_in_bulk_are_the_runs_histories(tracked, monkeypatch):
+    from gtep.orchestration import report_store
+    from gtep.orchestration.report_store import open_store
+
+    store = open_store(tracked["uri"])
+    ids = [r.info.run_id for a in ALGORITHMS for r in ordering_runs(tracked["client"], a, "evaluate")]
+    monkeypatch.setattr(report_store, "BULK_RUNS", 3)  # several chunks
+    bulk = store.histories(ids, "acc_t")
+    assert bulk == {run_id: [(m.step, m.value) for m in tracked["client"].get_metric_history(run_id, "acc_t")]
+                    for run_id in ids} and all(bulk.values())
 
 
 @pytest.mark.parametrize("args, option", [

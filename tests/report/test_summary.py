@@ -216,13 +216,33 @@ def test_importance_is_percent_with_a_warning_under_twenty_trials(report, tmp_pa
     assert set(report.importance["trials"]) == {2}
 
 
-def test_figures_are_png_and_pdf_and_the_html_embeds_them(report, tmp_path):
-    paths = build.write_files(report, tmp_path, ())
+def test_figures_are_png_and_the_html_embeds_them_and_pdf_comes_with_latex(report, tmp_path):
+    paths = build.write_files(report, tmp_path / "plain", ())
+    pngs = [p for p in paths if p.suffix == ".png"]
+    assert pngs and not [p for p in paths if p.suffix == ".pdf"] and not list((tmp_path / "plain").rglob("*.pdf"))
+    page = (tmp_path / "plain" / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == len(pngs) and "![" not in page
+    paths = build.write_files(report, tmp_path / "paper", ("latex",))  # vector figures, for the paper
     pngs = [p for p in paths if p.suffix == ".png"]
     assert pngs and all(p.with_suffix(".pdf") in paths for p in pngs)
     assert all(p.with_suffix(".pdf").read_bytes()[:5] == b"%PDF-" for p in pngs)
-    page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == len(pngs) and "![" not in page
+
+
+def test_figures_drawn_from_the_same_numbers_into_the_same_folder_are_reused(report, tmp_path):
+    """A second report into the folder of a first (a matrix's closing report, rerun) draws no figure whose group's
+    numbers did not change; a group whose numbers changed, or a figure deleted, is drawn again."""
+    folders = build.group_folders(report, tmp_path)
+    first = build.draw_groups(report, folders)
+    assert first.drawn == len(folders) and first.reused == 0
+    stamps = {p: p.stat().st_mtime_ns for p in first.paths}
+    again = build.draw_groups(report, folders)
+    assert again.drawn == 0 and again.reused == len(folders) and again.paths == first.paths
+    assert {p: p.stat().st_mtime_ns for p in again.paths} == stamps, "nothing was drawn again"
+    changed = build.Report(**{**report.__dict__, "summary": report.summary.assign(hmean=report.summary["hmean"] / 2)})
+    assert build.draw_groups(changed, folders).drawn == len(folders), "other numbers: drawn again"
+    first.paths[0].unlink()
+    assert build.draw_groups(changed, folders).drawn == 1, "a figure missing: its group drawn again"
+    assert build.draw_groups(changed, folders, vector=True).drawn == len(folders), "PDFs asked: drawn again"
 
 
 def test_incomplete_or_interrupted_phase_runs_are_not_results_and_are_named():
