@@ -191,7 +191,7 @@ class DriverSampler(threading.Thread):
                 self.samples.append((time.time(), cpu, trained))
                 if self.server is not None:
                     self.server_cpu.append((tree_cpu_seconds(self.server), trained))
-                for pid in {e["pid"] for e in events}:
+                for pid in {e["pid"] for e in events if e["event"].startswith("unit_")}:  # not the driver's
                     if pid not in self.created:
                         self.created[pid] = created_at(pid) or 0.0
                     memory = memory_kib(pid)

@@ -253,6 +253,102 @@ def unit_seconds(root: Path) -> tuple[int, float]:
     return files, seconds
 
 
+CELL_PARTS = {  # a cell's wall time, part by part in the order it passes; they add up to the cell's wall time
+    "cell_start": "the cell's driver process: start, imports, Ray's client, the config (cell start -> phase_started)",
+    "phase_start": "Ray Tune's start of a phase: its tuner, placement and first trial processes "
+                   "(phase_started -> the phase's first unit_started)",
+    "phase_units": "a phase's first unit's start -> its last unit's end (split below, in slot time)",
+    "phase_tail": "a phase's last unit -> its trials done (Ray Tune's end of the phase)",
+    "phase_writes": "the phase's MLflow writes drained (trials done -> phase_writes_done)",
+    "phase_finish": "H*'s selection, the results files and the phase run closed (-> phase_finished)",
+    "between_phases": "one phase's end -> the next phase's start",
+    "cell_end": "the last phase's end -> the cell's end",
+}
+SLOT_PARTS = {  # phase_units in slot time (x the slots): what the trial processes did meanwhile
+    "unit_train": "the units' own training (train_seconds)",
+    "unit_other": "inside a unit but not training: the learner built, the data sliced, the unit file and checkpoint "
+                  "written (unit_started -> unit_trained, less train_seconds)",
+    "between_units": "between two units of one trial in one process: its report to Ray and the driver",
+    "between_trials": "between a trial's last unit and the next trial's first in that process: Ray's scheduling "
+                      "of the next trial and its setup",
+    "slots_idle": "no unit in a slot: trial processes starting, or the phase's last sets running on fewer slots",
+}
+
+
+def overhead_breakdown(root: Path, slots: int) -> dict[str, Any]:
+    """Where each cell's time went, from events.jsonl (the workers' unit events, the driver's phase events) and
+    matrix.json (each cell's start and end): the cell's wall time part by part (CELL_PARTS, adding up to it), and
+    the time its phases' units ran, in slot time, part by part (SLOT_PARTS); seconds summed over the cells and
+    milliseconds per unit. Cells run side by side share the cluster's slots, so a cell's wall time is what it
+    waited through, not what it cost the cluster. Cells whose driver wrote no phase events (older runs) count in
+    the slot parts only."""
+    cells = json.loads((root / "matrix.json").read_text())["cells"]
+    wall: Counter = Counter()
+    slot: Counter = Counter()
+    units = timed_cells = 0
+    for name, cell in cells.items():
+        path = root / name / "events.jsonl"
+        if not path.exists() or not cell.get("finished_at"):
+            continue
+        events = sorted((json.loads(line) for line in path.read_text().splitlines() if line.strip()),
+                        key=lambda e: e["time"])
+        events = [e for e in events if e["time"] >= cell["started_at"] - 1]  # this run's (a resumed cell's last)
+        started: dict[tuple, dict] = {}
+        spans: dict[int, list[tuple]] = {}
+        marks: dict[tuple[str, str], float] = {}
+        for e in events:
+            key = (e["phase"], e.get("set_index"), e.get("ordering"))
+            if e["event"] == "unit_started":
+                started[key] = e
+            elif e["event"] == "unit_trained" and key in started:
+                begin = started.pop(key)
+                units += 1
+                slot["unit_train"] += e.get("train_seconds") or 0.0
+                slot["unit_other"] += e["time"] - begin["time"] - (e.get("train_seconds") or 0.0)
+                spans.setdefault(e["pid"], []).append((begin["time"], e["time"], e["phase"], e.get("set_index")))
+            elif e["event"].startswith("phase_"):
+                marks[(e["phase"], e["event"])] = e["time"]
+        by_phase: dict[str, list[float]] = {}
+        for process in spans.values():
+            process.sort()
+            for (_, end, phase, index), (begin, _, phase2, index2) in zip(process, process[1:]):
+                if phase == phase2:
+                    slot["between_units" if index == index2 else "between_trials"] += begin - end
+            for begin, end, phase, _ in process:
+                by_phase.setdefault(phase, []).extend((begin, end))
+        for phase, times in by_phase.items():
+            slot["phase_units"] += slots * (max(times) - min(times))
+        order = sorted(by_phase, key=lambda p: min(by_phase[p]))
+        names = ("phase_started", "phase_trials_done", "phase_writes_done", "phase_finished")
+        if not order or any((phase, n) not in marks for phase in order for n in names):
+            continue
+        timed_cells += 1
+        previous = cell["started_at"]
+        for i, phase in enumerate(order):
+            begun, done, drained, ended = (marks[(phase, n)] for n in names)
+            first, last = min(by_phase[phase]), max(by_phase[phase])
+            wall["cell_start" if i == 0 else "between_phases"] += begun - previous
+            wall["phase_start"] += first - begun
+            wall["phase_units"] += last - first
+            wall["phase_tail"] += done - last
+            wall["phase_writes"] += drained - done
+            wall["phase_finish"] += ended - drained
+            previous = ended
+        wall["cell_end"] += cell["finished_at"] - previous
+        wall["cell_wall"] += cell["finished_at"] - cell["started_at"]
+    slot["slots_idle"] = slot.pop("phase_units", 0.0) - sum(slot[k] for k in SLOT_PARTS if k != "slots_idle")
+    per_unit = max(units, 1)
+
+    def shown(counter: Counter, names: dict[str, str]) -> dict[str, dict[str, float]]:
+        return {n: {"s": round(counter[n], 1), "ms_per_unit": round(1000 * counter[n] / per_unit, 1)} for n in names}
+
+    cell_parts = shown(wall, CELL_PARTS)
+    overhead = {n: v for n, v in cell_parts.items() if n != "phase_units"}
+    return {"units": units, "cells_with_phase_events": timed_cells, "cells_wall_s": round(wall["cell_wall"], 1),
+            "slots": slots, "cell_parts": cell_parts, "slot_parts": shown(slot, SLOT_PARTS),
+            "largest_cell_part": max(overhead, key=lambda n: overhead[n]["s"]) if timed_cells else None}
+
+
 def sql_engine(uri: str):
     import sqlalchemy
 
@@ -750,6 +846,7 @@ def rehearse(opt: Options) -> dict[str, Any]:
         files, own = unit_seconds(root)
         down = float(first.get("server_restart", {}).get("down_s") or 0.0)
         figures["time"] = overhead(runs, own, files, 2 * opt.cpus_per_node, down)
+        figures["time"]["breakdown"] = overhead_breakdown(root, 2 * opt.cpus_per_node)
         figures["units"] = {"expected": expected, "unit_files": files, "trained_once": len(events.trained),
                             "trained_more_than_once": sum(n > 1 for n in events.trained.values())}
         figures["memory"] = {f"run_{i + 1}": r["memory"] for i, r in enumerate(runs)}

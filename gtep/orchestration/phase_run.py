@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import signal
+import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -191,6 +193,7 @@ def run_phase(runner: PhaseRunner, resolved: ResolvedExperiment, console: Consol
     journal = open_journal(resolved, paths)
     attempt, run_id = begin_phase(resolved, journal, manifest, phase, plan.run_tags, plan.resume, plan.hparams)
     phase_key = f"{phase.name}:{attempt}"
+    phase_event(paths, "phase_started", phase.name, attempt)
     spec = resolved.phase(phase)
     manifest.set_phase(phase.name, mlflow_run_id=run_id, attempt=attempt, status="running", dataset=spec.dataset,
                        classes=list(spec.classes), **plan.manifest_fields)
@@ -204,6 +207,8 @@ def run_phase(runner: PhaseRunner, resolved: ResolvedExperiment, console: Consol
         interruption = run_trials(resolved, paths, phase, attempt, trainable, plan.param_space, plan.search_alg,
                                   plan.num_samples, [writer, ProgressCallback(progress, bar, manifest, phase)],
                                   console)
+        phase_event(paths, "phase_trials_done", phase.name, attempt)
+    phase_event(paths, "phase_writes_done", phase.name, attempt, pending=len(journal.pending))
     sets = plan.sets if plan.sets is not None else [s["index"] for s in manifest.data["sets"]]
     if interruption.requested:
         raise stop_interrupted_phase(phase.name, phase_key, writer, journal, manifest, paths, console, interruption,
@@ -211,7 +216,19 @@ def run_phase(runner: PhaseRunner, resolved: ResolvedExperiment, console: Consol
     run = PhaseRun(phase, resolved, console, paths, manifest, journal, writer, plan, attempt, run_id, sets)
     run.stopped = runner.stopped_sets(run)
     writer.close_unfinished(sets, interrupted=False, stopped=run.stopped)
-    return runner.finish(run)
+    outcome = runner.finish(run)
+    phase_event(paths, "phase_finished", phase.name, attempt)
+    return outcome
+
+
+def phase_event(paths: StudyPaths, event: str, phase: str, attempt: str, **fields: Any) -> None:
+    """The driver's side of <study>/events.jsonl (the workers write the units'): when a phase started, when its
+    trials were done, when its MLflow writes were drained and when it ended, so that where a study's time goes
+    between its units can be told apart (benchmarks/paper_scale.py's overhead breakdown)."""
+    line = json.dumps({"time": time.time(), "event": event, "phase": phase, "attempt": attempt, "pid": os.getpid(),
+                       **fields})
+    with open(paths.root / "events.jsonl", "a") as fh:  # O_APPEND, as the workers' lines
+        fh.write(line + "\n")
 
 
 # ---------------------------------------------------------------- what every phase writes the same way

@@ -8,7 +8,7 @@
 <output>/<study>/checkpoints/<phase>-<attempt>/  the last finished task of each running ordering
 <output>/<study>/first_tasks/    task 1 of each ordering, trained once and shared by the sets (engine/first_task.py)
 <output>/<study>/tracking/       the MLflow write journal (see journal.py)
-<output>/<study>/events.jsonl    unit events from the trials: started, trained, reused
+<output>/<study>/events.jsonl    unit events from the trials (started, trained, reused), phase events from the driver
 """
 from __future__ import annotations
 
