@@ -946,7 +946,6 @@ def main() -> None:
     parser.add_argument("--units", type=int, nargs="+", default=[2480, 18600, 100000], help="with --sizes")
     parser.add_argument("--template", type=Path, help="with --sizes: the mlflow.db of an earlier --run into sqlite "
                         "(default: a 620-unit run first)")
-    parser.add_argument("--markdown", type=Path, help="print the docs' table of a --sizes run's sizes.json")
     parser.add_argument("--scale", type=float, default=1.0, help="R = 30 x scale and S = 5 x scale (at least 2)")
     parser.add_argument("--algorithms", type=int, default=15, choices=range(1, 16), metavar="1-15")
     parser.add_argument("--cells", type=int, default=8, choices=range(1, 9), metavar="1-8")

@@ -154,3 +154,17 @@ def test_same_seed_same_sets_and_metrics(study, tmp_path):
     for key, unit in first["units"].items():
         if key.startswith("tune/"):
             assert second["units"][key]["acc_t"] == unit["acc_t"]
+
+
+def test_the_driver_marks_each_phase_in_the_events_around_its_units(study):
+    """events.jsonl holds the driver's phase events beside the workers' unit events, in the order a phase passes
+    them, so that where a study's time goes between its units can be told apart (paper_scale.py's breakdown)."""
+    events = [json.loads(line) for line in (study["out"] / "tiny" / "events.jsonl").read_text().splitlines()]
+    for phase in ("tune", "evaluate"):
+        marks = {e["event"]: e["time"] for e in events if e["phase"] == phase and e["event"].startswith("phase_")}
+        assert list(marks) == ["phase_started", "phase_trials_done", "phase_writes_done", "phase_finished"]
+        units = [e["time"] for e in events if e["phase"] == phase and e["event"].startswith("unit_")]
+        assert marks["phase_started"] < min(units) and max(units) <= marks["phase_trials_done"]
+        assert marks["phase_trials_done"] <= marks["phase_writes_done"] <= marks["phase_finished"]
+    tune_end = next(e["time"] for e in events if e["phase"] == "tune" and e["event"] == "phase_finished")
+    assert tune_end <= next(e["time"] for e in events if e["phase"] == "evaluate" and e["event"] == "phase_started")
