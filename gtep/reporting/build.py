@@ -89,7 +89,8 @@ def slug(scenario: str, pairing: str) -> str:
 
 # ---------------------------------------------------------------- frames
 
-def search_frames(data: StoreData, phases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def search_frames(data: StoreData, phases: pd.DataFrame,
+                  workers: Workers | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Importance and best-so-far per tuning phase (one algorithm of one scenario and pairing). fANOVA's forest is
     most of a large report's summary (about 0.3 s of CPU per tuning phase: 120 in the paper's matrix), so many
     phases are fitted in worker processes."""
@@ -106,7 +107,7 @@ def search_frames(data: StoreData, phases: pd.DataFrame) -> tuple[pd.DataFrame, 
         curve = search.best_so_far(trials, selection)
         curves.append(curve.assign(**keys, trials_to_best=search.trials_to_best(curve)))
     for (keys, *_), (imp, scored) in zip(fits, in_workers(fit_importance, [fit[1:] for fit in fits],
-                                                          FANOVA_PER_WORKER)):
+                                                          FANOVA_PER_WORKER, workers)):
         importances.append(imp.assign(**keys, trials=scored))
     importance = pd.concat(importances, ignore_index=True) if importances else pd.DataFrame(
         columns=[*sm.GROUP, "label", "hyperparameter", "importance", "trials"])
@@ -124,22 +125,51 @@ def fit_importance(trials: pd.DataFrame, hparams: pd.DataFrame, selection: str) 
     return imp, int(search.trial_scores(trials, selection).notna().sum())
 
 
-def in_workers(function: Callable, jobs: list[tuple], per_worker: int = 1) -> list:
-    """function(*job) for every job, in order: in this process when one worker is all there is to use, else in
-    report_workers() spawned processes (the report may run inside a process with Ray's and MLflow's threads, which
-    a fork would copy mid-flight)."""
-    workers = report_workers(len(jobs) // max(per_worker, 1))
-    if workers <= 1:
-        return [function(*job) for job in jobs]
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(function, *zip(*jobs), chunksize=max(1, len(jobs) // (4 * workers))))
+class Workers:
+    """The report's worker processes, started once when first needed and shared by its CPU-bound stages (fANOVA's
+    fits, then the figures): each spawned process imports pandas, Optuna and matplotlib, a second each."""
+
+    def __init__(self) -> None:
+        self.pool: ProcessPoolExecutor | None = None
+        self.size = 0
+
+    def map(self, function: Callable, jobs: list[tuple], per_worker: int = 1) -> list:
+        """function(*job) for every job, in order: in this process when one worker is all there is to use, else in
+        report_workers() spawned processes (the report may run inside a process with Ray's and MLflow's threads,
+        which a fork would copy mid-flight)."""
+        wanted = report_workers(len(jobs) // max(per_worker, 1))
+        if wanted <= 1 and self.pool is None:
+            return [function(*job) for job in jobs]
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(wanted, mp_context=multiprocessing.get_context("spawn"))
+            self.size = wanted
+        return list(self.pool.map(function, *zip(*jobs), chunksize=max(1, len(jobs) // (4 * self.size))))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
-def build_frames(data: StoreData) -> Report:
+def in_workers(function: Callable, jobs: list[tuple], per_worker: int = 1, workers: Workers | None = None) -> list:
+    """Workers.map on the given workers, else on workers of this call's own."""
+    if workers is not None:
+        return workers.map(function, jobs, per_worker)
+    with Workers() as own:
+        return own.map(function, jobs, per_worker)
+
+
+def build_frames(data: StoreData, workers: Workers | None = None) -> Report:
     summary = sm.phase_summaries(data)
     gaps = sm.gaps(summary)
     labelled = data.phases.merge(summary[["run_id", "label"]], on="run_id", how="inner")
-    importance, convergence = search_frames(data, labelled)
+    importance, convergence = search_frames(data, labelled, workers)
     paper = {group: tables.paper_table(_part(summary, group), _part(gaps, group)) for group in sm.groups(summary)}
     return Report(phases=data.phases, summary=summary, tables=paper, gaps=gaps, ranking=sm.rankings(summary),
                   curves=sm.task_curves(data, summary), importance=importance, convergence=convergence,
@@ -371,7 +401,7 @@ class Drawn:
 
 
 def draw_groups(report: Report, folders: dict[tuple[str, str], Path], vector: bool = False,
-                before: Callable[[int, int, int], None] | None = None) -> Drawn:
+                before: Callable[[int, int, int], None] | None = None, workers: Workers | None = None) -> Drawn:
     """Every group's figures: reused where the folder holds them drawn from the same frames (reused_figures),
     the others drawn, several groups at once in worker processes (spawned: the report may run inside a process
     with Ray's and MLflow's threads, which a fork would copy mid-flight). `before(to draw, reused, workers)` is
@@ -379,13 +409,13 @@ def draw_groups(report: Report, folders: dict[tuple[str, str], Path], vector: bo
     jobs = [GroupFigures.of(report, group, folder, vector) for group, folder in folders.items()]
     kept = {i: paths for i, job in enumerate(jobs) if (paths := reused_figures(job, job.digest())) is not None}
     todo = [job for i, job in enumerate(jobs) if i not in kept]
-    workers = report_workers(len(todo)) if todo else 0
+    processes = 0 if not todo else workers.size if workers is not None and workers.pool else report_workers(len(todo))
     if before is not None:
-        before(len(todo), len(kept), workers)
-    fresh = in_workers(draw_group, [(job,) for job in todo])
+        before(len(todo), len(kept), processes)
+    fresh = in_workers(draw_group, [(job,) for job in todo], workers=workers)
     drawn = iter(fresh)
     paths = [path for i in range(len(jobs)) for path in (kept[i] if i in kept else next(drawn))]
-    return Drawn(paths, len(todo), len(kept), workers)
+    return Drawn(paths, len(todo), len(kept), processes)
 
 
 def family_note(report: Report, group: tuple[str, str]) -> str:
@@ -619,20 +649,22 @@ def run_report(tracking_uri: str, selectors: list[str], *, matrix: str | None = 
     data = collect(runs, list(selectors), matrix)
     steps.stage("summarise", f"summarising {len(data.phases)} phase runs of {data.phases['study'].nunique()} "
                 f"studies ({len(data.trials)} tuning trials, {len(data.orderings)} orderings)")
-    report = build_frames(data)
-    report.out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gtep-report-"))
-    shown = [f for f in formats if f != "table"]
-    steps.stage("tables", plural(len(report.tables), "table") + (f", written as {', '.join(shown)}" if shown else ""))
-    if "table" in formats:
-        print_report(report, console or Console())
-    report.paths = write_tables(report, report.out, formats)
-    if figures:
-        def drawing(todo: int, reused: int, workers: int) -> None:
-            kept = f"; {reused} reused (drawn from the same numbers into {report.out} before)" if reused else ""
-            steps.stage("figures", f"figures of {plural(todo, 'group')}"
-                        + (f" in {workers} processes" if workers > 1 else "") + kept)
-        report.paths += draw_groups(report, group_folders(report, report.out), vector="latex" in formats,
-                                    before=drawing).paths
+    with Workers() as workers:  # fANOVA's fits, then the figures: the processes start once
+        report = build_frames(data, workers)
+        report.out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gtep-report-"))
+        shown = [f for f in formats if f != "table"]
+        steps.stage("tables", plural(len(report.tables), "table")
+                    + (f", written as {', '.join(shown)}" if shown else ""))
+        if "table" in formats:
+            print_report(report, console or Console())
+        report.paths = write_tables(report, report.out, formats)
+        if figures:
+            def drawing(todo: int, reused: int, processes: int) -> None:
+                kept = f"; {reused} reused (drawn from the same numbers into {report.out} before)" if reused else ""
+                steps.stage("figures", f"figures of {plural(todo, 'group')}"
+                            + (f" in {processes} processes" if processes > 1 else "") + kept)
+            report.paths += draw_groups(report, group_folders(report, report.out), vector="latex" in formats,
+                                        before=drawing, workers=workers).paths
     steps.stage("pages", f"report.html{' and report.md' if 'md' in formats else ''} in {report.out}")
     report.paths += write_pages(report, report.out, formats)
     if log_to_mlflow:
