@@ -501,12 +501,24 @@ def best_sets(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def chromium(profile: Path):
+    """Headless Chromium at 1920x1080 with a profile of its own (the UI figures' browser)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1920,1080", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
 def ui_figures(server_uri: str, root: Path, profile: Path, timeout: float = 180) -> dict[str, Any]:
     """Seconds from opening the page to the data shown, in headless Chromium: one study's runs table (its phase
     runs with their hmean), and the matrix's phase runs over all its studies (MLflow's compare-experiments view)."""
     from mlflow.tracking import MlflowClient
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -520,13 +532,7 @@ def ui_figures(server_uri: str, root: Path, profile: Path, timeout: float = 180)
     phases = client.search_runs([experiment], "tags.`gtep.level` = 'phase'")
     wanted = {f"{r.data.metrics['hmean']:.4f}".rstrip("0").rstrip(".") for r in phases}
     ids = [studies[c] for c in cells if c in studies]
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1920,1080", f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver = chromium(profile)
     figures: dict[str, Any] = {"study": study, "study_phase_runs": len(phases), "matrix_experiments": len(ids)}
 
     def shown(url: str, predicate: Callable[[list[str]], bool]) -> float:
@@ -562,8 +568,6 @@ def ui_report_rows(server_uri: str, profile: Path, timeout: float = 180) -> dict
     experiment's runs table (gtep/reports, the report's child runs: tag gtep.level=report_row), the view a
     paper-scale matrix is compared in (MLflow's compare-experiments view asks N^2 requests over N studies)."""
     from mlflow.tracking import MlflowClient
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -572,13 +576,7 @@ def ui_report_rows(server_uri: str, profile: Path, timeout: float = 180) -> dict
     where = "tags.`gtep.level` = 'report_row'"
     rows = client.search_runs([experiment.experiment_id], where, max_results=50000)
     names = {r.info.run_name for r in rows}
-    options = webdriver.ChromeOptions()
-    options.binary_location = "/usr/bin/chromium"
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--window-size=1920,1080", f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    driver = chromium(profile)
     figures: dict[str, Any] = {"report_rows": len(rows)}
     try:
         driver.get(f"{server_uri}/")  # the app's bundle, once: what is timed below is the data, not the JS download

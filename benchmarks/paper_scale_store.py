@@ -106,8 +106,10 @@ def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX) 
     pending: dict[str, list[dict[str, Any]]] = defaultdict(list)
 
     def flush(db: sa.Connection, force: bool = False) -> None:
-        for table in ("runs", *RUN_TABLES):
-            if pending[table] and (force or len(pending[table]) >= CHUNK):
+        if not force and all(len(rows) < CHUNK for rows in pending.values()):
+            return
+        for table in ("runs", *RUN_TABLES):  # the runs first: the other tables' rows name them (foreign keys)
+            if pending[table]:
                 db.execute(meta.tables[table].insert(), pending[table])
                 written[table] += len(pending[table])
                 pending[table].clear()
@@ -151,6 +153,9 @@ def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX) 
                     pending[table] += [{**row, "run_uuid": run_id} for row in template.rows[table][old]]
             flush(db)
         flush(db, force=True)
+        if engine.dialect.name == "postgresql":  # ids were given, not drawn: the next experiment MLflow creates
+            db.execute(sa.text("SELECT setval(pg_get_serial_sequence('experiments', 'experiment_id'), "
+                               "(SELECT MAX(experiment_id) FROM experiments))"))
     engine.dispose()
     return {"studies": count, "units": count * UNITS_PER_STUDY, "groups": math.ceil(count / ALGORITHMS),
             "rows": dict(written), "seconds": round(time.perf_counter() - started, 1)}
