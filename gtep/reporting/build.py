@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import json
 import math
 import multiprocessing
 import os
@@ -302,19 +303,13 @@ class GroupFigures:
         that draws them (plots.py and this module), so that a figure is reused only where it would come out the
         same."""
         h = hashlib.sha1(f"{self.scenario}\n{self.pairing}\n{self.vector}".encode())
-        for module in (plots, build_module()):
-            h.update(Path(str(module.__file__)).read_bytes())
+        for code in (Path(str(plots.__file__)), Path(__file__)):
+            h.update(code.read_bytes())
         for frame in (self.curves, self.summary, self.convergence, self.importance, self.gacc, self.family_curves):
             h.update(",".join(map(str, frame.columns)).encode())
             h.update(pd.util.hash_pandas_object(frame.reset_index(drop=True).astype(str), index=True).to_numpy()
                      .tobytes())
         return h.hexdigest()
-
-
-def build_module():
-    import sys
-
-    return sys.modules[__name__]
 
 
 FIGURES_FILE = "figures.json"  # per group folder: the digest its figures were drawn from, and the files
@@ -323,8 +318,6 @@ FIGURES_FILE = "figures.json"  # per group folder: the digest its figures were d
 def reused_figures(figures: GroupFigures, digest: str) -> list[Path] | None:
     """The group's figures as an earlier report into the same folder drew them from the same frames, when every
     file is still there; None otherwise (they are drawn)."""
-    import json
-
     record = figures.folder / FIGURES_FILE
     try:
         drawn = json.loads(record.read_text())
@@ -338,8 +331,6 @@ def reused_figures(figures: GroupFigures, digest: str) -> list[Path] | None:
 
 def draw_group(figures: GroupFigures) -> list[Path]:
     """One group's plots, each as PNG (and PDF when `vector`), and the record of what they were drawn from."""
-    import json
-
     token = plots.VECTOR.set(figures.vector)
     try:
         paths = _draw(figures)
