@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import signal
-import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -36,7 +34,7 @@ from gtep.orchestration.ray_search import ProgressCallback, check_resources, pro
 from gtep.orchestration.study import Manifest, StudyPaths, full_units
 from gtep.orchestration.tracking import UNITS_TAG, MlflowWriter, family_extra_metrics, scenario_tags
 from gtep.orchestration.tracking_store import finish_journal, open_journal
-from gtep.orchestration.trainable import trainable_for
+from gtep.orchestration.trainable import append_event, trainable_for
 from gtep.orchestration.trial_job import study_folders
 from gtep.protocol.families import ScenarioFamily
 from gtep.protocol.phases import Phase
@@ -225,10 +223,7 @@ def phase_event(paths: StudyPaths, event: str, phase: str, attempt: str, **field
     """The driver's side of <study>/events.jsonl (the workers write the units'): when a phase started, when its
     trials were done, when its MLflow writes were drained and when it ended, so that where a study's time goes
     between its units can be told apart (benchmarks/paper_scale.py's overhead breakdown)."""
-    line = json.dumps({"time": time.time(), "event": event, "phase": phase, "attempt": attempt, "pid": os.getpid(),
-                       **fields})
-    with open(paths.root / "events.jsonl", "a") as fh:  # O_APPEND, as the workers' lines
-        fh.write(line + "\n")
+    append_event(paths.root / "events.jsonl", event, phase, attempt, **fields)
 
 
 # ---------------------------------------------------------------- what every phase writes the same way

@@ -53,9 +53,14 @@ def log_event(job: TrialJob, event: str, **fields: Any) -> None:
     """One line per unit event in <study>/events.jsonl: what ran where, what was reused or resumed."""
     if job.folders is None:
         return
-    line = json.dumps({"time": time.time(), "event": event, "phase": job.phase, "attempt": job.folders.attempt,
-                       "pid": os.getpid(), **fields})
-    with open(job.folders.events, "a") as fh:  # O_APPEND: short lines from many workers do not interleave
+    append_event(job.folders.events, event, job.phase, job.folders.attempt, **fields)
+
+
+def append_event(path: Path, event: str, phase: str, attempt: str, **fields: Any) -> None:
+    """A line of <study>/events.jsonl, from a worker (its units) or the driver (its phases)."""
+    line = json.dumps({"time": time.time(), "event": event, "phase": phase, "attempt": attempt, "pid": os.getpid(),
+                       **fields})
+    with open(path, "a") as fh:  # O_APPEND: short lines from many processes do not interleave
         fh.write(line + "\n")
 
 
