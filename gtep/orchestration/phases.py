@@ -35,11 +35,13 @@ from gtep.orchestration.study import Manifest, StudyPaths, read_best, write_best
 from gtep.orchestration.tracking import (
     MlflowWriter,
     ordering_result,
+    percent,
     phase_metrics,
     phase_note,
     step_points,
     summarize_units,
 )
+from gtep.protocol.importance import IMPORTANCE_TAG, fanova_importance, importance_tag
 from gtep.protocol.phases import CONVENTIONAL, EVALUATE, ORIGINAL, TUNE, Phase
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
 from gtep.protocol.selection import score_set, select_best
@@ -135,6 +137,23 @@ def score_rows(selection) -> list[dict[str, Any]]:
              "orderings": s.orderings, "status": s.status} for s in selection.scores]
 
 
+def phase_importance(resolved: ResolvedExperiment, selection, hparams_of) -> dict[str, str]:
+    """The gtep.importance tag of a finished tuning phase: fANOVA over its sets' selection scores (the complete
+    sets'; the others are NaN and left out), fitted here once so that a report over many studies reads it instead
+    of fitting a forest per phase. A fit that fails leaves no tag: the report then fits it itself."""
+    rule = resolved.config.search.selection
+    ordered = sorted(selection.scores, key=lambda s: s.set_index)
+    # each score as a report reads it back from the trial run (percent, 4 decimals, over 100): fANOVA's forest
+    # breaks ties between equally good splits on the scores' last bits, and the tag must be the report's own fit
+    points = [({name: str(value) for name, value in hparams_of(s.set_index).items()},
+               percent(s.score(rule)) / 100.0 if s.usable else math.nan) for s in ordered]
+    try:
+        found = fanova_importance(points)
+    except Exception:  # noqa: BLE001 - an analysis, never a reason for a finished phase to fail
+        return {}
+    return {IMPORTANCE_TAG: importance_tag(found, rule, sum(1 for _, score in points if not math.isnan(score)))}
+
+
 def fail_tuning(run: PhaseRun, counts: dict[str, int]) -> None:
     """No set could be selected: the phase run and the manifest say so before the error propagates."""
     run.end(dict(counts), "FAILED", tags={"gtep.status": "failed"})
@@ -207,7 +226,7 @@ class TuneRunner(PhaseRunner):
         manifest.set_phase(name, status="finished", best_set_index=best_index, scores=score_rows(selection))
         run.end(metrics, "FINISHED", step_points(summary), params=hparams, files=(paths.manifest, paths.best),
                 tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished",
-                      "mlflow.note.content": note,
+                      "mlflow.note.content": note, **phase_importance(resolved, selection, manifest.hparams),
                       "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
         return PhaseOutcome(name, run.run_id, best_index, hparams, summary, paths,
                             {"diverged_sets": counts["sets_diverged"], "incomplete_sets": counts["sets_incomplete"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -47,6 +48,7 @@ CLASS_INCREMENTAL = "class_incremental"
 GACC_COLUMNS = ["run_id", "k", "alpha", "gacc"]
 GACC_STEPS = 12  # gacc_alpha is logged at step k for alpha = k / 12
 CURVE_COLUMNS = ["run_id", "metric", "step", "value"]
+REPORT_RUN_TAG = "gtep.report_run"  # on a report's phase rows: the report run they belong to
 HISTORY_THREADS = int(os.environ.get("GTEP_REPORT_THREADS", 8))  # bulk history requests at once to a server
 BULK_RUNS = 100  # runs per bulk history read: the most MLflow's get-history-bulk route takes
 BULK_POINTS = 25_000  # points per bulk read: the route's cap; a read that reaches it is redone run by run
@@ -242,40 +244,29 @@ class RunStore:
         return frame.drop_duplicates(["run_id", "metric", "step"], keep="last").sort_values(
             ["run_id", "metric", "step"]).reset_index(drop=True)
 
+    def start_report(self, selectors: list[str], matrix: str | None, metrics: dict[str, float],
+                     rows: pd.DataFrame | None = None) -> "ReportRun":
+        """One run in gtep/reports, begun as soon as the report's numbers are known: its metrics and phase rows are
+        written in a thread while the report draws its figures; ReportRun.finish adds its files and closes it."""
+        return ReportRun(self, selectors, matrix, metrics, rows)
+
     def log_report(self, folder: Path, selectors: list[str], matrix: str | None, metrics: dict[str, float],
                    rows: pd.DataFrame | None = None) -> str:
-        """One run in gtep/reports with every file of the report as an artifact, so the MLflow UI shows the tables
-        and plots beside the studies' runs; under it one child run per row of `rows` (the report's summary: a
-        study's phase), so that all the phases it compares are one experiment's runs table in the UI. MLflow's
-        compare-experiments view asks for every experiment once per experiment it shows (N^2 requests: 6 minutes
-        over a paper-scale matrix's 120 studies; benchmarks/ui_compare_requests.py)."""
-        experiment_id = self._reports_experiment()
-        tags = {"gtep.level": "report", "gtep.sources": ",".join(selectors) or "*"}
-        if matrix:
-            tags["gtep.matrix"] = matrix
-        run = self.client.create_run(experiment_id, run_name=f"report-{time.strftime('%Y%m%d-%H%M%S')}", tags=tags)
-        run_id = run.info.run_id
-        try:
-            for key, value in metrics.items():
-                if math.isfinite(value):
-                    self.client.log_metric(run_id, key, value)
-            self.client.log_artifacts(run_id, str(folder))
-            self._log_rows(experiment_id, run_id, matrix, rows)
-        except Exception:
-            self.client.set_terminated(run_id, "FAILED")
-            raise
-        self.client.set_terminated(run_id, "FINISHED")
-        return run_id
+        """start_report and ReportRun.finish at once: a report whose files are all in `folder`."""
+        return self.start_report(selectors, matrix, metrics, rows).finish(folder)
 
     def _log_rows(self, experiment_id: str, parent: str, matrix: str | None, rows: pd.DataFrame | None) -> None:
-        """A finished child run per summary row: its study, algorithm, scenario, pairing and phase as params, its
-        finite numbers (acc, avg_acc, hmean, their stds, costs) as metrics, the phase run it summarises as a tag."""
+        """A finished run per summary row, tagged gtep.report_run=<the report's run>: its study, algorithm,
+        scenario, pairing and phase as params, its finite numbers (acc, avg_acc, hmean, their stds, costs) as
+        metrics, the phase run it summarises as a tag."""
         if rows is None or rows.empty:
             return
         now = int(time.time() * 1000)
 
         def log_row(row: dict[str, Any]) -> None:
-            tags = {"mlflow.parentRunId": parent, "gtep.level": "report_row", "gtep.phase_run": str(row["run_id"])}
+            # a top-level run, not a child of the report's: MLflow's runs table shows children only when their
+            # parent is expanded (a second request after the first page), and a top-level row is on the first page
+            tags = {REPORT_RUN_TAG: parent, "gtep.level": "report_row", "gtep.phase_run": str(row["run_id"])}
             if matrix:
                 tags["gtep.matrix"] = matrix
             run = self.client.create_run(experiment_id, run_name=f"{row['label']} {row['phase']}", tags=tags)
@@ -389,6 +380,73 @@ class RunStore:
         return str(self.client.create_experiment(REPORTS_EXPERIMENT, artifact_location=location))
 
 
+class ReportRun:
+    """A report's run in gtep/reports: every file of the report as an artifact, so the MLflow UI shows the tables
+    and plots beside the studies' runs, and under it one child run per row of `rows` (the report's summary: a
+    study's phase), so that all the phases it compares are one experiment's runs table in the UI. MLflow's
+    compare-experiments view asks for every experiment once per experiment it shows (N^2 requests: 6 minutes
+    over a paper-scale matrix's 120 studies; benchmarks/ui_compare_requests.py). The rows (240 in the paper's
+    matrix, three requests each) are written in a thread from the start, beside the figures. They are top-level
+    runs tagged gtep.report_run=<this run's id>: the runs table filtered by that tag shows them on its first page
+    (the report run's description says the filter)."""
+
+    def __init__(self, store: RunStore, selectors: list[str], matrix: str | None, metrics: dict[str, float],
+                 rows: pd.DataFrame | None) -> None:
+        self.store, self.client = store, store.client
+        self.experiment_id = store._reports_experiment()
+        tags = {"gtep.level": "report", "gtep.sources": ",".join(selectors) or "*"}
+        if matrix:
+            tags["gtep.matrix"] = matrix
+        run = self.client.create_run(self.experiment_id, run_name=f"report-{time.strftime('%Y%m%d-%H%M%S')}",
+                                     tags=tags)
+        self.run_id: str = run.info.run_id
+        if rows is not None and not rows.empty:
+            self.client.set_tag(self.run_id, "mlflow.note.content", rows_note(self.run_id, len(rows)))
+        self.error: BaseException | None = None
+        self.writer = threading.Thread(target=self._write, args=(metrics, matrix, rows), daemon=True,
+                                       name="gtep-report-rows")
+        self.writer.start()
+
+    def _write(self, metrics: dict[str, float], matrix: str | None, rows: pd.DataFrame | None) -> None:
+        try:
+            now = int(time.time() * 1000)
+            finite = [Metric(key, value, now, 0) for key, value in metrics.items() if math.isfinite(value)]
+            for start in range(0, len(finite), 1000):  # MLflow's log_batch takes 1,000 metrics
+                self.client.log_batch(self.run_id, metrics=finite[start:start + 1000])
+            self.store._log_rows(self.experiment_id, self.run_id, matrix, rows)
+        except BaseException as err:  # noqa: BLE001 - raised again by finish() in the report's own thread
+            self.error = err
+
+    def finish(self, folder: Path) -> str:
+        """The report's files as artifacts once the rows are written; the run FINISHED (FAILED, and the error
+        raised, when anything of it could not be written)."""
+        self.writer.join()
+        try:
+            if self.error is not None:
+                raise self.error
+            self.client.log_artifacts(self.run_id, str(folder))
+        except BaseException:
+            self.client.set_terminated(self.run_id, "FAILED")
+            raise
+        self.client.set_terminated(self.run_id, "FINISHED")
+        return self.run_id
+
+    def abandon(self) -> None:
+        """The report stopped before its files were written: its run says FAILED."""
+        self.writer.join()
+        self.client.set_terminated(self.run_id, "FAILED")
+
+
+def rows_filter(report_run_id: str) -> str:
+    """The runs-table filter that shows one report's phase rows."""
+    return f"tags.`{REPORT_RUN_TAG}` = '{report_run_id}'"
+
+
+def rows_note(report_run_id: str, rows: int) -> str:
+    return (f"This report's {rows} phase rows are runs of this experiment: filter the runs table by "
+            f"`{rows_filter(report_run_id)}` to see them side by side.")
+
+
 def _all_pages(fetch: Callable[[str | None], Any]) -> list[Any]:
     items: list[Any] = []
     token = None
@@ -443,7 +501,7 @@ def phase_row(run: Run, experiment: str) -> dict[str, Any]:
         ("pairing_tag", "pairing"), ("similarity_tag", "similarity"), ("hparams_source", "hparams_source"),
         ("tuning_run_id", "tuning_run_id"), ("best_trial_run_id", "best_trial_run_id"),
         ("best_set_index_tag", "best_set_index"), ("status_tag", "status"), ("orderings_tag", "orderings"),
-        ("reason_tag", "reason"))}
+        ("reason_tag", "reason"), ("importance_tag", "importance"))}
     metrics = _metrics(run, (*PHASE_METRICS, *scored_metrics()))
     if phase_label(run) == TUNE.name:  # H*'s numbers under either name
         for best, plain in BEST_ALIASES:

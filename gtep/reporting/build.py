@@ -28,6 +28,7 @@ from rich.markup import escape
 from gtep.config import ConfigError
 from gtep.orchestration.report_store import open_store
 from gtep.protocol.families import FAMILIES, known_metrics, metric_label
+from gtep.protocol.importance import read_importance_tag
 from gtep.protocol.phases import TUNE
 from gtep.reporting import importance as search
 from gtep.reporting import plots, tables
@@ -92,10 +93,12 @@ def slug(scenario: str, pairing: str) -> str:
 
 def search_frames(data: StoreData, phases: pd.DataFrame,
                   workers: Workers | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Importance and best-so-far per tuning phase (one algorithm of one scenario and pairing). fANOVA's forest is
-    most of a large report's summary (about 0.3 s of CPU per tuning phase: 120 in the paper's matrix), so many
-    phases are fitted in worker processes."""
-    importances, curves, fits = [], [], []
+    """Importance and best-so-far per tuning phase (one algorithm of one scenario and pairing). A tuning phase
+    fits fANOVA when it ends and logs it as its gtep.importance tag; the tag is used when it scored as many sets
+    under the same rule as the trials read here. Phases without one (older runs) are fitted here, many at once in
+    worker processes (about 0.3 s of CPU each: 120 in the paper's matrix)."""
+    importances: list[pd.DataFrame | None] = []  # in the phases' order; None: fitted below
+    curves, fits = [], []
     tuned = phases[phases["phase"] == TUNE.name]
     for _, phase in tuned.iterrows():
         trials = data.trials[data.trials["phase_run_id"] == phase["run_id"]]
@@ -103,13 +106,21 @@ def search_frames(data: StoreData, phases: pd.DataFrame,
             continue
         keys = {k: phase[k] for k in (*sm.GROUP, "label")}
         selection = phase["selection"] or "hmean_of_means"
-        hparams = data.hparams[data.hparams["trial_run_id"].isin(trials["run_id"])]
-        fits.append((keys, trials, hparams, selection))
         curve = search.best_so_far(trials, selection)
         curves.append(curve.assign(**keys, trials_to_best=search.trials_to_best(curve)))
-    for (keys, *_), (imp, scored) in zip(fits, in_workers(fit_importance, [fit[1:] for fit in fits],
-                                                          FANOVA_PER_WORKER, workers)):
-        importances.append(imp.assign(**keys, trials=scored))
+        scored = int(search.trial_scores(trials, selection).notna().sum())
+        logged = read_importance_tag(str(phase.get("importance_tag") or ""))
+        if logged is not None and logged["selection"] == selection and logged["scored"] == scored:
+            found = logged["importance"]
+            importances.append(pd.DataFrame({"hyperparameter": list(found), "importance": list(found.values())},
+                                            columns=["hyperparameter", "importance"]).assign(**keys, trials=scored))
+            continue
+        hparams = data.hparams[data.hparams["trial_run_id"].isin(trials["run_id"])]
+        fits.append((len(importances), keys, trials, hparams, selection))
+        importances.append(None)
+    for (slot, keys, *_), (imp, scored) in zip(fits, in_workers(fit_importance, [fit[2:] for fit in fits],
+                                                                FANOVA_PER_WORKER, workers)):
+        importances[slot] = imp.assign(**keys, trials=scored)
     importance = pd.concat(importances, ignore_index=True) if importances else pd.DataFrame(
         columns=[*sm.GROUP, "label", "hyperparameter", "importance", "trials"])
     convergence = pd.concat(curves, ignore_index=True) if curves else pd.DataFrame(
@@ -649,17 +660,27 @@ def run_report(tracking_uri: str, selectors: list[str], *, matrix: str | None = 
         if "table" in formats:
             print_report(report, console or Console())
         report.paths = write_tables(report, report.out, formats)
-        if figures:
-            def drawing(todo: int, reused: int, processes: int) -> None:
-                kept = f"; {reused} reused (drawn from the same numbers into {report.out} before)" if reused else ""
-                steps.stage("figures", f"figures of {plural(todo, 'group')}"
-                            + (f" in {processes} processes" if processes > 1 else "") + kept)
-            report.paths += draw_groups(report, group_folders(report, report.out), vector="latex" in formats,
-                                        before=drawing, workers=workers).paths
-    steps.stage("pages", f"report.html{' and report.md' if 'md' in formats else ''} in {report.out}")
-    report.paths += write_pages(report, report.out, formats)
-    if log_to_mlflow:
-        steps.stage("log", f"logging the report and its {len(report.summary)} phase rows to gtep/reports")
-        report.run_id = runs.log_report(report.out, list(selectors), matrix, report_metrics(report), report.summary)
+        # the report run and its phase rows are written to the store while the figures are drawn
+        logging = runs.start_report(list(selectors), matrix, report_metrics(report), report.summary) \
+            if log_to_mlflow else None
+        try:
+            if figures:
+                def drawing(todo: int, reused: int, processes: int) -> None:
+                    kept = f"; {reused} reused (drawn from the same numbers into {report.out} before)" if reused \
+                        else ""
+                    steps.stage("figures", f"figures of {plural(todo, 'group')}"
+                                + (f" in {processes} processes" if processes > 1 else "") + kept)
+                report.paths += draw_groups(report, group_folders(report, report.out), vector="latex" in formats,
+                                            before=drawing, workers=workers).paths
+            steps.stage("pages", f"report.html{' and report.md' if 'md' in formats else ''} in {report.out}")
+            report.paths += write_pages(report, report.out, formats)
+        except BaseException:
+            if logging is not None:
+                logging.abandon()
+            raise
+    if logging is not None:
+        steps.stage("log", f"logging the report's files and its {len(report.summary)} phase rows (begun beside "
+                    "the figures) to gtep/reports")
+        report.run_id = logging.finish(report.out)
     steps.finish()
     return report

@@ -8,10 +8,11 @@ the values its trials drew (the sets are the paper's predefined discrete sets, T
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import pandas as pd
+
+from gtep.protocol.importance import FANOVA_SEED, fanova_importance
 
 CONVERGENCE_MARK = 20  # the paper: the best hyperparameters are found within 20 of the 30 trials
 FEW_TRIALS = 20  # fANOVA's forest on fewer scored sets than this is a rough indication only
@@ -62,32 +63,18 @@ def trials_to_best(curve: pd.DataFrame) -> float:
 
 
 def hyperparameter_importance(trials: pd.DataFrame, hparams: pd.DataFrame, selection: str = "hmean_of_means",
-                              seed: int = 0) -> pd.DataFrame:
-    """Optuna's fANOVA importance (Hutter et al. 2014; `optuna.importance.FanovaImportanceEvaluator`, seeded) of each
-    hyperparameter that varied, for the selection score, normalised to sum to 1. Diverged sets are left out.
+                              seed: int = FANOVA_SEED) -> pd.DataFrame:
+    """Optuna's fANOVA importance (gtep/protocol/importance.py) of each hyperparameter that varied, for the
+    selection score, normalised to sum to 1, fitted on the trials in their sets' order. Diverged sets are left out.
     Empty when fewer than two sets scored or the scores do not vary (nothing to attribute)."""
-    import optuna
-    from optuna.distributions import BaseDistribution, CategoricalDistribution
-    from optuna.importance import FanovaImportanceEvaluator, get_param_importances
-
     scores = trial_scores(trials, selection).dropna()
     if {"run_id", "set_index"} <= set(trials.columns):  # fANOVA is seeded but depends on the trials' order: the
         # sets' order, not the store's (a resumed study's trial runs come back in another order)
         position = pd.to_numeric(trials.drop_duplicates("run_id").set_index("run_id")["set_index"], errors="coerce")
         scores = scores.loc[sorted(scores.index, key=lambda run: (position.get(run, np.inf), str(run)))]
-    wide = hparams.pivot(index="trial_run_id", columns="name", values="value").reindex(scores.index)
-    varying = [name for name in wide.columns if wide[name].nunique(dropna=True) > 1 and wide[name].notna().all()]
-    empty = pd.DataFrame(columns=["hyperparameter", "importance"])
-    if len(scores) < 2 or not varying or np.ptp(scores.to_numpy()) == 0:
-        return empty
-    distributions: dict[str, BaseDistribution] = {
-        name: CategoricalDistribution(sorted(wide[name].unique(), key=str)) for name in varying}
-    frozen = [optuna.trial.create_trial(params={n: wide.at[run, n] for n in varying}, distributions=distributions,
-                                        value=float(score)) for run, score in scores.items()]
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="maximize")
-    study.add_trials(frozen)
-    with warnings.catch_warnings():  # few trials make fANOVA's forest warn; the numbers are still what it found
-        warnings.simplefilter("ignore")
-        found = get_param_importances(study, evaluator=FanovaImportanceEvaluator(seed=seed), normalize=True)
-    return pd.DataFrame({"hyperparameter": list(found), "importance": [float(v) for v in found.values()]})
+    params: dict[str, dict[str, str]] = {}
+    for run, name, value in hparams[["trial_run_id", "name", "value"]].itertuples(index=False):
+        params.setdefault(run, {})[str(name)] = str(value)
+    found = fanova_importance([(params.get(run, {}), float(score)) for run, score in scores.items()], seed)
+    return pd.DataFrame({"hyperparameter": list(found), "importance": list(found.values())},
+                        columns=["hyperparameter", "importance"])

@@ -12,7 +12,10 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from gtep.cli import app
+from gtep.orchestration.report_store import trial_hparams, trial_row
+from gtep.protocol.importance import IMPORTANCE_TAG, read_importance_tag
 from gtep.reporting import run_report
+from gtep.reporting.importance import hyperparameter_importance, trial_scores
 
 ALGORITHMS = ("replay", "icarl")
 R, S = 2, 2
@@ -182,6 +185,24 @@ def test_convergence_and_importance_from_the_tuning_trials(tracked):
             assert importance.empty
 
 
+def test_a_tuning_phase_logs_the_importance_a_report_would_fit_from_its_trials(tracked):
+    """The tuning phase fits fANOVA when it ends (the gtep.importance tag); the report shows that fit, and it equals
+    a fit over the phase's trial runs as the store holds them (the fallback for runs without the tag)."""
+    client, report = tracked["client"], tracked["report"]
+    for algorithm in ALGORITHMS:
+        phase = phase_run(client, algorithm, "tune")
+        logged = read_importance_tag(phase.data.tags.get(IMPORTANCE_TAG, ""))
+        assert logged is not None and logged["selection"] == "hmean_of_means"
+        trials = children(client, algorithm, phase.info.run_id)
+        frame = pd.DataFrame([trial_row(t) for t in trials])
+        assert logged["scored"] == int(trial_scores(frame, "hmean_of_means").notna().sum())
+        refit = hyperparameter_importance(frame, trial_hparams(trials))
+        assert logged["importance"] == pytest.approx(dict(zip(refit["hyperparameter"], refit["importance"])),
+                                                     abs=1e-9)
+        shown = report.importance[report.importance["label"] == algorithm]
+        assert dict(zip(shown["hyperparameter"], shown["importance"])) == pytest.approx(logged["importance"])
+
+
 def test_plots_exist_and_are_png(tracked):
     report = tracked["report"]
     folders = {p.parent for p in report.paths if p.suffix == ".png"}
@@ -198,12 +219,15 @@ def test_plots_exist_and_are_png(tracked):
     assert (folder / "table.tex").exists() and (folder / "table.csv").exists()
 
 
-def test_every_summarised_phase_is_a_child_run_of_the_report_in_one_experiment(tracked):
+def test_every_summarised_phase_is_a_run_of_the_report_in_one_experiment(tracked):
     """The phases a report compares as one experiment's runs in the UI (MLflow's view over several experiments
-    makes N^2 requests): a child of the report run per summary row, with its numbers and the phase run it sums up."""
+    makes N^2 requests): a top-level run per summary row (on the runs table's first page, no parent to expand),
+    tagged with the report run, with its numbers and the phase run it sums up; the report run says the filter."""
     client, report = tracked["client"], tracked["report"]
     run = client.get_run(report.run_id)
-    children = client.search_runs([run.info.experiment_id], f"tags.`mlflow.parentRunId` = '{report.run_id}'")
+    children = client.search_runs([run.info.experiment_id], f"tags.`gtep.report_run` = '{report.run_id}'")
+    assert all("mlflow.parentRunId" not in c.data.tags for c in children)
+    assert f"tags.`gtep.report_run` = '{report.run_id}'" in run.data.tags["mlflow.note.content"]
     assert len(children) == len(report.summary) > 0
     assert all(c.data.tags["gtep.level"] == "report_row" and c.info.status == "FINISHED" for c in children)
     by_phase_run = {c.data.tags["gtep.phase_run"]: c for c in children}

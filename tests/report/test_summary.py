@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 
+from gtep.protocol.importance import importance_tag
 from gtep.reporting import build, collect
 from gtep.reporting.collect import StoreData
 from gtep.reporting.importance import best_so_far, trials_to_best
@@ -206,6 +207,23 @@ def test_one_algorithm_has_no_nan_tau_lines(tmp_path):
     assert "Kendall's tau between" not in text and "NaN" not in text.split("### Tuning trials")[0]
     assert "Kendall's tau: not computed" in text and "(here 1)" in text
     assert not (tmp_path / "ranking.tex").exists()
+
+
+def test_a_tuning_phases_logged_importance_is_used_when_it_scored_the_sets_read(report):
+    """A phase run's gtep.importance tag (fitted when the phase ended) replaces the report's own fit, but only
+    when it scored as many sets under the same rule as the trials the report read; else the report fits."""
+    data = hand_store()
+    logged = {"a": importance_tag({"lr": 1.0, "wd": 0.0}, "hmean_of_means", 2),  # the sets read: used
+              "c": importance_tag({"lr": 0.5, "wd": 0.5}, "hmean_of_means", 1),  # another count: refitted
+              "d": importance_tag({"wd": 1.0}, "mean_of_hmeans", 2)}  # another rule: refitted
+    data.phases["importance_tag"] = data.phases["algorithm"].map(logged).where(data.phases["phase"] == "tune")
+    tagged = build.build_frames(data).importance.set_index(["label", "hyperparameter"])["importance"]
+    fitted = report.importance.set_index(["label", "hyperparameter"])["importance"]
+    assert tagged.loc["a"].to_dict() == {"lr": 1.0, "wd": 0.0}
+    for label in ("c", "d"):
+        assert tagged.loc[label].to_dict() == pytest.approx(fitted.loc[label].to_dict())
+    data.phases["importance_tag"] = "not json"
+    assert build.build_frames(data).importance.equals(report.importance)
 
 
 def test_importance_is_percent_with_a_warning_under_twenty_trials(report, tmp_path):
