@@ -252,6 +252,31 @@ def test_report_run_holds_the_files(tracked):
     assert {f"{name}.{ext}" for name in PNGS for ext in ("png", "pdf")} <= inside
 
 
+def artifact_files(client, run_id, under=None):
+    found = set()
+    for item in client.list_artifacts(run_id, under):
+        found |= artifact_files(client, run_id, item.path) if item.is_dir else {item.path}
+    return found
+
+
+def test_a_report_run_through_a_server_uploads_its_folders_at_once_and_its_rows_beside(tracked, monkeypatch):
+    """Through a server the report run's rows are written while the figures are drawn and its folders are
+    uploaded at once: the run holds every file of the report, its rows one per phase, and it ends FINISHED."""
+    from gtep.orchestration import report_store
+    from gtep.orchestration.report_store import open_store
+
+    client, report = tracked["client"], tracked["report"]
+    monkeypatch.setattr(report_store, "is_server", lambda uri: True)
+    logging = open_store(tracked["uri"]).start_report(["rep-*"], None, {"tau_hmean.x": 0.5}, report.summary)
+    run_id = logging.finish(report.out)
+    written = {str(p.relative_to(report.out)) for p in report.out.rglob("*") if p.is_file()}
+    assert artifact_files(client, run_id) == written and len(written) > 10
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["tau_hmean.x"] == 0.5
+    rows = client.search_runs([run.info.experiment_id], f"tags.`gtep.report_run` = '{run_id}'")
+    assert sorted(r.data.tags["gtep.phase_run"] for r in rows) == sorted(report.summary["run_id"])
+
+
 def test_report_command(tracked, tmp_path):
     out = tracked["out"]
     result = invoke("report", "rep-replay", "gtep/rep-icarl", "--output", out, "--format", "table,md,csv",
@@ -302,6 +327,21 @@ def test_metric_histories_read_in_bulk_are_the_runs_histories(tracked, monkeypat
     bulk = store.histories(ids, "acc_t")
     assert bulk == {run_id: [(m.step, m.value) for m in tracked["client"].get_metric_history(run_id, "acc_t")]
                     for run_id in ids} and all(bulk.values())
+
+
+def test_searches_split_by_experiment_give_the_runs_of_one_search_in_its_order(tracked, monkeypatch):
+    """Through a server a report searches many studies in groups at once; the runs and their order (newest
+    first) are those of one search over every study."""
+    from gtep.orchestration import report_store
+    from gtep.orchestration.report_store import open_store
+
+    store = open_store(tracked["uri"])
+    ids = sorted(store.study_experiments().values())
+    whole = {level: [r.info.run_id for r in store._search(ids, level)] for level in ("trial", "ordering")}
+    monkeypatch.setattr(report_store, "is_server", lambda uri: True)
+    monkeypatch.setattr(report_store, "SEARCH_GROUP", 1)  # a search per study, at once
+    assert len(ids) == len(ALGORITHMS) and all(whole.values())
+    assert {level: [r.info.run_id for r in store._search(ids, level)] for level in whole} == whole
 
 
 @pytest.mark.parametrize("args, option", [
