@@ -565,9 +565,10 @@ def ui_figures(server_uri: str, root: Path, profile: Path, timeout: float = 180)
 
 def ui_report_rows(server_uri: str, profile: Path, timeout: float = 180) -> dict[str, Any]:
     """Seconds from opening the page to the data shown, in headless Chromium: the newest report's run in
-    gtep/reports, and the matrix's phases as one experiment's runs table (that report's phase rows, top-level runs
-    tagged gtep.report_run=<its id>, the filter its description gives), the view a paper-scale matrix is compared
-    in (MLflow's compare-experiments view asks N^2 requests over N studies)."""
+    gtep/reports, and the matrix's phases as one experiment's runs table (their phase rows, top-level runs in
+    gtep/reports tagged gtep.level=phase_row and gtep.matrix: the filter the report run's description gives), the
+    view a paper-scale matrix is compared in (MLflow's compare-experiments view asks N^2 requests over N studies).
+    """
     from mlflow.tracking import MlflowClient
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -576,7 +577,7 @@ def ui_report_rows(server_uri: str, profile: Path, timeout: float = 180) -> dict
     experiment = client.get_experiment_by_name("gtep/reports")
     report = client.search_runs([experiment.experiment_id], "tags.`gtep.level` = 'report'", max_results=1,
                                 order_by=["attributes.start_time DESC"])[0]
-    where = f"tags.`gtep.report_run` = '{report.info.run_id}'"
+    where = "tags.`gtep.level` = 'phase_row' and tags.`gtep.matrix` = 'paper-scale'"
     rows = client.search_runs([experiment.experiment_id], where, max_results=50000)
     names = {r.info.run_name for r in rows}
     driver = chromium(profile)

@@ -70,6 +70,16 @@ class Template:
             for table in RUN_TABLES:
                 for r in db.execute(sa.select(meta.tables[table])):
                     self.rows[table][r.run_uuid].append(dict(r._mapping))
+            # the phase rows in gtep/reports that `gtep matrix` wrote as each cell ended, by the phase run they copy
+            reports = [r.experiment_id for r in db.execute(sa.select(meta.tables["experiments"]))
+                       if r.name == "gtep/reports"]
+            self.phase_rows: dict[str, dict[str, Any]] = {}
+            for run in db.execute(sa.select(meta.tables["runs"]).where(
+                    meta.tables["runs"].c.experiment_id.in_(reports))):
+                tags = {t.key: t.value for t in db.execute(sa.select(meta.tables["tags"]).where(
+                    meta.tables["tags"].c.run_uuid == run.run_uuid))}
+                if tags.get("gtep.level") == "phase_row":
+                    self.phase_rows[tags["gtep.phase_run"]] = dict(run._mapping)
         engine.dispose()
         self.runs_of: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for run in runs:
@@ -89,6 +99,23 @@ class Template:
         return ""
 
 
+def copy_phase_row(template: Template, row: dict[str, Any], k: int, phase_run_id: str, reports_id: int,
+                   pending: dict[str, list[dict[str, Any]]], tags: dict[str, str], params: dict[str, str]) -> None:
+    """A copy of a template phase row for study k's copy of its phase run."""
+    old = row["run_uuid"]
+    run_id = new_id(k, old)
+    name = f"{params['study']} {str(row['name']).rsplit(' ', 1)[-1]}"  # "<study> <phase>"
+    pending["runs"].append({**row, "run_uuid": run_id, "experiment_id": reports_id, "name": name,
+                            "artifact_uri": f"mlflow-artifacts:/{reports_id}/{run_id}/artifacts"})
+    for tag in template.rows["tags"][old]:
+        value = name if tag["key"] == "mlflow.runName" else tags.get(tag["key"], tag["value"])
+        pending["tags"].append({**tag, "run_uuid": run_id, "value": value})
+    for param in template.rows["params"][old]:
+        pending["params"].append({**param, "run_uuid": run_id, "value": params.get(param["key"], param["value"])})
+    for table in ("metrics", "latest_metrics"):
+        pending[table] += [{**metric, "run_uuid": run_id} for metric in template.rows[table][old]]
+
+
 def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX) -> dict[str, Any]:
     """Write studies_for(units) copies of the template's studies into `store` (created by MLflow's own schema
     first); returns what was written."""
@@ -96,7 +123,9 @@ def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX) 
 
     started = time.perf_counter()
     template = Template(template_db)
-    MlflowClient(tracking_uri=store).search_experiments(max_results=1)  # MLflow creates its tables
+    client = MlflowClient(tracking_uri=store)  # MLflow creates its tables
+    found = client.get_experiment_by_name("gtep/reports")
+    reports_id = int(found.experiment_id if found else client.create_experiment("gtep/reports"))
     engine = engine_of(store)
     meta = sa.MetaData()
     meta.reflect(engine, only=["experiments", "experiment_tags", "runs", *RUN_TABLES])
@@ -151,6 +180,10 @@ def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX) 
                     pending["params"].append({**row, "run_uuid": run_id, "value": value})
                 for table in ("metrics", "latest_metrics"):
                     pending[table] += [{**row, "run_uuid": run_id} for row in template.rows[table][old]]
+                if old in template.phase_rows:  # its row in gtep/reports, as `gtep matrix` writes it
+                    copy_phase_row(template, template.phase_rows[old], k, run_id, reports_id, pending,
+                                   {**rewrite, "gtep.phase_run": run_id}, {"study": study, "algorithm": label,
+                                                                          "scenario": scenario, "pairing": pairing})
             flush(db)
         flush(db, force=True)
         if engine.dialect.name == "postgresql":  # ids were given, not drawn: the next experiment MLflow creates

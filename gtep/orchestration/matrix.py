@@ -120,7 +120,23 @@ def run_cell(rc: ResolvedCell, phases: list[str], console: Console, resume: bool
     resolved, tags = with_pretrained_weights(rc.resolved, console.print), rc.cell.tags  # a pretrain section's, once
     plan = cell_plan(rc, phases)
     outcomes = run_plan(plan, resolved, console, resume=resume, tags=tags)
+    write_cell_rows(resolved.config.tracking_uri, [o.run_id for o in outcomes.values()], tags.get("gtep.matrix"),
+                    console)
     return {phase.name: outcomes[phase.name].summary["hmean"] for phase in plan.summarized()}
+
+
+def write_cell_rows(tracking_uri: str, phase_run_ids: list[str], matrix: str | None, console: Console) -> None:
+    """The cell's phase rows in gtep/reports (RunStore.write_phase_rows), so that the matrix's phases fill one
+    experiment's runs table as its cells end, and its report has none left to write. A store that does not take
+    them (a server away, a user who may not write gtep/reports) costs a line: `gtep report` writes them later."""
+    from gtep.orchestration.journal import quiet_http_client
+    from gtep.orchestration.report_store import RunStore
+
+    try:
+        RunStore(quiet_http_client(tracking_uri), tracking_uri).write_phase_rows(phase_run_ids, matrix)
+    except Exception as err:  # noqa: BLE001 - a view of the runs, never a reason for a finished cell to fail
+        console.print(f"[yellow]The cell's phase rows in gtep/reports were not written ({err.__class__.__name__}); "
+                      "gtep report writes them.[/]", highlight=False)
 
 
 def _finite(value: float) -> float | None:

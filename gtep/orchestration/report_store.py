@@ -11,14 +11,11 @@ module is the only place the report's data touches MLflow.
 from __future__ import annotations
 
 import math
-import numbers
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import numpy as np
 import pandas as pd
 from mlflow.entities import Metric, Param, Run, ViewType
 from mlflow.tracking import MlflowClient
@@ -48,7 +45,8 @@ CLASS_INCREMENTAL = "class_incremental"
 GACC_COLUMNS = ["run_id", "k", "alpha", "gacc"]
 GACC_STEPS = 12  # gacc_alpha is logged at step k for alpha = k / 12
 CURVE_COLUMNS = ["run_id", "metric", "step", "value"]
-REPORT_RUN_TAG = "gtep.report_run"  # on a report's phase rows: the report run they belong to
+PHASE_ROW = "phase_row"  # gtep.level of a phase's row in gtep/reports (write_phase_rows)
+PHASE_RUN_TAG = "gtep.phase_run"  # on a phase row: the phase run it copies
 SEARCH_GROUP = 15  # experiments a search covers when a report searches many through a server
 HISTORY_THREADS = int(os.environ.get("GTEP_REPORT_THREADS", 8))  # bulk history requests at once to a server
 BULK_RUNS = 100  # runs per bulk history read: the most MLflow's get-history-bulk route takes
@@ -146,6 +144,7 @@ class RunStore:
 
     def __init__(self, client: MlflowClient, tracking_uri: str) -> None:
         self.client, self.tracking_uri = client, tracking_uri
+        self._phase_entities: dict[str, Run] = {}  # the phase runs read, for their rows (write_phase_rows)
 
     def study_experiments(self) -> dict[str, str]:
         """Every gtep study experiment (name -> id); the reports' own experiment is not a study."""
@@ -158,6 +157,7 @@ class RunStore:
         name_of = {v: k for k, v in experiments.items()}
         where = f"tags.`gtep.matrix` = '{matrix}'" if matrix else ""
         runs = self._search(sorted(experiments.values()), "phase", where)
+        self._phase_entities.update((run.info.run_id, run) for run in runs)
         return pd.DataFrame([phase_row(r, name_of[r.info.experiment_id]) for r in runs])
 
     def trial_runs(self, experiment_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -245,48 +245,81 @@ class RunStore:
         return frame.drop_duplicates(["run_id", "metric", "step"], keep="last").sort_values(
             ["run_id", "metric", "step"]).reset_index(drop=True)
 
-    def start_report(self, selectors: list[str], matrix: str | None, metrics: dict[str, float],
-                     rows: pd.DataFrame | None = None) -> "ReportRun":
-        """One run in gtep/reports, begun as soon as the report's numbers are known: its metrics and phase rows are
-        written in a thread while the report draws its figures; ReportRun.finish adds its files and closes it."""
-        return ReportRun(self, selectors, matrix, metrics, rows)
+    def log_report(self, folder: Path, selectors: list[str], matrix: str | None, metrics: dict[str, float]) -> str:
+        """One run in gtep/reports with every file of the report as an artifact, so the MLflow UI shows the tables
+        and plots beside the studies' runs; its description says where the phases it compares are side by side
+        (their phase rows: write_phase_rows)."""
+        experiment_id = self._reports_experiment()
+        tags = {"gtep.level": "report", "gtep.sources": ",".join(selectors) or "*",
+                "mlflow.note.content": rows_note(matrix)}
+        if matrix:
+            tags["gtep.matrix"] = matrix
+        run = self.client.create_run(experiment_id, run_name=f"report-{time.strftime('%Y%m%d-%H%M%S')}", tags=tags)
+        run_id = run.info.run_id
+        try:
+            now = int(time.time() * 1000)
+            finite = [Metric(key, value, now, 0) for key, value in metrics.items() if math.isfinite(value)]
+            for start in range(0, len(finite), 1000):  # MLflow's log_batch takes 1,000 metrics
+                self.client.log_batch(run_id, metrics=finite[start:start + 1000])
+            self._upload(run_id, folder)
+        except BaseException:
+            self.client.set_terminated(run_id, "FAILED")
+            raise
+        self.client.set_terminated(run_id, "FINISHED")
+        return run_id
 
-    def log_report(self, folder: Path, selectors: list[str], matrix: str | None, metrics: dict[str, float],
-                   rows: pd.DataFrame | None = None) -> str:
-        """start_report and ReportRun.finish at once: a report whose files are all in `folder`."""
-        return self.start_report(selectors, matrix, metrics, rows).finish(folder)
-
-    def _log_rows(self, experiment_id: str, parent: str, matrix: str | None, rows: pd.DataFrame | None) -> None:
-        """A finished run per summary row, tagged gtep.report_run=<the report's run>: its study, algorithm,
-        scenario, pairing and phase as params, its finite numbers (acc, avg_acc, hmean, their stds, costs) as
-        metrics, the phase run it summarises as a tag."""
-        if rows is None or rows.empty:
+    def _upload(self, run_id: str, folder: Path) -> None:
+        """The folder as the run's artifacts. Through a server each file is a request of its own: a matrix's
+        report (8 groups of tables and figures) uploads its folders at once."""
+        if not is_server(self.tracking_uri):
+            self.client.log_artifacts(run_id, str(folder))
             return
-        now = int(time.time() * 1000)
+        from concurrent.futures import ThreadPoolExecutor
 
-        def log_row(row: dict[str, Any]) -> None:
-            # a top-level run, not a child of the report's: MLflow's runs table shows children only when their
-            # parent is expanded (a second request after the first page), and a top-level row is on the first page
-            tags = {REPORT_RUN_TAG: parent, "gtep.level": "report_row", "gtep.phase_run": str(row["run_id"])}
-            if matrix:
-                tags["gtep.matrix"] = matrix
-            run = self.client.create_run(experiment_id, run_name=f"{row['label']} {row['phase']}", tags=tags)
-            params = [Param(k, str(row[k])) for k in ("study", "algorithm", "scenario", "pairing", "phase")
-                      if k in row]
-            metrics = [Metric(k, float(v), now, 0) for k, v in row.items()
-                       if isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_)) and math.isfinite(v)]
-            self.client.log_batch(run.info.run_id, metrics=metrics, params=params)
-            self.client.set_terminated(run.info.run_id, "FINISHED")
+        items = sorted(folder.iterdir())
 
-        records = rows.to_dict("records")
-        if is_server(self.tracking_uri) and len(records) > 1:  # three round trips a row: 240 rows of a matrix
+        def upload(path: Path) -> None:
+            if path.is_dir():
+                self.client.log_artifacts(run_id, str(path), artifact_path=path.name)
+            else:
+                self.client.log_artifact(run_id, str(path))
+        with ThreadPoolExecutor(HISTORY_THREADS) as pool:
+            list(pool.map(upload, items))
+
+    def write_phase_rows(self, phase_run_ids: Iterable[str], matrix: str | None = None) -> int:
+        """A run in gtep/reports for each finished phase run of `phase_run_ids` that has none yet (its phase row:
+        phase_row_record), so that a matrix's phases are one experiment's runs table in the MLflow UI: MLflow's
+        compare-experiments view asks for every experiment once per experiment it shows (N^2 requests: 6 minutes
+        over a paper-scale matrix's 120 studies; benchmarks/ui_compare_requests.py). `gtep matrix` writes a
+        cell's rows when the cell ends; a report writes those still missing (studies run alone, older stores).
+        Returns how many it wrote."""
+        wanted = list(dict.fromkeys(str(run_id) for run_id in phase_run_ids))
+        if not wanted:
+            return 0
+        experiment_id = self._reports_experiment()
+        existing = _all_pages(lambda token: self.client.search_runs(
+            [experiment_id], phase_rows_filter(matrix), ViewType.ACTIVE_ONLY, 1000, page_token=token))
+        have = {run.data.tags.get(PHASE_RUN_TAG) for run in existing}
+        missing = [run_id for run_id in wanted if run_id not in have]
+        names: dict[str, str] = {}
+
+        def write(run_id: str) -> bool:
+            run = self._phase_entities.get(run_id) or self.client.get_run(run_id)
+            if run.info.status != "FINISHED":  # its numbers may still change: written once it has finished
+                return False
+            experiment = names.get(run.info.experiment_id) or self.client.get_experiment(run.info.experiment_id).name
+            names[run.info.experiment_id] = experiment
+            name, tags, params, metrics = phase_row_record(run, experiment)
+            row = self.client.create_run(experiment_id, run_name=name, tags=tags, start_time=run.info.start_time)
+            self.client.log_batch(row.info.run_id, metrics=metrics, params=params)
+            self.client.set_terminated(row.info.run_id, "FINISHED", end_time=run.info.end_time)
+            return True
+        if is_server(self.tracking_uri) and len(missing) > 1:  # three round trips a row: 240 rows of a matrix
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(HISTORY_THREADS) as pool:
-                list(pool.map(log_row, records))
-        else:
-            for row in records:
-                log_row(row)
+                return sum(pool.map(write, missing))
+        return sum(write(run_id) for run_id in missing)
 
     def json_artifact(self, run_id: str, name: str) -> dict[str, Any] | None:
         """A JSON artifact of a run (an evaluate_sets phase's protocol_regret.json); None when it has none."""
@@ -387,91 +420,16 @@ class RunStore:
         return str(self.client.create_experiment(REPORTS_EXPERIMENT, artifact_location=location))
 
 
-class ReportRun:
-    """A report's run in gtep/reports: every file of the report as an artifact, so the MLflow UI shows the tables
-    and plots beside the studies' runs, and under it one child run per row of `rows` (the report's summary: a
-    study's phase), so that all the phases it compares are one experiment's runs table in the UI. MLflow's
-    compare-experiments view asks for every experiment once per experiment it shows (N^2 requests: 6 minutes
-    over a paper-scale matrix's 120 studies; benchmarks/ui_compare_requests.py). The rows (240 in the paper's
-    matrix, three requests each) are written in a thread from the start, beside the figures. They are top-level
-    runs tagged gtep.report_run=<this run's id>: the runs table filtered by that tag shows them on its first page
-    (the report run's description says the filter)."""
-
-    def __init__(self, store: RunStore, selectors: list[str], matrix: str | None, metrics: dict[str, float],
-                 rows: pd.DataFrame | None) -> None:
-        self.store, self.client = store, store.client
-        self.experiment_id = store._reports_experiment()
-        tags = {"gtep.level": "report", "gtep.sources": ",".join(selectors) or "*"}
-        if matrix:
-            tags["gtep.matrix"] = matrix
-        run = self.client.create_run(self.experiment_id, run_name=f"report-{time.strftime('%Y%m%d-%H%M%S')}",
-                                     tags=tags)
-        self.run_id: str = run.info.run_id
-        if rows is not None and not rows.empty:
-            self.client.set_tag(self.run_id, "mlflow.note.content", rows_note(self.run_id, len(rows)))
-        self.error: BaseException | None = None
-        self.writer = threading.Thread(target=self._write, args=(metrics, matrix, rows), daemon=True,
-                                       name="gtep-report-rows")
-        self.writer.start()
-
-    def _write(self, metrics: dict[str, float], matrix: str | None, rows: pd.DataFrame | None) -> None:
-        try:
-            now = int(time.time() * 1000)
-            finite = [Metric(key, value, now, 0) for key, value in metrics.items() if math.isfinite(value)]
-            for start in range(0, len(finite), 1000):  # MLflow's log_batch takes 1,000 metrics
-                self.client.log_batch(self.run_id, metrics=finite[start:start + 1000])
-            self.store._log_rows(self.experiment_id, self.run_id, matrix, rows)
-        except BaseException as err:  # noqa: BLE001 - raised again by finish() in the report's own thread
-            self.error = err
-
-    def finish(self, folder: Path) -> str:
-        """The report's files as artifacts once the rows are written; the run FINISHED (FAILED, and the error
-        raised, when anything of it could not be written)."""
-        self.writer.join()
-        try:
-            if self.error is not None:
-                raise self.error
-            self._upload(Path(folder))
-        except BaseException:
-            self.client.set_terminated(self.run_id, "FAILED")
-            raise
-        self.client.set_terminated(self.run_id, "FINISHED")
-        return self.run_id
-
-    def _upload(self, folder: Path) -> None:
-        """The folder as the run's artifacts. Through a server each file is a request of its own: a matrix's
-        report (8 groups of tables and figures) uploads its folders at once."""
-        if not is_server(self.store.tracking_uri):
-            self.client.log_artifacts(self.run_id, str(folder))
-            return
-        from concurrent.futures import ThreadPoolExecutor
-
-        files = [(path, None) for path in sorted(folder.iterdir()) if path.is_file()]
-        folders = [(path, path.name) for path in sorted(folder.iterdir()) if path.is_dir()]
-
-        def upload(item: tuple[Path, str | None]) -> None:
-            path, under = item
-            if under is None:
-                self.client.log_artifact(self.run_id, str(path))
-            else:
-                self.client.log_artifacts(self.run_id, str(path), artifact_path=under)
-        with ThreadPoolExecutor(HISTORY_THREADS) as pool:
-            list(pool.map(upload, files + folders))
-
-    def abandon(self) -> None:
-        """The report stopped before its files were written: its run says FAILED."""
-        self.writer.join()
-        self.client.set_terminated(self.run_id, "FAILED")
+def phase_rows_filter(matrix: str | None = None) -> str:
+    """The gtep/reports runs-table filter that shows the phase rows (of one matrix)."""
+    where = f"tags.`gtep.level` = '{PHASE_ROW}'"
+    return where + (f" and tags.`gtep.matrix` = '{matrix}'" if matrix else "")
 
 
-def rows_filter(report_run_id: str) -> str:
-    """The runs-table filter that shows one report's phase rows."""
-    return f"tags.`{REPORT_RUN_TAG}` = '{report_run_id}'"
-
-
-def rows_note(report_run_id: str, rows: int) -> str:
-    return (f"This report's {rows} phase rows are runs of this experiment: filter the runs table by "
-            f"`{rows_filter(report_run_id)}` to see them side by side.")
+def rows_note(matrix: str | None) -> str:
+    return ("The phases it compares, one row each: filter the runs table of this experiment by "
+            f"`{phase_rows_filter(matrix)}`" + ("" if matrix else " (add `and params.study = '<study>'` to "
+                                                "narrow it)") + ".")
 
 
 def _all_pages(fetch: Callable[[str | None], Any]) -> list[Any]:
@@ -541,6 +499,25 @@ def phase_row(run: Run, experiment: str) -> dict[str, Any]:
             "study": tags.get("gtep.study", experiment[len(PREFIX):]), "phase": phase_label(run),
             "status": run.info.status, "start_time": run.info.start_time or 0, "percent": in_percent(run),
             **family_tags(run), **tag, **param, **metrics}
+
+
+def phase_row_record(run: Run, experiment: str) -> tuple[str, dict[str, str], list[Param], list[Metric]]:
+    """A finished phase run as its row in gtep/reports: (run name, tags, params, metrics). Its study, algorithm,
+    backbone, phase, scenario and pairing as params; its metrics as the phase run logged them (the same units: its
+    gtep.units tag comes along), so the row and the phase run read the same in the UI; the tag gtep.phase_run
+    names the phase run."""
+    row = phase_row(run, experiment)
+    tags = {"gtep.level": PHASE_ROW, PHASE_RUN_TAG: run.info.run_id, "gtep.study": str(row["study"])}
+    tags.update({f"gtep.{name}": run.data.tags[f"gtep.{name}"] for name in ("matrix", "cell", "units", "attempt")
+                 if run.data.tags.get(f"gtep.{name}")})
+    params = {"study": row["study"], "algorithm": row["algorithm"], "backbone": row["backbone"],
+              "phase": row["phase"], "scenario": row["scenario_tag"] or row["increments"],
+              "pairing": row["pairing_tag"] or row["dataset"]}
+    stamp = run.info.end_time or run.info.start_time or 0
+    metrics = [Metric(key, float(value), stamp, 0) for key, value in sorted(run.data.metrics.items())
+               if math.isfinite(float(value))]
+    return (f"{row['study']} {row['phase']}", tags, [Param(k, str(v)) for k, v in params.items() if v != ""],
+            metrics)
 
 
 def trial_row(run: Run) -> dict[str, Any]:

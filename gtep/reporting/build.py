@@ -15,11 +15,12 @@ import multiprocessing
 import os
 import re
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pandas as pd
 from rich.console import Console
@@ -613,6 +614,29 @@ class Progress:
             self.console.print(f"report: done in {total:.1f} s ({parts})", highlight=False, soft_wrap=True)
 
 
+class Background:
+    """function(*args) in a thread of its own from now on; result() waits for it and returns (or raises) what it
+    did. The report's writes to the store run beside its CPU-bound stages."""
+
+    def __init__(self, function: Callable, *args: object) -> None:
+        self.value: object = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(function, args), daemon=True)
+        self.thread.start()
+
+    def _run(self, function: Callable, args: tuple) -> None:
+        try:
+            self.value = function(*args)
+        except BaseException as err:  # noqa: BLE001 - raised again by result(), in the caller's thread
+            self.error = err
+
+    def result(self) -> Any:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
 def print_report(report: Report, console: Console) -> None:
     for note in left_out_notes(report, None):
         console.print(f"[yellow]Left out: {escape(note)}.[/]", highlight=False)
@@ -649,38 +673,38 @@ def run_report(tracking_uri: str, selectors: list[str], *, matrix: str | None = 
     scope = f"matrix {matrix}" if matrix else ", ".join(selectors)
     steps.stage("read", f"reading the runs of {scope} from {tracking_uri}")
     data = collect(runs, list(selectors), matrix)
+    # the phases' rows in gtep/reports that the study did not write (gtep matrix writes a cell's when it ends)
+    rows = Background(runs.write_phase_rows, data.phases["run_id"].tolist(), matrix) if log_to_mlflow else None
     steps.stage("summarise", f"summarising {len(data.phases)} phase runs of {data.phases['study'].nunique()} "
                 f"studies ({len(data.trials)} tuning trials, {len(data.orderings)} orderings)")
-    with Workers() as workers:  # fANOVA's fits, then the figures: the processes start once
-        report = build_frames(data, workers)
-        report.out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gtep-report-"))
-        shown = [f for f in formats if f != "table"]
-        steps.stage("tables", plural(len(report.tables), "table")
-                    + (f", written as {', '.join(shown)}" if shown else ""))
-        if "table" in formats:
-            print_report(report, console or Console())
-        report.paths = write_tables(report, report.out, formats)
-        # the report run and its phase rows are written to the store while the figures are drawn
-        logging = runs.start_report(list(selectors), matrix, report_metrics(report), report.summary) \
-            if log_to_mlflow else None
-        try:
+    try:
+        with Workers() as workers:  # fANOVA's fits, then the figures: the processes start once
+            report = build_frames(data, workers)
+            report.out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="gtep-report-"))
+            shown = [f for f in formats if f != "table"]
+            steps.stage("tables", plural(len(report.tables), "table")
+                        + (f", written as {', '.join(shown)}" if shown else ""))
+            if "table" in formats:
+                print_report(report, console or Console())
+            report.paths = write_tables(report, report.out, formats)
             if figures:
                 def drawing(todo: int, reused: int, processes: int) -> None:
-                    kept = f"; {reused} reused (drawn from the same numbers into {report.out} before)" if reused \
-                        else ""
+                    kept = (f"; {reused} reused (drawn from the same numbers into {report.out} before)" if reused
+                            else "")
                     steps.stage("figures", f"figures of {plural(todo, 'group')}"
                                 + (f" in {processes} processes" if processes > 1 else "") + kept)
                 report.paths += draw_groups(report, group_folders(report, report.out), vector="latex" in formats,
                                             before=drawing, workers=workers).paths
-            steps.stage("pages", f"report.html{' and report.md' if 'md' in formats else ''} in {report.out}")
-            report.paths += write_pages(report, report.out, formats)
-        except BaseException:
-            if logging is not None:
-                logging.abandon()
-            raise
-    if logging is not None:
-        steps.stage("log", f"logging the report's files and its {len(report.summary)} phase rows (begun beside "
-                    "the figures) to gtep/reports")
-        report.run_id = logging.finish(report.out)
+        steps.stage("pages", f"report.html{' and report.md' if 'md' in formats else ''} in {report.out}")
+        report.paths += write_pages(report, report.out, formats)
+    except BaseException:
+        if rows is not None:
+            rows.thread.join()  # no write left running behind the error
+        raise
+    written = rows.result() if rows is not None else 0  # raises what the rows' writing raised
+    if log_to_mlflow:
+        steps.stage("log", f"logging the report to gtep/reports ({plural(written, 'phase row')} written beside it "
+                    f"of {len(data.phases)})")
+        report.run_id = runs.log_report(report.out, list(selectors), matrix, report_metrics(report))
     steps.finish()
     return report

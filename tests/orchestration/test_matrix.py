@@ -133,6 +133,17 @@ def test_the_cells_table_and_the_report_over_the_matrix(matrix):
     assert all(cell in output for cell in TRAINED_CELLS)
     report = matrix["root"] / "report"
     assert report.is_dir() and any(report.rglob("*.md")) and any(report.rglob("*.csv")), output
+    client = matrix["client"]  # one row per phase run: the cells wrote theirs, the report found none missing
+    assert sorted(phase_row_ids(client)) == sorted(r.info.run_id for cell in TRAINED_CELLS
+                                                   for r in runs(client, cell, level="phase"))
+
+
+def phase_row_ids(client: MlflowClient, matrix: str = "mx") -> list[str]:
+    """The phase runs the matrix's phase rows in gtep/reports copy, one entry per row."""
+    reports = client.get_experiment_by_name("gtep/reports")
+    rows = client.search_runs([reports.experiment_id],
+                              f"tags.`gtep.level` = 'phase_row' and tags.`gtep.matrix` = '{matrix}'")
+    return [r.data.tags["gtep.phase_run"] for r in rows]
 
 
 def test_a_rerun_resumes_only_the_unfinished_cell(matrix):
@@ -200,6 +211,9 @@ def test_parallel_cells_share_the_cluster_and_give_the_sequential_results(tmp_pa
         assert "tune " in log and "evaluate " in log, log
         phases = {r.data.tags["gtep.phase"]: r.info.status for r in runs(client, name, level="phase")}
         assert phases == {"tune": "FINISHED", "evaluate": "FINISHED"}
+    # no report ran: each cell's driver wrote its phases' rows in gtep/reports as it ended
+    assert sorted(phase_row_ids(client)) == sorted(r.info.run_id for name in split
+                                                   for r in runs(client, name, level="phase"))
 
 
 CELL_DRIVER = """

@@ -219,24 +219,33 @@ def test_plots_exist_and_are_png(tracked):
     assert (folder / "table.tex").exists() and (folder / "table.csv").exists()
 
 
-def test_every_summarised_phase_is_a_run_of_the_report_in_one_experiment(tracked):
+def phase_rows(client, experiment_id):
+    return client.search_runs([experiment_id], "tags.`gtep.level` = 'phase_row'", max_results=1000)
+
+
+def test_every_reported_phase_has_one_row_in_one_experiment(tracked):
     """The phases a report compares as one experiment's runs in the UI (MLflow's view over several experiments
-    makes N^2 requests): a top-level run per summary row (on the runs table's first page, no parent to expand),
-    tagged with the report run, with its numbers and the phase run it sums up; the report run says the filter."""
+    makes N^2 requests): a top-level run in gtep/reports per phase run (on the runs table's first page), written
+    once (a second report writes none), its params and metrics those of the phase run; the report run says the
+    filter that shows them."""
     client, report = tracked["client"], tracked["report"]
     run = client.get_run(report.run_id)
-    children = client.search_runs([run.info.experiment_id], f"tags.`gtep.report_run` = '{report.run_id}'")
-    assert all("mlflow.parentRunId" not in c.data.tags for c in children)
-    assert f"tags.`gtep.report_run` = '{report.run_id}'" in run.data.tags["mlflow.note.content"]
-    assert len(children) == len(report.summary) > 0
-    assert all(c.data.tags["gtep.level"] == "report_row" and c.info.status == "FINISHED" for c in children)
-    by_phase_run = {c.data.tags["gtep.phase_run"]: c for c in children}
-    for row in report.summary.itertuples():
-        child = by_phase_run[row.run_id]
-        assert child.data.params["study"] == row.study and child.data.params["phase"] == row.phase
-        assert child.data.metrics["hmean"] == pytest.approx(row.hmean)
-        assert child.data.metrics["acc"] == pytest.approx(row.acc)
-        assert client.get_run(row.run_id).data.tags["gtep.level"] == "phase", "the tag names the phase run"
+    rows = phase_rows(client, run.info.experiment_id)
+    assert "tags.`gtep.level` = 'phase_row'" in run.data.tags["mlflow.note.content"]
+    assert sorted(r.data.tags["gtep.phase_run"] for r in rows) == sorted(report.summary["run_id"])
+    assert all("mlflow.parentRunId" not in r.data.tags and r.info.status == "FINISHED" for r in rows)
+    summary = report.summary.set_index("run_id")
+    for row in rows:
+        phase = client.get_run(row.data.tags["gtep.phase_run"])
+        assert phase.data.tags["gtep.level"] == "phase", "the tag names the phase run"
+        assert row.data.params["study"] == summary.at[phase.info.run_id, "study"]
+        assert row.data.params["phase"] == summary.at[phase.info.run_id, "phase"]
+        finite = {k: v for k, v in phase.data.metrics.items() if math.isfinite(v)}
+        assert row.data.metrics == finite and row.data.tags["gtep.units"] == "percent"
+        assert row.data.metrics["hmean"] == pytest.approx(100 * summary.at[phase.info.run_id, "hmean"], abs=1e-3)
+    again = run_report(tracked["uri"], ["rep-*"], out=tracked["root"] / "again", figures=False)
+    assert len(phase_rows(client, run.info.experiment_id)) == len(rows), "rows are written once per phase run"
+    assert client.get_run(again.run_id).info.status == "FINISHED"
 
 
 def test_report_run_holds_the_files(tracked):
@@ -259,22 +268,19 @@ def artifact_files(client, run_id, under=None):
     return found
 
 
-def test_a_report_run_through_a_server_uploads_its_folders_at_once_and_its_rows_beside(tracked, monkeypatch):
-    """Through a server the report run's rows are written while the figures are drawn and its folders are
-    uploaded at once: the run holds every file of the report, its rows one per phase, and it ends FINISHED."""
+def test_a_report_run_through_a_server_uploads_its_folders_at_once(tracked, monkeypatch):
+    """Through a server the report run's folders are uploaded at once (a request per file): the run holds every
+    file of the report and ends FINISHED."""
     from gtep.orchestration import report_store
     from gtep.orchestration.report_store import open_store
 
     client, report = tracked["client"], tracked["report"]
     monkeypatch.setattr(report_store, "is_server", lambda uri: True)
-    logging = open_store(tracked["uri"]).start_report(["rep-*"], None, {"tau_hmean.x": 0.5}, report.summary)
-    run_id = logging.finish(report.out)
+    run_id = open_store(tracked["uri"]).log_report(report.out, ["rep-*"], None, {"tau_hmean.x": 0.5})
     written = {str(p.relative_to(report.out)) for p in report.out.rglob("*") if p.is_file()}
     assert artifact_files(client, run_id) == written and len(written) > 10
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.metrics["tau_hmean.x"] == 0.5
-    rows = client.search_runs([run.info.experiment_id], f"tags.`gtep.report_run` = '{run_id}'")
-    assert sorted(r.data.tags["gtep.phase_run"] for r in rows) == sorted(report.summary["run_id"])
 
 
 def test_report_command(tracked, tmp_path):
