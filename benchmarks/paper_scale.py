@@ -637,7 +637,7 @@ def measure_sizes(folder: Path, sizes: list[int], template: Path | None, ui: boo
         shutil.rmtree(where, ignore_errors=True)
         where.mkdir(parents=True)
         backend = own_database(postgres) if postgres else f"sqlite:///{where / 'mlflow.db'}"
-        made = synthesize(template, backend, units)
+        made = synthesize(template, backend, units, artifacts=where / "artifacts")
         print(f"{units} units: {made['studies']} studies written in {made['seconds']} s", flush=True)
         server = MlflowServer(where, backend, artifacts=where / "artifacts", env=env, workers=2)
         size: dict[str, Any] = {"studies": made["studies"], "units": made["units"], "groups": made["groups"],

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import time
 from collections import defaultdict
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+
+from gtep.orchestration.report_store import TRIALS_FILE, TRIALS_TAG
 
 UNITS_PER_STUDY = 155  # R = 30 sets x S = 5 orderings, and H*'s 5 orderings on D^E
 ALGORITHMS = 15
@@ -116,9 +119,29 @@ def copy_phase_row(template: Template, row: dict[str, Any], k: int, phase_run_id
         pending[table] += [{**metric, "run_uuid": run_id} for metric in template.rows[table][old]]
 
 
-def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX) -> dict[str, Any]:
+def trial_snapshots(copied: list[dict[str, Any]], tags: dict[str, dict[str, str]],
+                    params: dict[str, dict[str, str]], metrics: dict[str, dict[str, float]]) -> dict[str, list]:
+    """Per copied tuning phase run that the template had snapshotted (gtep.trials_file), its copied trial runs as
+    `gtep matrix` snapshots them at a cell's end (report_store.run_record's fields)."""
+    snapped = {run["run_uuid"] for run in copied if tags[run["run_uuid"]].get(TRIALS_TAG)}
+    found: dict[str, list] = defaultdict(list)
+    for run in copied:
+        own = tags[run["run_uuid"]]
+        if own.get("gtep.level") == "trial" and own.get("mlflow.parentRunId") in snapped:
+            found[own["mlflow.parentRunId"]].append({
+                "run_id": run["run_uuid"], "experiment_id": str(run["experiment_id"]), "run_name": run["name"],
+                "status": run["status"], "start_time": run["start_time"], "end_time": run["end_time"],
+                "artifact_uri": run["artifact_uri"], "metrics": metrics[run["run_uuid"]],
+                "params": params[run["run_uuid"]], "tags": own})
+    return found
+
+
+def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX,
+               artifacts: Path | None = None) -> dict[str, Any]:
     """Write studies_for(units) copies of the template's studies into `store` (created by MLflow's own schema
-    first); returns what was written."""
+    first), and into `artifacts` (the server's --artifacts-destination) the snapshots of the tuning phases' trial
+    runs that `gtep matrix` writes as a cell ends (without `artifacts`, the copies have none); returns what was
+    written."""
     from mlflow.tracking import MlflowClient
 
     started = time.perf_counter()
@@ -161,11 +184,15 @@ def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX) 
                 db.execute(meta.tables["experiment_tags"].insert(), tags)
             rewrite = {"gtep.study": study, "gtep.cell": study, "gtep.matrix": matrix, "gtep.scenario": scenario,
                        "gtep.pairing": pairing}
+            copied, tags_of, params_of, metrics_of = [], {}, {}, {}
             for run in template.runs_of[source["experiment_id"]]:
                 old = run["run_uuid"]
                 run_id = new_id(k, old)
-                pending["runs"].append({**run, "run_uuid": run_id, "experiment_id": next_id,
-                                        "artifact_uri": f"mlflow-artifacts:/{next_id}/{run_id}/artifacts"})
+                copy = {**run, "run_uuid": run_id, "experiment_id": next_id,
+                        "artifact_uri": f"mlflow-artifacts:/{next_id}/{run_id}/artifacts"}
+                pending["runs"].append(copy)
+                copied.append(copy)
+                tags_of[run_id], params_of[run_id] = {}, {}
                 for row in template.rows["tags"][old]:
                     value = row["value"]
                     if row["key"] == "mlflow.parentRunId" or row["key"].endswith("_run_id"):
@@ -174,16 +201,28 @@ def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX) 
                         value = rewrite[row["key"]]
                     elif row["key"] == "gtep.key":
                         value = f"{value}:{k}"
+                    elif row["key"] == TRIALS_TAG and artifacts is None:
+                        continue  # no snapshot file: the report searches this phase's trial runs
                     pending["tags"].append({**row, "run_uuid": run_id, "value": value})
+                    tags_of[run_id][row["key"]] = value
                 for row in template.rows["params"][old]:
                     value = label if row["key"] == "gtep.algorithm" else row["value"]
                     pending["params"].append({**row, "run_uuid": run_id, "value": value})
+                    params_of[run_id][row["key"]] = value
                 for table in ("metrics", "latest_metrics"):
                     pending[table] += [{**row, "run_uuid": run_id} for row in template.rows[table][old]]
+                metrics_of[run_id] = {row["key"]: math.nan if row["is_nan"] else row["value"]
+                                      for row in template.rows["latest_metrics"][old]}
                 if old in template.phase_rows:  # its row in gtep/reports, as `gtep matrix` writes it
                     copy_phase_row(template, template.phase_rows[old], k, run_id, reports_id, pending,
                                    {**rewrite, "gtep.phase_run": run_id}, {"study": study, "algorithm": label,
                                                                           "scenario": scenario, "pairing": pairing})
+            if artifacts is not None:
+                for phase, trials in trial_snapshots(copied, tags_of, params_of, metrics_of).items():
+                    folder = artifacts / str(next_id) / phase / "artifacts"
+                    folder.mkdir(parents=True, exist_ok=True)
+                    (folder / TRIALS_FILE).write_text(json.dumps({"runs": trials}))
+                    written["trial snapshots"] += 1
             flush(db)
         flush(db, force=True)
         if engine.dialect.name == "postgresql":  # ids were given, not drawn: the next experiment MLflow creates
@@ -199,8 +238,10 @@ def main() -> None:
     parser.add_argument("--template", type=Path, required=True, help="mlflow.db of a paper_scale.py --run (sqlite)")
     parser.add_argument("--store", required=True, help="the store to write (sqlite:///... or postgresql://...)")
     parser.add_argument("--units", type=int, default=100_000)
+    parser.add_argument("--artifacts", type=Path, help="the server's --artifacts-destination: the tuning phases' "
+                        "trial snapshots go there (without it, the copies have none)")
     args = parser.parse_args()
-    print(synthesize(args.template, args.store, args.units))
+    print(synthesize(args.template, args.store, args.units, artifacts=args.artifacts))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ GACC_STEPS = 12  # gacc_alpha is logged at step k for alpha = k / 12
 CURVE_COLUMNS = ["run_id", "metric", "step", "value"]
 PHASE_ROW = "phase_row"  # gtep.level of a phase's row in gtep/reports (write_phase_rows)
 PHASE_RUN_TAG = "gtep.phase_run"  # on a phase row: the phase run it copies
+TRIALS_FILE = "trials.json"  # a finished tuning phase run's snapshot of its trial runs (write_trial_snapshots)
+TRIALS_TAG = "gtep.trials_file"  # on that phase run, once the snapshot is written: its file name
 SEARCH_GROUP = 15  # experiments a search covers when a report searches many through a server
 HISTORY_THREADS = int(os.environ.get("GTEP_REPORT_THREADS", 8))  # bulk history requests at once to a server
 BULK_RUNS = 100  # runs per bulk history read: the most MLflow's get-history-bulk route takes
@@ -145,6 +147,7 @@ class RunStore:
     def __init__(self, client: MlflowClient, tracking_uri: str) -> None:
         self.client, self.tracking_uri = client, tracking_uri
         self._phase_entities: dict[str, Run] = {}  # the phase runs read, for their rows (write_phase_rows)
+        self._trials_of: dict[str, list[Run]] = {}  # the trial runs read, by phase run (write_trial_snapshots)
 
     def study_experiments(self) -> dict[str, str]:
         """Every gtep study experiment (name -> id); the reports' own experiment is not a study."""
@@ -160,11 +163,90 @@ class RunStore:
         self._phase_entities.update((run.info.run_id, run) for run in runs)
         return pd.DataFrame([phase_row(r, name_of[r.info.experiment_id]) for r in runs])
 
-    def trial_runs(self, experiment_ids: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The trial runs (one row each) and their hyperparameter sets, long: (trial run, name, value)."""
-        runs = self._search(experiment_ids, "trial")
+    def trial_runs(self, experiment_ids: list[str], phase_run_ids: Iterable[str] = ()
+                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """The trial runs (one row each) and their hyperparameter sets, long: (trial run, name, value). A finished
+        tuning phase of `phase_run_ids` with a snapshot of its trial runs (write_trial_snapshots) is read from that
+        one small file instead of a search through its R runs (a paper-scale matrix's 3,600 trial runs were most of
+        its report's reading: the store builds an object per tag, param and metric); every other trial is
+        searched, and the runs come out in the search's order."""
+        snapshots = [self._phase_entities[run_id] for run_id in phase_run_ids if run_id in self._phase_entities
+                     and self._phase_entities[run_id].data.tags.get(TRIALS_TAG) == TRIALS_FILE]
+        read = dict(zip([run.info.run_id for run in snapshots], self._map(self._read_snapshot, snapshots)))
+        read = {phase: runs for phase, runs in read.items() if runs is not None}
+        if not read:
+            runs = self._search(experiment_ids, "trial")
+        else:
+            covered = {self._phase_entities[phase].info.experiment_id for phase in read}
+            others = [run for run in self._phase_entities.values() if run.info.run_id not in read
+                      and run.data.tags.get("gtep.phase") == TUNE.name and run.info.experiment_id in experiment_ids]
+            searched = sorted(set(experiment_ids) - covered) + sorted({r.info.experiment_id for r in others})
+            runs = (self._search(experiment_ids, "trial", f"tags.`gtep.phase` != '{TUNE.name}'")
+                    + self._search(sorted(set(searched)), "trial", f"tags.`gtep.phase` = '{TUNE.name}'"))
+            found = {run.info.run_id for run in runs}
+            runs += [run for part in read.values() for run in part if run.info.run_id not in found]
+            runs.sort(key=lambda run: (-(run.info.start_time or 0), run.info.run_id))
+        for run in runs:
+            self._trials_of.setdefault(run.data.tags.get("mlflow.parentRunId", ""), []).append(run)
         trials = _frame([trial_row(r) for r in runs], trial_columns())
         return trials, trial_hparams(runs)
+
+    def _map(self, function: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        """function over the items: at once through a server (each a round trip), one by one otherwise."""
+        if is_server(self.tracking_uri) and len(items) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(HISTORY_THREADS) as pool:
+                return list(pool.map(function, items))
+        return [function(item) for item in items]
+
+    def _read_snapshot(self, phase: Run) -> list[Run] | None:
+        """A tuning phase's trial runs from its snapshot; None when it cannot be read or is not its own."""
+        import json
+        import tempfile
+
+        from mlflow.artifacts import download_artifacts
+
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+        with tempfile.TemporaryDirectory() as scratch:
+            try:
+                local = download_artifacts(artifact_uri=f"{phase.info.artifact_uri}/{TRIALS_FILE}", dst_path=scratch,
+                                           tracking_uri=self.tracking_uri)
+                runs = [run_from_record(record) for record in json.loads(Path(local).read_text())["runs"]]
+            except Exception:  # noqa: BLE001 - an unreadable snapshot: the phase's trial runs are searched instead
+                return None
+        if not runs or any(run.data.tags.get("mlflow.parentRunId") != phase.info.run_id for run in runs):
+            return None
+        return runs
+
+    def write_trial_snapshots(self, phase_run_ids: Iterable[str]) -> int:
+        """For each finished tuning phase run of `phase_run_ids` without one, a snapshot of its trial runs as the
+        store holds them (TRIALS_FILE, an artifact of the phase run; the tag TRIALS_TAG says it is there), so that
+        a report reads one file per tuning phase instead of searching its trial runs (trial_runs). Written by
+        `gtep matrix` as each cell ends and by a report for the phases it searched. Returns how many it wrote."""
+        import json
+        import tempfile
+
+        def write(run_id: str) -> bool:
+            phase = self._phase_entities.get(run_id) or self.client.get_run(run_id)
+            if (phase.info.status != "FINISHED" or phase.data.tags.get("gtep.phase") != TUNE.name
+                    or phase.data.tags.get(TRIALS_TAG)):
+                return False
+            trials = self._trials_of.get(run_id)
+            if trials is None:
+                trials = _all_pages(lambda token: self.client.search_runs(
+                    [phase.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'", ViewType.ACTIVE_ONLY,
+                    1000, page_token=token))
+            trials = [run for run in trials if run.data.tags.get("gtep.level") == "trial"]
+            if not trials:
+                return False
+            with tempfile.TemporaryDirectory() as scratch:
+                path = Path(scratch) / TRIALS_FILE
+                path.write_text(json.dumps({"runs": [run_record(run) for run in trials]}))
+                self.client.log_artifact(run_id, str(path))
+            self.client.set_tag(run_id, TRIALS_TAG, TRIALS_FILE)  # after the file: the tag says it can be read
+            return True
+        return sum(self._map(write, list(dict.fromkeys(str(run_id) for run_id in phase_run_ids))))
 
     def ordering_runs(self, experiment_ids: list[str], trials: dict[str, tuple[str, int]] | None = None
                       ) -> pd.DataFrame:
@@ -537,6 +619,27 @@ def ordering_row(run: Run) -> dict[str, Any]:
             "status": "diverged" if diverged else tags.get("gtep.status", "finished"), "run_status": run.info.status,
             "end_time": run.info.end_time or 0, "percent": in_percent(run), **family_tags(run),
             **_metrics(run, (*ORDERING_METRICS, *all_family_metrics()))}
+
+
+def run_record(run: Run) -> dict[str, Any]:
+    """A run as a trial snapshot keeps it: what trial_row and trial_hparams read (latest metric values)."""
+    info = run.info
+    return {"run_id": info.run_id, "experiment_id": info.experiment_id, "run_name": info.run_name,
+            "status": info.status, "start_time": info.start_time, "end_time": info.end_time,
+            "artifact_uri": info.artifact_uri, "metrics": dict(run.data.metrics), "params": dict(run.data.params),
+            "tags": dict(run.data.tags)}
+
+
+def run_from_record(record: dict[str, Any]) -> Run:
+    from mlflow.entities import RunData, RunInfo, RunTag
+
+    info = RunInfo(run_id=record["run_id"], experiment_id=record["experiment_id"], user_id="",
+                   status=record["status"], start_time=record["start_time"], end_time=record["end_time"],
+                   lifecycle_stage="active", artifact_uri=record.get("artifact_uri"), run_name=record["run_name"])
+    data = RunData(metrics=[Metric(k, float(v), 0, 0) for k, v in record["metrics"].items()],
+                   params=[Param(k, str(v)) for k, v in record["params"].items()],
+                   tags=[RunTag(k, str(v)) for k, v in record["tags"].items()])
+    return Run(info, data)
 
 
 def trial_hparams(trial_runs: list[Run]) -> pd.DataFrame:

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gtep.config import ConfigError
-from gtep.orchestration.report_store import open_store
+from gtep.orchestration.report_store import RunStore, open_store
 from gtep.protocol.families import FAMILIES, known_metrics, metric_label
 from gtep.protocol.importance import read_importance_tag
 from gtep.protocol.phases import TUNE
@@ -614,6 +614,14 @@ class Progress:
             self.console.print(f"report: done in {total:.1f} s ({parts})", highlight=False, soft_wrap=True)
 
 
+def write_views(runs: RunStore, phase_run_ids: list[str], matrix: str | None) -> int:
+    """The phase rows and trial snapshots still missing (RunStore.write_phase_rows, write_trial_snapshots);
+    returns how many rows were written."""
+    written = runs.write_phase_rows(phase_run_ids, matrix)
+    runs.write_trial_snapshots(phase_run_ids)
+    return written
+
+
 class Background:
     """function(*args) in a thread of its own from now on; result() waits for it and returns (or raises) what it
     did. The report's writes to the store run beside its CPU-bound stages."""
@@ -673,8 +681,9 @@ def run_report(tracking_uri: str, selectors: list[str], *, matrix: str | None = 
     scope = f"matrix {matrix}" if matrix else ", ".join(selectors)
     steps.stage("read", f"reading the runs of {scope} from {tracking_uri}")
     data = collect(runs, list(selectors), matrix)
-    # the phases' rows in gtep/reports that the study did not write (gtep matrix writes a cell's when it ends)
-    rows = Background(runs.write_phase_rows, data.phases["run_id"].tolist(), matrix) if log_to_mlflow else None
+    # what gtep matrix writes of a cell as it ends, where it is missing: the phases' rows in gtep/reports and the
+    # tuning phases' snapshots of their trial runs (the next report reads those instead of searching)
+    rows = Background(write_views, runs, data.phases["run_id"].tolist(), matrix) if log_to_mlflow else None
     steps.stage("summarise", f"summarising {len(data.phases)} phase runs of {data.phases['study'].nunique()} "
                 f"studies ({len(data.trials)} tuning trials, {len(data.orderings)} orderings)")
     try:

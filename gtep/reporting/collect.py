@@ -170,7 +170,7 @@ def collect(store: RunStore, selectors: list[str], matrix: str | None = None) ->
         raise ConfigError("--matrix" if matrix and not selectors else "SELECTORS",
                           f"no phase runs{scope} in {', '.join(sorted(experiments)) or 'the store'}; "
                           "run gtep run (or gtep matrix) first, or name other studies")
-    trials, hparams = store.trial_runs(ids)
+    trials, hparams = store.trial_runs(ids, phases["run_id"].tolist())
     everything = label_groups(phases)
     chosen = latest_phases(phases, trials)["run_id"]
     phases = everything[everything["run_id"].isin(chosen)].sort_values("start_time", kind="stable")

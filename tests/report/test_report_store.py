@@ -268,6 +268,37 @@ def artifact_files(client, run_id, under=None):
     return found
 
 
+def test_a_tuning_phases_trial_snapshot_reads_as_its_trial_runs(tracked, monkeypatch):
+    """The first report wrote a snapshot of each tuning phase's trial runs (tag gtep.trials_file); a report that
+    reads the snapshots gets the same trial rows and hyperparameters as one that searches the runs, and one whose
+    snapshot cannot be read searches instead."""
+    from gtep.orchestration.report_store import RunStore, open_store
+
+    client = tracked["client"]
+    for algorithm in ALGORITHMS:
+        assert phase_run(client, algorithm, "tune").data.tags.get("gtep.trials_file") == "trials.json"
+
+    def read(store, with_phases=True):
+        experiments = store.study_experiments()
+        phases = store.phase_runs(experiments)
+        ids = sorted(experiments.values())
+        trials, hparams = store.trial_runs(ids, phases["run_id"].tolist() if with_phases else [])
+        return (trials.sort_values("run_id").reset_index(drop=True),
+                hparams.sort_values(["trial_run_id", "name"]).reset_index(drop=True))
+
+    searched = read(open_store(tracked["uri"]), with_phases=False)
+    snapshot = open_store(tracked["uri"])
+    calls = []
+    original = RunStore._read_snapshot
+    monkeypatch.setattr(RunStore, "_read_snapshot", lambda self, phase: calls.append(phase) or original(self, phase))
+    for ours, theirs in zip(read(snapshot), searched):
+        pd.testing.assert_frame_equal(ours, theirs)
+    assert len(calls) == len(ALGORITHMS) and len(searched[0]) == len(ALGORITHMS) * (R + 2)  # tune, evaluate, original
+    monkeypatch.setattr(RunStore, "_read_snapshot", lambda self, phase: None)  # unreadable: searched instead
+    for ours, theirs in zip(read(open_store(tracked["uri"])), searched):
+        pd.testing.assert_frame_equal(ours, theirs)
+
+
 def test_a_report_run_through_a_server_uploads_its_folders_at_once(tracked, monkeypatch):
     """Through a server the report run's folders are uploaded at once (a request per file): the run holds every
     file of the report and ends FINISHED."""
