@@ -255,8 +255,12 @@ def unit_seconds(root: Path) -> tuple[int, float]:
 
 CELL_PARTS = {  # a cell's wall time, part by part in the order it passes; they add up to the cell's wall time
     "cell_start": "the cell's driver process: start, imports, Ray's client, the config (cell start -> phase_started)",
-    "phase_start": "Ray Tune's start of a phase: its tuner, placement and first trial processes "
-                   "(phase_started -> the phase's first unit_started)",
+    "phase_setup": "a phase's start up to its first trial's worker process: Ray Tune's tuner, the first trial's "
+                   "scheduling, and the wait for a free slot when cells share them (phase_started -> that "
+                   "process's start; for runs older than trial_started, all of the phase's start)",
+    "trial_process": "that worker process's own start: Python, Ray, torch and gtep imported, the trainable and the "
+                     "phase's data unpickled (process start -> trial_started)",
+    "trial_setup": "the first trial's setup up to its first unit (trial_started -> the phase's first unit_started)",
     "phase_units": "a phase's first unit's start -> its last unit's end (split below, in slot time)",
     "phase_tail": "a phase's last unit -> its trials done (Ray Tune's end of the phase)",
     "phase_writes": "the phase's MLflow writes drained (trials done -> phase_writes_done)",
@@ -296,9 +300,12 @@ def overhead_breakdown(root: Path, slots: int) -> dict[str, Any]:
         started: dict[tuple, dict] = {}
         spans: dict[int, list[tuple]] = {}
         marks: dict[tuple[str, str], float] = {}
+        first_trial: dict[str, dict] = {}
         for e in events:
             key = (e["phase"], e.get("set_index"), e.get("ordering"))
-            if e["event"] == "unit_started":
+            if e["event"] == "trial_started":
+                first_trial.setdefault(e["phase"], e)
+            elif e["event"] == "unit_started":
                 started[key] = e
             elif e["event"] == "unit_trained" and key in started:
                 begin = started.pop(key)
@@ -328,7 +335,14 @@ def overhead_breakdown(root: Path, slots: int) -> dict[str, Any]:
             begun, done, drained, ended = (marks[(phase, n)] for n in names)
             first, last = min(by_phase[phase]), max(by_phase[phase])
             wall["cell_start" if i == 0 else "between_phases"] += begun - previous
-            wall["phase_start"] += first - begun
+            trial = first_trial.get(phase)
+            if trial is None or not begun <= trial["time"] <= first:  # no trial events: the whole start
+                wall["phase_setup"] += first - begun
+            else:
+                process = min(max(trial.get("process_started") or trial["time"], begun), trial["time"])
+                wall["phase_setup"] += process - begun
+                wall["trial_process"] += trial["time"] - process
+                wall["trial_setup"] += first - trial["time"]
             wall["phase_units"] += last - first
             wall["phase_tail"] += done - last
             wall["phase_writes"] += drained - done
@@ -599,9 +613,14 @@ def ui_report_rows(server_uri: str, profile: Path, timeout: float = 180) -> dict
         WebDriverWait(driver, timeout).until(lambda d: d.find_element(By.TAG_NAME, "body").text.strip())
         figures["report_run_shown_s"] = shown("tags.`gtep.level` = 'report'",
                                               lambda seen: report.info.run_name in seen)
-        wanted = min(len(names), 10)  # the first rows, named "<algorithm> <phase>"
-        figures["report_rows_s"] = shown(where, lambda seen: len(names & seen) >= wanted
-                                         and any(x.endswith("matching runs") for x in seen))
+        wanted = min(len(names), 10)  # the first rows, named "<study> <phase>"
+        tries = []
+        for _ in range(3):  # the median of three visits, each from the report's view (what a person clicks)
+            shown("tags.`gtep.level` = 'report'", lambda seen: report.info.run_name in seen)
+            tries.append(shown(where, lambda seen: len(names & seen) >= wanted
+                               and any(x.endswith("matching runs") for x in seen)))
+        figures["report_rows_tries_s"] = tries
+        figures["report_rows_s"] = sorted(tries)[1]
         driver.save_screenshot(str(profile.parent / "ui-report-rows.png"))
     finally:
         driver.quit()
@@ -619,6 +638,7 @@ def measure_sizes(folder: Path, sizes: list[int], template: Path | None, ui: boo
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     env = plugin_environment()
+    template_given = template is not None
     if template is None:  # a small real run of the paper's shape: 4 studies, R = 30, S = 5, into sqlite
         saved = {k: os.environ.pop(k) for k in ("GTEP_TEST_POSTGRES_URI", "PAPER_SCALE_POSTGRES_URI")
                  if k in os.environ}
@@ -629,7 +649,10 @@ def measure_sizes(folder: Path, sizes: list[int], template: Path | None, ui: boo
             os.environ.update(saved)
         template = folder / "template" / "server" / "mlflow.db"
     postgres = os.environ.get("GTEP_TEST_POSTGRES_URI") or os.environ.get("PAPER_SCALE_POSTGRES_URI")
-    out: dict[str, Any] = {"store": "postgresql" if postgres else "sqlite", "template": template.name,
+    given = " --template TEMPLATE" if template_given else ""  # the stored figures say what made them, no paths
+    out: dict[str, Any] = {"command": "bash tests/with-postgres.sh .venv/bin/python benchmarks/paper_scale.py "
+                                      f"--sizes FOLDER --units {' '.join(map(str, sizes))}{given}",
+                           "store": "postgresql" if postgres else "sqlite", "template": template.name,
                            "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()},
                            "sizes": {}}
     for units in sizes:
@@ -674,7 +697,7 @@ def sizes_markdown(figures: dict[str, Any]) -> str:
     """The --sizes figures as docs/benchmarks.md shows them (tests/benchmarks/test_paper_scale_sizes.py keeps the
     two equal)."""
     rows = ["| units (studies) | runs | store | `gtep report --matrix` | again (figures reused) | read / summarise / "
-            "figures / log | peak memory | UI: report run / its phase rows |",
+            "figures / log | peak memory | UI: report run / the matrix's phase rows |",
             "|---|---|---|---|---|---|---|---|"]
     for units, size in sorted(figures["sizes"].items(), key=lambda item: int(item[0])):
         first, again, ui = size["report"], size["report_again"], size.get("ui", {})

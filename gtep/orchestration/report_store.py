@@ -119,6 +119,8 @@ def open_store(tracking_uri: str, option: str = "--tracking-uri") -> RunStore:
 
     if is_server(tracking_uri):  # a server's 401 is one line naming the credentials, not "no answer"
         check_credentials(tracking_uri, option)
+    # MLflow prints a "View run" line for every run a client ends through a server: a report's phase rows are 240
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     client = MlflowClient(tracking_uri=tracking_uri)
     try:
         client.search_experiments(max_results=1)

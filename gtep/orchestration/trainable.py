@@ -49,6 +49,17 @@ def _running_score(done: list[dict[str, Any]], criterion: str | None = None) -> 
     return chosen.combine(means)
 
 
+def process_start_time() -> float | None:
+    """When this process started (seconds since the epoch), from /proc; None where there is no /proc."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime, after the command's parentheses
+        uptime = float(Path("/proc/uptime").read_text().split()[0])  # both since boot, to 10 ms
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def log_event(job: TrialJob, event: str, **fields: Any) -> None:
     """One line per unit event in <study>/events.jsonl: what ran where, what was reused or resumed."""
     if job.folders is None:
@@ -255,6 +266,8 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> No
     set_index = int(unit.get("set_index", -1))
     hparams = dict(unit["hparams"])
     pending = [int(s) for s in config["orderings"]]
+    # when the trial began and when its worker process did: a phase's start, taken apart (paper_scale.py)
+    log_event(job, "trial_started", set_index=set_index, process_started=process_start_time())
     start = trial_start(set_index, hparams)
     done: list[dict[str, Any]] = []
 

@@ -166,5 +166,9 @@ def test_the_driver_marks_each_phase_in_the_events_around_its_units(study):
         units = [e["time"] for e in events if e["phase"] == phase and e["event"].startswith("unit_")]
         assert marks["phase_started"] < min(units) and max(units) <= marks["phase_trials_done"]
         assert marks["phase_trials_done"] <= marks["phase_writes_done"] <= marks["phase_finished"]
+        # each trial says when it began and when its worker process did (a phase's start, taken apart)
+        trials = [e for e in events if e["phase"] == phase and e["event"] == "trial_started"]
+        assert trials and all(e["process_started"] <= e["time"] for e in trials)
+        assert marks["phase_started"] <= min(e["time"] for e in trials) <= min(units)
     tune_end = next(e["time"] for e in events if e["phase"] == "tune" and e["event"] == "phase_finished")
     assert tune_end <= next(e["time"] for e in events if e["phase"] == "evaluate" and e["event"] == "phase_started")
