@@ -30,7 +30,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from gtep.orchestration.report_store import TRIALS_FILE, TRIALS_TAG
+from gtep.orchestration.report_store import SNAPSHOT_FILE, SNAPSHOT_TAG
 
 UNITS_PER_STUDY = 155  # R = 30 sets x S = 5 orderings, and H*'s 5 orderings on D^E
 ALGORITHMS = 15
@@ -119,29 +119,39 @@ def copy_phase_row(template: Template, row: dict[str, Any], k: int, phase_run_id
         pending[table] += [{**metric, "run_uuid": run_id} for metric in template.rows[table][old]]
 
 
-def trial_snapshots(copied: list[dict[str, Any]], tags: dict[str, dict[str, str]],
-                    params: dict[str, dict[str, str]], metrics: dict[str, dict[str, float]]) -> dict[str, list]:
-    """Per copied tuning phase run that the template had snapshotted (gtep.trials_file), its copied trial runs as
-    `gtep matrix` snapshots them at a cell's end (report_store.run_record's fields)."""
-    snapped = {run["run_uuid"] for run in copied if tags[run["run_uuid"]].get(TRIALS_TAG)}
-    found: dict[str, list] = defaultdict(list)
-    for run in copied:
-        own = tags[run["run_uuid"]]
-        if own.get("gtep.level") == "trial" and own.get("mlflow.parentRunId") in snapped:
-            found[own["mlflow.parentRunId"]].append({
-                "run_id": run["run_uuid"], "experiment_id": str(run["experiment_id"]), "run_name": run["name"],
+def run_snapshots(copied: list[dict[str, Any]], tags: dict[str, dict[str, str]],
+                  params: dict[str, dict[str, str]], metrics: dict[str, dict[str, float]]) -> dict[str, dict]:
+    """Per copied phase run that the template had snapshotted (gtep.snapshot), its copied runs as `gtep matrix`
+    snapshots them at a cell's end (report_store.RunStore.write_snapshots): its trial runs, and the ordering runs
+    of H* (a tuning phase) or of every trial (the others), each as report_store.run_record writes it."""
+    def record(run: dict[str, Any]) -> dict[str, Any]:
+        return {"run_id": run["run_uuid"], "experiment_id": str(run["experiment_id"]), "run_name": run["name"],
                 "status": run["status"], "start_time": run["start_time"], "end_time": run["end_time"],
                 "artifact_uri": run["artifact_uri"], "metrics": metrics[run["run_uuid"]],
-                "params": params[run["run_uuid"]], "tags": own})
+                "params": params[run["run_uuid"]], "tags": tags[run["run_uuid"]]}
+
+    def under(parents: set[str], level: str) -> list[dict[str, Any]]:
+        return [record(run) for run in copied if tags[run["run_uuid"]].get("gtep.level") == level
+                and tags[run["run_uuid"]].get("mlflow.parentRunId") in parents]
+
+    found = {}
+    for phase in copied:
+        own = tags[phase["run_uuid"]]
+        if own.get("gtep.level") != "phase" or not own.get(SNAPSHOT_TAG):
+            continue
+        trials = under({phase["run_uuid"]}, "trial")
+        shown = {own.get("gtep.best_trial_run_id", "")} if own.get("gtep.phase") == "tune" else \
+            {trial["run_id"] for trial in trials}
+        found[phase["run_uuid"]] = {"trials": trials, "orderings": under(shown, "ordering")}
     return found
 
 
 def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX,
                artifacts: Path | None = None) -> dict[str, Any]:
     """Write studies_for(units) copies of the template's studies into `store` (created by MLflow's own schema
-    first), and into `artifacts` (the server's --artifacts-destination) the snapshots of the tuning phases' trial
-    runs that `gtep matrix` writes as a cell ends (without `artifacts`, the copies have none); returns what was
-    written."""
+    first), and into `artifacts` (the server's --artifacts-destination) the phases' snapshots of the runs a
+    report reads that `gtep matrix` writes as a cell ends (without `artifacts`, the copies have none); returns what
+    was written."""
     from mlflow.tracking import MlflowClient
 
     started = time.perf_counter()
@@ -201,8 +211,8 @@ def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX,
                         value = rewrite[row["key"]]
                     elif row["key"] == "gtep.key":
                         value = f"{value}:{k}"
-                    elif row["key"] == TRIALS_TAG and artifacts is None:
-                        continue  # no snapshot file: the report searches this phase's trial runs
+                    elif row["key"] == SNAPSHOT_TAG and artifacts is None:
+                        continue  # no snapshot file: the report searches this study's runs
                     pending["tags"].append({**row, "run_uuid": run_id, "value": value})
                     tags_of[run_id][row["key"]] = value
                 for row in template.rows["params"][old]:
@@ -218,11 +228,11 @@ def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX,
                                    {**rewrite, "gtep.phase_run": run_id}, {"study": study, "algorithm": label,
                                                                           "scenario": scenario, "pairing": pairing})
             if artifacts is not None:
-                for phase, trials in trial_snapshots(copied, tags_of, params_of, metrics_of).items():
+                for phase, snapshot in run_snapshots(copied, tags_of, params_of, metrics_of).items():
                     folder = artifacts / str(next_id) / phase / "artifacts"
                     folder.mkdir(parents=True, exist_ok=True)
-                    (folder / TRIALS_FILE).write_text(json.dumps({"runs": trials}))
-                    written["trial snapshots"] += 1
+                    (folder / SNAPSHOT_FILE).write_text(json.dumps(snapshot))
+                    written["run snapshots"] += 1
             flush(db)
         flush(db, force=True)
         if engine.dialect.name == "postgresql":  # ids were given, not drawn: the next experiment MLflow creates
@@ -238,8 +248,8 @@ def main() -> None:
     parser.add_argument("--template", type=Path, required=True, help="mlflow.db of a paper_scale.py --run (sqlite)")
     parser.add_argument("--store", required=True, help="the store to write (sqlite:///... or postgresql://...)")
     parser.add_argument("--units", type=int, default=100_000)
-    parser.add_argument("--artifacts", type=Path, help="the server's --artifacts-destination: the tuning phases' "
-                        "trial snapshots go there (without it, the copies have none)")
+    parser.add_argument("--artifacts", type=Path, help="the server's --artifacts-destination: the phases' run "
+                        "snapshots go there (without it, the copies have none)")
     args = parser.parse_args()
     print(synthesize(args.template, args.store, args.units, artifacts=args.artifacts))
 

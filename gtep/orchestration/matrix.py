@@ -128,18 +128,18 @@ def run_cell(rc: ResolvedCell, phases: list[str], console: Console, resume: bool
 def write_cell_rows(tracking_uri: str, phase_run_ids: list[str], matrix: str | None, console: Console) -> None:
     """What the matrix's report reads of a cell, written as the cell ends: its phase rows in gtep/reports
     (RunStore.write_phase_rows: the matrix's phases fill one experiment's runs table as its cells end) and its
-    tuning phase's snapshot of its trial runs (RunStore.write_trial_snapshots: one file to read instead of R
-    runs). A store that does not take them (a server away, a user who may not write gtep/reports) costs a line:
-    `gtep report` writes them later."""
+    phases' snapshots of the runs a report reads of them (RunStore.write_snapshots: a file to read per phase
+    instead of searches). A store that does not take them (a server away, a user who may not write
+    gtep/reports) costs a line: `gtep report` writes them later."""
     from gtep.orchestration.journal import quiet_http_client
     from gtep.orchestration.report_store import RunStore
 
     store = RunStore(quiet_http_client(tracking_uri), tracking_uri)
     try:
         store.write_phase_rows(phase_run_ids, matrix)
-        store.write_trial_snapshots(phase_run_ids)
+        store.write_snapshots(phase_run_ids)
     except Exception as err:  # noqa: BLE001 - a view of the runs, never a reason for a finished cell to fail
-        console.print(f"[yellow]The cell's phase rows and trial snapshot were not all written "
+        console.print(f"[yellow]The cell's phase rows and run snapshots were not all written "
                       f"({err.__class__.__name__}); gtep report writes them.[/]", highlight=False)
 
 

@@ -47,8 +47,8 @@ GACC_STEPS = 12  # gacc_alpha is logged at step k for alpha = k / 12
 CURVE_COLUMNS = ["run_id", "metric", "step", "value"]
 PHASE_ROW = "phase_row"  # gtep.level of a phase's row in gtep/reports (write_phase_rows)
 PHASE_RUN_TAG = "gtep.phase_run"  # on a phase row: the phase run it copies
-TRIALS_FILE = "trials.json"  # a finished tuning phase run's snapshot of its trial runs (write_trial_snapshots)
-TRIALS_TAG = "gtep.trials_file"  # on that phase run, once the snapshot is written: its file name
+SNAPSHOT_FILE = "runs.json"  # a finished phase run's snapshot of the runs a report reads of it (write_snapshots)
+SNAPSHOT_TAG = "gtep.snapshot"  # on that phase run, once the snapshot is written: its file name
 SEARCH_GROUP = 15  # experiments a search covers when a report searches many through a server
 HISTORY_THREADS = int(os.environ.get("GTEP_REPORT_THREADS", 8))  # bulk history requests at once to a server
 BULK_RUNS = 100  # runs per bulk history read: the most MLflow's get-history-bulk route takes
@@ -149,7 +149,11 @@ class RunStore:
     def __init__(self, client: MlflowClient, tracking_uri: str) -> None:
         self.client, self.tracking_uri = client, tracking_uri
         self._phase_entities: dict[str, Run] = {}  # the phase runs read, for their rows (write_phase_rows)
-        self._trials_of: dict[str, list[Run]] = {}  # the trial runs read, by phase run (write_trial_snapshots)
+        # what was read, for the snapshots (write_snapshots): trial runs by phase run, ordering runs by trial run
+        self._trials_of: dict[str, list[Run]] = {}
+        self._orderings_of: dict[str, list[Run]] = {}
+        self._snapshots: dict[str, tuple[list[Run], list[Run]]] = {}  # phase run -> (trials, orderings) read
+        self._covered: set[str] = set()  # studies (experiment ids) read from their phases' snapshots
 
     def study_experiments(self) -> dict[str, str]:
         """Every gtep study experiment (name -> id); the reports' own experiment is not a study."""
@@ -167,31 +171,66 @@ class RunStore:
 
     def trial_runs(self, experiment_ids: list[str], phase_run_ids: Iterable[str] = ()
                    ) -> tuple[pd.DataFrame, pd.DataFrame]:
-        """The trial runs (one row each) and their hyperparameter sets, long: (trial run, name, value). A finished
-        tuning phase of `phase_run_ids` with a snapshot of its trial runs (write_trial_snapshots) is read from that
-        one small file instead of a search through its R runs (a paper-scale matrix's 3,600 trial runs were most of
-        its report's reading: the store builds an object per tag, param and metric); every other trial is
-        searched, and the runs come out in the search's order."""
-        snapshots = [self._phase_entities[run_id] for run_id in phase_run_ids if run_id in self._phase_entities
-                     and self._phase_entities[run_id].data.tags.get(TRIALS_TAG) == TRIALS_FILE]
-        read = dict(zip([run.info.run_id for run in snapshots], self._map(self._read_snapshot, snapshots)))
-        read = {phase: runs for phase, runs in read.items() if runs is not None}
-        if not read:
-            runs = self._search(experiment_ids, "trial")
-        else:
-            covered = {self._phase_entities[phase].info.experiment_id for phase in read}
-            others = [run for run in self._phase_entities.values() if run.info.run_id not in read
-                      and run.data.tags.get("gtep.phase") == TUNE.name and run.info.experiment_id in experiment_ids]
-            searched = sorted(set(experiment_ids) - covered) + sorted({r.info.experiment_id for r in others})
-            runs = (self._search(experiment_ids, "trial", f"tags.`gtep.phase` != '{TUNE.name}'")
-                    + self._search(sorted(set(searched)), "trial", f"tags.`gtep.phase` = '{TUNE.name}'"))
-            found = {run.info.run_id for run in runs}
-            runs += [run for part in read.values() for run in part if run.info.run_id not in found]
-            runs.sort(key=lambda run: (-(run.info.start_time or 0), run.info.run_id))
+        """The trial runs (one row each) and their hyperparameter sets, long: (trial run, name, value). Of a study
+        whose phase runs of `phase_run_ids` all have a snapshot (write_snapshots), from the snapshots: a file per
+        phase instead of searches through its runs (a paper-scale matrix's 3,600 trial runs were half its report's
+        reading: the store builds an object per tag, param and metric of each); the other studies' are searched.
+        The runs come out in the search's order."""
+        self._read_snapshots([run_id for run_id in phase_run_ids if run_id in self._phase_entities])
+        searched = [i for i in experiment_ids if i not in self._covered]
+        runs = self._search(searched, "trial") + [run for phase, (trials, _) in self._snapshots.items()
+                                                  if self._experiment_of(phase) in experiment_ids for run in trials]
+        runs.sort(key=lambda run: (-(run.info.start_time or 0), run.info.run_id))
         for run in runs:
             self._trials_of.setdefault(run.data.tags.get("mlflow.parentRunId", ""), []).append(run)
         trials = _frame([trial_row(r) for r in runs], trial_columns())
         return trials, trial_hparams(runs)
+
+    def ordering_runs(self, experiment_ids: list[str], trials: dict[str, tuple[str, int]] | None = None
+                      ) -> pd.DataFrame:
+        """The ordering runs of the experiments. With `trials` (tuning trial run id -> its experiment id and set
+        index), only those a report reads: every ordering of the phases other than tune, and of the tuning phases
+        only the given trials' (H*'s): 1,200 of a paper-scale matrix's 18,600; of a study whose phases all have a
+        snapshot, these are in the snapshots. Otherwise a trial's orderings are found by their run names
+        (tune/set015/o0, as MlflowWriter names them: the runs table, where a tag filter would scan every tag of the
+        store once per trial), checked against their parent tag, else by that tag."""
+        if trials is None:  # every ordering: more than the snapshots hold
+            runs = self._search(experiment_ids, "ordering")
+        else:
+            searched = [i for i in experiment_ids if i not in self._covered]
+            runs = self._search(searched, "ordering", f"tags.`gtep.phase` != '{TUNE.name}'")
+            runs += [run for phase, (_, orderings) in self._snapshots.items()
+                     if self._experiment_of(phase) in experiment_ids for run in orderings]
+            wanted = {trial: where for trial, where in trials.items() if where[0] in searched}
+            named = [([experiment], f"attributes.run_name LIKE '{TUNE.name}/set{index:03d}/o%'")
+                     for experiment, index in wanted.values()]
+            missing = []
+            for trial, found in zip(wanted, self._each(named)):
+                own = [r for r in found if r.data.tags.get("mlflow.parentRunId") == trial]
+                runs += own
+                if not own:
+                    missing.append(([wanted[trial][0]], f"tags.`mlflow.parentRunId` = '{trial}'"))
+            for found in self._each(missing):
+                runs += found
+        for run in runs:
+            self._orderings_of.setdefault(run.data.tags.get("mlflow.parentRunId", ""), []).append(run)
+        return _frame([ordering_row(r) for r in runs], ordering_columns())
+
+    def _experiment_of(self, phase_run_id: str) -> str:
+        return str(self._phase_entities[phase_run_id].info.experiment_id)
+
+    def _read_snapshots(self, phase_run_ids: list[str]) -> None:
+        """The snapshots of the phases that have one; a study is covered when every one of its phase runs read
+        here has a readable snapshot (then none of its runs is searched)."""
+        tagged = [self._phase_entities[i] for i in phase_run_ids
+                  if self._phase_entities[i].data.tags.get(SNAPSHOT_TAG) == SNAPSHOT_FILE]
+        for phase, found in zip(tagged, self._map(self._read_snapshot, tagged)):
+            if found is not None:
+                self._snapshots[phase.info.run_id] = found
+        studies: dict[str, list[str]] = {}
+        for run_id in phase_run_ids:
+            studies.setdefault(self._experiment_of(run_id), []).append(run_id)
+        self._covered = {study for study, phases in studies.items() if all(p in self._snapshots for p in phases)}
 
     def _map(self, function: Callable[[Any], Any], items: list[Any]) -> list[Any]:
         """function over the items: at once through a server (each a round trip), one by one otherwise."""
@@ -202,8 +241,9 @@ class RunStore:
                 return list(pool.map(function, items))
         return [function(item) for item in items]
 
-    def _read_snapshot(self, phase: Run) -> list[Run] | None:
-        """A tuning phase's trial runs from its snapshot; None when it cannot be read or is not its own."""
+    def _read_snapshot(self, phase: Run) -> tuple[list[Run], list[Run]] | None:
+        """A phase's snapshot: (its trial runs, the ordering runs a report reads of it); None when it cannot be
+        read or is not the phase's own."""
         import json
         import tempfile
 
@@ -212,65 +252,68 @@ class RunStore:
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         with tempfile.TemporaryDirectory() as scratch:
             try:
-                local = download_artifacts(artifact_uri=f"{phase.info.artifact_uri}/{TRIALS_FILE}", dst_path=scratch,
-                                           tracking_uri=self.tracking_uri)
-                runs = [run_from_record(record) for record in json.loads(Path(local).read_text())["runs"]]
-            except Exception:  # noqa: BLE001 - an unreadable snapshot: the phase's trial runs are searched instead
+                local = download_artifacts(artifact_uri=f"{phase.info.artifact_uri}/{SNAPSHOT_FILE}",
+                                           dst_path=scratch, tracking_uri=self.tracking_uri)
+                data = json.loads(Path(local).read_text())
+                trials = [run_from_record(record) for record in data["trials"]]
+                orderings = [run_from_record(record) for record in data["orderings"]]
+            except Exception:  # noqa: BLE001 - an unreadable snapshot: the study's runs are searched instead
                 return None
-        if not runs or any(run.data.tags.get("mlflow.parentRunId") != phase.info.run_id for run in runs):
+        ids = {run.info.run_id for run in trials}
+        if not trials or any(run.data.tags.get("mlflow.parentRunId") != phase.info.run_id for run in trials) \
+                or any(run.data.tags.get("mlflow.parentRunId") not in ids for run in orderings):
             return None
-        return runs
+        return trials, orderings
 
-    def write_trial_snapshots(self, phase_run_ids: Iterable[str]) -> int:
-        """For each finished tuning phase run of `phase_run_ids` without one, a snapshot of its trial runs as the
-        store holds them (TRIALS_FILE, an artifact of the phase run; the tag TRIALS_TAG says it is there), so that
-        a report reads one file per tuning phase instead of searching its trial runs (trial_runs). Written by
+    def write_snapshots(self, phase_run_ids: Iterable[str]) -> int:
+        """For each finished phase run of `phase_run_ids` without one, a snapshot of the runs a report reads of it
+        as the store holds them: its trial runs, and the ordering runs of H* (a tuning phase) or of every trial
+        (the other phases). An artifact of the phase run (SNAPSHOT_FILE; the tag SNAPSHOT_TAG says it is there),
+        so that a report reads one file per phase instead of searching (trial_runs, ordering_runs). Written by
         `gtep matrix` as each cell ends and by a report for the phases it searched. Returns how many it wrote."""
         import json
         import tempfile
 
+        def children(experiment: str, parent: str, known: dict[str, list[Run]]) -> list[Run]:
+            if parent in known:
+                return known[parent]
+            return _all_pages(lambda token: self.client.search_runs(
+                [experiment], f"tags.`mlflow.parentRunId` = '{parent}'", ViewType.ACTIVE_ONLY, 1000,
+                page_token=token))
+
+        def settled(runs: list[Run], expected: str) -> bool:
+            return bool(runs) and all(run.info.status != "RUNNING" for run in runs) and \
+                (not expected.isdigit() or len(runs) == int(expected))
+
         def write(run_id: str) -> bool:
             phase = self._phase_entities.get(run_id) or self.client.get_run(run_id)
-            if (phase.info.status != "FINISHED" or phase.data.tags.get("gtep.phase") != TUNE.name
-                    or phase.data.tags.get(TRIALS_TAG)):
+            tags, params, experiment = phase.data.tags, phase.data.params, phase.info.experiment_id
+            if phase.info.status != "FINISHED" or tags.get("gtep.level") != "phase" or tags.get(SNAPSHOT_TAG):
                 return False
-            trials = self._trials_of.get(run_id)
-            if trials is None:
-                trials = _all_pages(lambda token: self.client.search_runs(
-                    [phase.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}'", ViewType.ACTIVE_ONLY,
-                    1000, page_token=token))
-            trials = [run for run in trials if run.data.tags.get("gtep.level") == "trial"]
-            if not trials:
+            trials = [run for run in children(experiment, run_id, self._trials_of)
+                      if run.data.tags.get("gtep.level") == "trial"]
+            if tags.get("gtep.phase") == TUNE.name:
+                shown = [tags.get("gtep.best_trial_run_id", "")]
+                if shown[0] not in {run.info.run_id for run in trials}:
+                    return False
+            else:
+                shown = [run.info.run_id for run in trials]
+            orderings = {trial: [run for run in children(experiment, trial, self._orderings_of)
+                                 if run.data.tags.get("gtep.level") == "ordering"] for trial in shown}
+            # only a whole, settled phase: every trial it drew and every ordering of those shown, each ended (a
+            # journal still catching up after a server outage would otherwise be frozen into it half-written)
+            if not settled(trials, params.get("gtep.trials", "")) or not all(
+                    settled(found, params.get("gtep.orderings", "")) for found in orderings.values()):
                 return False
             with tempfile.TemporaryDirectory() as scratch:
-                path = Path(scratch) / TRIALS_FILE
-                path.write_text(json.dumps({"runs": [run_record(run) for run in trials]}))
+                path = Path(scratch) / SNAPSHOT_FILE
+                path.write_text(json.dumps({"trials": [run_record(run) for run in trials],
+                                            "orderings": [run_record(run) for found in orderings.values()
+                                                          for run in found]}))
                 self.client.log_artifact(run_id, str(path))
-            self.client.set_tag(run_id, TRIALS_TAG, TRIALS_FILE)  # after the file: the tag says it can be read
+            self.client.set_tag(run_id, SNAPSHOT_TAG, SNAPSHOT_FILE)  # after the file: the tag says it can be read
             return True
         return sum(self._map(write, list(dict.fromkeys(str(run_id) for run_id in phase_run_ids))))
-
-    def ordering_runs(self, experiment_ids: list[str], trials: dict[str, tuple[str, int]] | None = None
-                      ) -> pd.DataFrame:
-        """The ordering runs of the experiments. With `trials` (tuning trial run id -> its experiment id and set
-        index), only those a report reads: every ordering of the phases other than tune, and of the tuning phases
-        only the given trials' (H*'s): 1,200 of a paper-scale matrix's 18,600. A trial's orderings are found by
-        their run names (tune/set015/o0, as MlflowWriter names them: the runs table, where a tag filter would scan
-        every tag of the store once per trial), checked against their parent tag, else by that tag."""
-        if trials is None:
-            return _frame([ordering_row(r) for r in self._search(experiment_ids, "ordering")], ordering_columns())
-        runs = self._search(experiment_ids, "ordering", f"tags.`gtep.phase` != '{TUNE.name}'")
-        named = [([experiment], f"attributes.run_name LIKE '{TUNE.name}/set{index:03d}/o%'")
-                 for experiment, index in trials.values()]
-        missing = []
-        for trial, found in zip(trials, self._each(named)):
-            own = [r for r in found if r.data.tags.get("mlflow.parentRunId") == trial]
-            runs += own
-            if not own:
-                missing.append(([trials[trial][0]], f"tags.`mlflow.parentRunId` = '{trial}'"))
-        for found in self._each(missing):
-            runs += found
-        return _frame([ordering_row(r) for r in runs], ordering_columns())
 
     def _each(self, queries: list[tuple[list[str], str]]) -> list[list[Run]]:
         """Several small searches: at once from a server (each is a round trip), one by one from a local store."""

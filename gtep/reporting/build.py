@@ -615,10 +615,10 @@ class Progress:
 
 
 def write_views(runs: RunStore, phase_run_ids: list[str], matrix: str | None) -> int:
-    """The phase rows and trial snapshots still missing (RunStore.write_phase_rows, write_trial_snapshots);
+    """The phase rows and run snapshots still missing (RunStore.write_phase_rows, write_snapshots);
     returns how many rows were written."""
     written = runs.write_phase_rows(phase_run_ids, matrix)
-    runs.write_trial_snapshots(phase_run_ids)
+    runs.write_snapshots(phase_run_ids)
     return written
 
 
@@ -682,7 +682,7 @@ def run_report(tracking_uri: str, selectors: list[str], *, matrix: str | None = 
     steps.stage("read", f"reading the runs of {scope} from {tracking_uri}")
     data = collect(runs, list(selectors), matrix)
     # what gtep matrix writes of a cell as it ends, where it is missing: the phases' rows in gtep/reports and the
-    # tuning phases' snapshots of their trial runs (the next report reads those instead of searching)
+    # phases' snapshots of the runs a report reads of them (the next report reads those instead of searching)
     rows = Background(write_views, runs, data.phases["run_id"].tolist(), matrix) if log_to_mlflow else None
     steps.stage("summarise", f"summarising {len(data.phases)} phase runs of {data.phases['study'].nunique()} "
                 f"studies ({len(data.trials)} tuning trials, {len(data.orderings)} orderings)")

@@ -268,35 +268,71 @@ def artifact_files(client, run_id, under=None):
     return found
 
 
-def test_a_tuning_phases_trial_snapshot_reads_as_its_trial_runs(tracked, monkeypatch):
-    """The first report wrote a snapshot of each tuning phase's trial runs (tag gtep.trials_file); a report that
-    reads the snapshots gets the same trial rows and hyperparameters as one that searches the runs, and one whose
-    snapshot cannot be read searches instead."""
+def test_a_phases_snapshot_reads_as_the_runs_it_copies(tracked, monkeypatch):
+    """The first report wrote a snapshot of each phase (tag gtep.snapshot): its trial runs and the ordering runs a
+    report reads of it. A report that reads the snapshots gets the same trial rows, hyperparameters and ordering
+    rows as one that searches the runs, and one whose snapshots cannot be read searches instead."""
     from gtep.orchestration.report_store import RunStore, open_store
+    from gtep.reporting.collect import read_trials
 
     client = tracked["client"]
     for algorithm in ALGORITHMS:
-        assert phase_run(client, algorithm, "tune").data.tags.get("gtep.trials_file") == "trials.json"
+        for label in ("tune", "evaluate", "original"):
+            assert phase_run(client, algorithm, label).data.tags.get("gtep.snapshot") == "runs.json"
 
     def read(store, with_phases=True):
         experiments = store.study_experiments()
         phases = store.phase_runs(experiments)
         ids = sorted(experiments.values())
         trials, hparams = store.trial_runs(ids, phases["run_id"].tolist() if with_phases else [])
+        orderings = store.ordering_runs(ids, read_trials(phases, trials, experiments))
         return (trials.sort_values("run_id").reset_index(drop=True),
-                hparams.sort_values(["trial_run_id", "name"]).reset_index(drop=True))
+                hparams.sort_values(["trial_run_id", "name"]).reset_index(drop=True),
+                orderings.sort_values("run_id").reset_index(drop=True))
 
     searched = read(open_store(tracked["uri"]), with_phases=False)
-    snapshot = open_store(tracked["uri"])
     calls = []
     original = RunStore._read_snapshot
     monkeypatch.setattr(RunStore, "_read_snapshot", lambda self, phase: calls.append(phase) or original(self, phase))
-    for ours, theirs in zip(read(snapshot), searched):
+    store = open_store(tracked["uri"])
+    searches = []
+    search = store._search
+    monkeypatch.setattr(store, "_search", lambda ids, *args: searches.append(ids) or search(ids, *args))
+    for ours, theirs in zip(read(store), searched):
         pd.testing.assert_frame_equal(ours, theirs)
-    assert len(calls) == len(ALGORITHMS) and len(searched[0]) == len(ALGORITHMS) * (R + 2)  # tune, evaluate, original
+    assert len(calls) == 3 * len(ALGORITHMS) and len(searched[0]) == len(ALGORITHMS) * (R + 2)  # tune, 2 x 1
+    assert searches[1:] == [[], []], "the studies' trial and ordering runs came from their snapshots"
     monkeypatch.setattr(RunStore, "_read_snapshot", lambda self, phase: None)  # unreadable: searched instead
     for ours, theirs in zip(read(open_store(tracked["uri"])), searched):
         pd.testing.assert_frame_equal(ours, theirs)
+
+
+def test_a_snapshot_is_written_only_of_a_whole_settled_phase(tracked):
+    """A finished phase whose trial runs or H*'s orderings are not all there or not all ended (its journal still
+    catching up after a server outage) gets no snapshot: the report searches its runs until they have settled."""
+    from gtep.orchestration.report_store import open_store
+
+    client = tracked["client"]
+    experiment = client.create_experiment("gtep/snapshot-check")
+    phase = client.create_run(experiment, tags={"gtep.level": "phase", "gtep.phase": "tune"}).info.run_id
+    client.log_param(phase, "gtep.trials", "2")
+    client.log_param(phase, "gtep.orderings", "1")
+    trials = [client.create_run(experiment, tags={"gtep.level": "trial", "mlflow.parentRunId": phase,
+                                                  "gtep.set_index": str(i)}).info.run_id for i in range(2)]
+    ordering = client.create_run(experiment, tags={"gtep.level": "ordering", "mlflow.parentRunId": trials[1]})
+    client.set_tag(phase, "gtep.best_trial_run_id", trials[1])
+    client.set_terminated(phase, "FINISHED")
+    client.set_terminated(trials[0], "FINISHED")
+    try:
+        assert open_store(tracked["uri"]).write_snapshots([phase]) == 0, "a trial still running"
+        client.set_terminated(trials[1], "FINISHED")
+        assert open_store(tracked["uri"]).write_snapshots([phase]) == 0, "H*'s ordering still running"
+        client.set_terminated(ordering.info.run_id, "FINISHED")
+        assert open_store(tracked["uri"]).write_snapshots([phase]) == 1
+        assert client.get_run(phase).data.tags["gtep.snapshot"] == "runs.json"
+        assert open_store(tracked["uri"]).write_snapshots([phase]) == 0, "written once"
+    finally:
+        client.delete_experiment(experiment)
 
 
 def test_a_report_run_through_a_server_uploads_its_folders_at_once(tracked, monkeypatch):
