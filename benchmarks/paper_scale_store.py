@@ -158,7 +158,9 @@ def synthesize(template_db: Path, store: str, units: int, matrix: str = MATRIX,
     template = Template(template_db)
     client = MlflowClient(tracking_uri=store)  # MLflow creates its tables
     found = client.get_experiment_by_name("gtep/reports")
-    reports_id = int(found.experiment_id if found else client.create_experiment("gtep/reports"))
+    # its artifacts under the server's --artifacts-destination, as an experiment the server creates has them
+    reports_id = int(found.experiment_id if found else client.create_experiment(
+        "gtep/reports", artifact_location="mlflow-artifacts:/reports"))
     engine = engine_of(store)
     meta = sa.MetaData()
     meta.reflect(engine, only=["experiments", "experiment_tags", "runs", *RUN_TABLES])

@@ -307,13 +307,13 @@ def test_a_phases_snapshot_reads_as_the_runs_it_copies(tracked, monkeypatch):
         pd.testing.assert_frame_equal(ours, theirs)
 
 
-def test_a_snapshot_is_written_only_of_a_whole_settled_phase(tracked):
+def test_a_snapshot_is_written_only_of_a_whole_settled_phase(tracked, tmp_path):
     """A finished phase whose trial runs or H*'s orderings are not all there or not all ended (its journal still
     catching up after a server outage) gets no snapshot: the report searches its runs until they have settled."""
     from gtep.orchestration.report_store import open_store
 
     client = tracked["client"]
-    experiment = client.create_experiment("gtep/snapshot-check")
+    experiment = client.create_experiment("gtep/snapshot-check", artifact_location=tmp_path.as_uri())
     phase = client.create_run(experiment, tags={"gtep.level": "phase", "gtep.phase": "tune"}).info.run_id
     client.log_param(phase, "gtep.trials", "2")
     client.log_param(phase, "gtep.orderings", "1")
