@@ -17,6 +17,7 @@ from ray import tune
 from rich.console import Console
 
 from gtep.config import ConfigError, ResolvedExperiment, with_added_defaults
+from gtep.orchestration.importance import IMPORTANCE_TAG, fanova_importance, importance_tag
 from gtep.orchestration.journal import RUN_REF
 from gtep.orchestration.phase_run import (
     PhaseIncomplete,
@@ -41,7 +42,6 @@ from gtep.orchestration.tracking import (
     step_points,
     summarize_units,
 )
-from gtep.protocol.importance import IMPORTANCE_TAG, fanova_importance, importance_tag
 from gtep.protocol.phases import CONVENTIONAL, EVALUATE, ORIGINAL, TUNE, Phase
 from gtep.protocol.sampling import effective_hyperparameters, sample_sets
 from gtep.protocol.selection import score_set, select_best

@@ -266,8 +266,6 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> No
     set_index = int(unit.get("set_index", -1))
     hparams = dict(unit["hparams"])
     pending = [int(s) for s in config["orderings"]]
-    # when the trial began and when its worker process did: a phase's start, taken apart (paper_scale.py)
-    log_event(job, "trial_started", set_index=set_index, process_started=process_start_time())
     start = trial_start(set_index, hparams)
     done: list[dict[str, Any]] = []
 
@@ -287,6 +285,8 @@ def train_set(config: dict[str, Any], phase_data: ImageSet, job: TrialJob) -> No
 
     try:
         with owner_only():  # on a Ray that gtep did not start too: units, events, checkpoints, first tasks 0600/0700
+            # when the trial began and when its worker process did: a phase's start, taken apart (paper_scale.py)
+            log_event(job, "trial_started", set_index=set_index, process_started=process_start_time())
             _train_orderings(pending, set_index, hparams, start, phase_data, job, done, report)
     except Exception:
         send(held.release())  # the orderings that finished count for the set's status (never for its score)

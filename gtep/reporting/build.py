@@ -27,9 +27,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from gtep.config import ConfigError
+from gtep.orchestration.importance import read_importance_tag
 from gtep.orchestration.report_store import RunStore, open_store
 from gtep.protocol.families import FAMILIES, known_metrics, metric_label
-from gtep.protocol.importance import read_importance_tag
 from gtep.protocol.phases import TUNE
 from gtep.reporting import importance as search
 from gtep.reporting import plots, tables

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from gtep.protocol.importance import FANOVA_SEED, fanova_importance
+from gtep.orchestration.importance import FANOVA_SEED, fanova_importance
 
 CONVERGENCE_MARK = 20  # the paper: the best hyperparameters are found within 20 of the 30 trials
 FEW_TRIALS = 20  # fANOVA's forest on fewer scored sets than this is a rough indication only
@@ -64,7 +64,7 @@ def trials_to_best(curve: pd.DataFrame) -> float:
 
 def hyperparameter_importance(trials: pd.DataFrame, hparams: pd.DataFrame, selection: str = "hmean_of_means",
                               seed: int = FANOVA_SEED) -> pd.DataFrame:
-    """Optuna's fANOVA importance (gtep/protocol/importance.py) of each hyperparameter that varied, for the
+    """Optuna's fANOVA importance (gtep/orchestration/importance.py) of each hyperparameter that varied, for the
     selection score, normalised to sum to 1, fitted on the trials in their sets' order. Diverged sets are left out.
     Empty when fewer than two sets scored or the scores do not vary (nothing to attribute)."""
     scores = trial_scores(trials, selection).dropna()

@@ -12,8 +12,8 @@ from mlflow.tracking import MlflowClient
 from typer.testing import CliRunner
 
 from gtep.cli import app
+from gtep.orchestration.importance import IMPORTANCE_TAG, read_importance_tag
 from gtep.orchestration.report_store import trial_hparams, trial_row
-from gtep.protocol.importance import IMPORTANCE_TAG, read_importance_tag
 from gtep.reporting import run_report
 from gtep.reporting.importance import hyperparameter_importance, trial_scores
 

@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from gtep.protocol.importance import importance_tag
+from gtep.orchestration.importance import importance_tag
 from gtep.reporting import build, collect
 from gtep.reporting.collect import StoreData
 from gtep.reporting.importance import best_so_far, trials_to_best

@@ -3,6 +3,7 @@
 The one fit both sides use: a tuning phase fits it when it ends (gtep/orchestration/phases.py, logged on the phase
 run as the gtep.importance tag, so that a report over a paper-scale matrix reads 120 small tags instead of fitting
 120 forests), and a report fits it itself for a phase run that has no such tag (gtep/reporting/importance.py).
+It lives here, not in the protocol core, which stays free of frameworks (Optuna).
 Every hyperparameter is a categorical over the values its sets drew, as MLflow stores them (strings): the sets are
 the paper's predefined discrete sets (Tables 4 and 5), and both sides then encode the same values the same way.
 """
