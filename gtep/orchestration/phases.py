@@ -223,10 +223,13 @@ class TuneRunner(PhaseRunner):
         metrics = {**phase_metrics(best_units, summary), "diverged": summary["diverged"],
                    "orderings": summary["orderings"], **counts,
                    **compute_metrics(paths, name, run.attempt, units, partial)}
+        # fANOVA's fit (a second or two) before the manifest says finished: a study killed between the two is
+        # resumed as finished, and the phase run must be ended by then (run.end journals it right after)
+        importance = phase_importance(resolved, selection, manifest.hparams)
         manifest.set_phase(name, status="finished", best_set_index=best_index, scores=score_rows(selection))
         run.end(metrics, "FINISHED", step_points(summary), params=hparams, files=(paths.manifest, paths.best),
                 tags={"gtep.best_set_index": str(best_index), "gtep.status": "finished",
-                      "mlflow.note.content": note, **phase_importance(resolved, selection, manifest.hparams),
+                      "mlflow.note.content": note, **importance,
                       "gtep.best_trial_run_id": RUN_REF + f"{phase_key}/set{best_index:03d}"})
         return PhaseOutcome(name, run.run_id, best_index, hparams, summary, paths,
                             {"diverged_sets": counts["sets_diverged"], "incomplete_sets": counts["sets_incomplete"],
