@@ -320,12 +320,7 @@ class RunStore:
         def search(query: tuple[list[str], str]) -> list[Run]:
             return _all_pages(lambda token: self.client.search_runs(query[0], query[1], ViewType.ACTIVE_ONLY, 1000,
                                                                     page_token=token))
-        if is_server(self.tracking_uri) and len(queries) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(HISTORY_THREADS) as pool:
-                return list(pool.map(search, queries))
-        return [search(query) for query in queries]
+        return self._map(search, queries)
 
     def accuracy_steps(self, ordering_ids: list[str], percent: Iterable[str] = ()) -> pd.DataFrame:
         """acc_t per ordering run, as a fraction: accuracy on all classes seen after task t (step t = 1..T).
@@ -401,8 +396,6 @@ class RunStore:
         if not is_server(self.tracking_uri):
             self.client.log_artifacts(run_id, str(folder))
             return
-        from concurrent.futures import ThreadPoolExecutor
-
         items = sorted(folder.iterdir())
 
         def upload(path: Path) -> None:
@@ -410,8 +403,7 @@ class RunStore:
                 self.client.log_artifacts(run_id, str(path), artifact_path=path.name)
             else:
                 self.client.log_artifact(run_id, str(path))
-        with ThreadPoolExecutor(HISTORY_THREADS) as pool:
-            list(pool.map(upload, items))
+        self._map(upload, items)
 
     def write_phase_rows(self, phase_run_ids: Iterable[str], matrix: str | None = None) -> int:
         """A run in gtep/reports for each finished phase run of `phase_run_ids` that has none yet (its phase row:
@@ -441,12 +433,7 @@ class RunStore:
             self.client.log_batch(row.info.run_id, metrics=metrics, params=params)
             self.client.set_terminated(row.info.run_id, "FINISHED", end_time=run.info.end_time)
             return True
-        if is_server(self.tracking_uri) and len(missing) > 1:  # three round trips a row: 240 rows of a matrix
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(HISTORY_THREADS) as pool:
-                return sum(pool.map(write, missing))
-        return sum(write(run_id) for run_id in missing)
+        return sum(self._map(write, missing))  # three round trips a row: 240 rows of a matrix, at once
 
     def json_artifact(self, run_id: str, name: str) -> dict[str, Any] | None:
         """A JSON artifact of a run (an evaluate_sets phase's protocol_regret.json); None when it has none."""
@@ -488,14 +475,7 @@ class RunStore:
         else:
             read = lambda chunk: self._one_by_one(chunk, key)  # noqa: E731
         out: dict[str, list[tuple[int, float]]] = {}
-        if is_server(self.tracking_uri) and len(chunks) > 1:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(HISTORY_THREADS) as pool:
-                parts = list(pool.map(read, chunks))
-        else:
-            parts = [read(chunk) for chunk in chunks]
-        for part in parts:
+        for part in self._map(read, chunks):
             out.update(part)
         return out
 
